@@ -1,0 +1,22 @@
+# Thin wrapper over CMake: `make`, `make test`, `make sanitize`, `make clean`.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_ARGS ?=
+
+.PHONY: all test sanitize clean
+
+all:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: all
+	ctest --test-dir $(BUILD) --output-on-failure -L cpu -j $(JOBS)
+
+# The CPU tests under AddressSanitizer and UndefinedBehaviorSanitizer (CPU backend only).
+sanitize:
+	cmake -S . -B build-san -DCMAKE_BUILD_TYPE=Sanitize -DFORGE_CUDA=OFF $(CMAKE_ARGS)
+	cmake --build build-san -j $(JOBS)
+	ctest --test-dir build-san --output-on-failure -L cpu -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) build-san

@@ -1,0 +1,162 @@
+// forge-cpu/lora.cpp - LORA (x W^T + b + scale (x A^T) B^T, in 1 to 3 concatenated blocks) and
+// its backward LORA_BACK (dA, dB and optionally dX).
+//
+// Every product is a forge_cpu_gemm call into fp32 scratch. The adapter inputs u = x A^T and the
+// adapter gradients du are scaled by `scale` once, so that each block's low-rank product is a
+// plain GEMM into its own columns: forward y[:, blk] += (scale u[:, blk*r..]) B[:, blk]^T;
+// backward du[:, blk*r..] = dy[:, blk] B[:, blk]^T, dA = (scale du)^T x,
+// dB[:, blk] = (scale u[:, blk*r..])^T dy[:, blk], dX = dy W + (scale du) A.
+// Row-wise results (the forward output, dX) are made CHUNK rows at a time, so the fp32 scratch
+// stays bounded for long inputs; the sums over rows (dA, dB) run over all rows at once.
+#include "cpu.h"
+
+#include <algorithm>
+
+// In linear.cpp: a tensor's rows as a GEMM operand (in place, or an fp32 copy in scratch), and
+// the store of fp32 result rows (+ bias) into a destination of any float type.
+size_t forge_cpu_gemm_rows_work(const forge_tensor *t);
+const void *forge_cpu_gemm_rows(const forge_tensor *t, forge_type *type, int64_t *ld, char **scratch, int n_threads);
+void forge_cpu_store_rows(const forge_tensor *dst, const float *c, int64_t r0, int64_t rows, int64_t n,
+                          const forge_tensor *bias, int n_threads);
+
+namespace {
+
+constexpr int64_t CHUNK = 256; // rows of x per pass for the row-wise results
+
+size_t align_up(size_t n) { return (n + 63) / 64 * 64; }
+size_t floats(int64_t n) { return align_up((size_t)n * sizeof(float)); }
+
+// A tensor as a row-major GEMM operand.
+struct operand {
+    const char *data;
+    forge_type type;
+    int64_t ld;
+    // element (row, col)
+    const char *at(int64_t row, int64_t col) const { return data + (row * ld + col) * (int64_t)forge_type_size(type); }
+};
+
+operand rows_of(const forge_tensor *t, char **scratch, int n_threads) {
+    operand o;
+    o.data = (const char *)forge_cpu_gemm_rows(t, &o.type, &o.ld, scratch, n_threads);
+    return o;
+}
+
+// Shapes shared by LORA and LORA_BACK.
+struct lora_dims {
+    const forge_tensor *x, *w, *a, *b;
+    int64_t n_rows, K, M, R, r; // rows of x, its width, output width, rank of A, rank per block
+    int n_blocks;
+    int64_t block_rows[3], block_start[3];
+    float scale;
+};
+
+lora_dims dims_of(const forge_tensor *node) {
+    const bool back = node->op == FORGE_OP_LORA_BACK;
+    lora_dims d;
+    d.x = node->src[back ? 1 : 0];
+    d.w = node->src[back ? 2 : 1];
+    d.a = node->src[back ? 3 : 2];
+    d.b = node->src[back ? 4 : 3];
+    d.n_rows = forge_cpu_rows(d.x);
+    d.K = d.x->ne[0];
+    d.M = d.w->ne[1];
+    d.R = d.a->ne[1];
+    d.r = d.b->ne[0];
+    d.n_blocks = node->op_i[0];
+    d.scale = node->op_f[0];
+    for (int i = 0, start = 0; i < d.n_blocks; i++) {
+        d.block_rows[i] = node->op_i[1 + i];
+        d.block_start[i] = start;
+        start += node->op_i[1 + i];
+    }
+    return d;
+}
+
+void scale_rows(float *v, int64_t n, float s, int n_threads) {
+#pragma omp parallel for num_threads(n_threads)
+    for (int64_t i = 0; i < n; i++) v[i] *= s;
+}
+
+void lora_forward(forge_tensor *node, const forge_cpu_params *p, const lora_dims &d) {
+    const int nt = p->n_threads;
+    const forge_tensor *bias = node->n_src > 4 ? node->src[4] : nullptr;
+    const bool f32 = node->type == FORGE_TYPE_F32;
+    const int64_t chunk = std::min(CHUNK, d.n_rows);
+    char *scratch = (char *)p->work + forge_cpu_gemm_work(nt);
+    float *u = (float *)scratch;
+    scratch += floats(chunk * d.R);
+    float *ybuf = (float *)scratch;
+    if (!f32) scratch += floats(chunk * d.M);
+    const operand x = rows_of(d.x, &scratch, nt), w = rows_of(d.w, &scratch, nt);
+    const operand a = rows_of(d.a, &scratch, nt), b = rows_of(d.b, &scratch, nt);
+    for (int64_t r0 = 0; r0 < d.n_rows; r0 += chunk) {
+        const int64_t rows = std::min(chunk, d.n_rows - r0);
+        float *y = f32 ? (float *)node->data + r0 * d.M : ybuf;
+        forge_cpu_gemm(rows, d.R, d.K, x.at(r0, 0), x.type, x.ld, 0, a.data, a.type, a.ld, 1, u, d.R, 0, p->work, nt);
+        scale_rows(u, rows * d.R, d.scale, nt);
+        forge_cpu_gemm(rows, d.M, d.K, x.at(r0, 0), x.type, x.ld, 0, w.data, w.type, w.ld, 1, y, d.M, 0, p->work, nt);
+        for (int i = 0; i < d.n_blocks; i++)
+            forge_cpu_gemm(rows, d.block_rows[i], d.r, u + i * d.r, FORGE_TYPE_F32, d.R, 0, b.at(0, d.block_start[i]),
+                           b.type, b.ld, 0, y + d.block_start[i], d.M, 1, p->work, nt);
+        if (bias || !f32) forge_cpu_store_rows(node, y, r0, rows, d.M, bias, nt);
+    }
+}
+
+void lora_backward(forge_tensor *node, const forge_cpu_params *p, const lora_dims &d) {
+    const int nt = p->n_threads;
+    forge_tensor *dx_t = node->res[2];
+    const bool dx_f32 = dx_t && dx_t->type == FORGE_TYPE_F32;
+    float *dA = (float *)node->data, *dB = (float *)node->res[1]->data;
+    char *scratch = (char *)p->work + forge_cpu_gemm_work(nt);
+    float *u = (float *)scratch;
+    scratch += floats(d.n_rows * d.R);
+    float *du = (float *)scratch;
+    scratch += floats(d.n_rows * d.R);
+    float *dxbuf = (float *)scratch;
+    const int64_t chunk = std::min(CHUNK, d.n_rows);
+    if (dx_t && !dx_f32) scratch += floats(chunk * d.K);
+    const operand dy = rows_of(node->src[0], &scratch, nt), x = rows_of(d.x, &scratch, nt);
+    const operand w = rows_of(d.w, &scratch, nt), a = rows_of(d.a, &scratch, nt), b = rows_of(d.b, &scratch, nt);
+    const int64_t N = d.n_rows;
+    // u = scale x A^T; du = scale dy B^T per block
+    forge_cpu_gemm(N, d.R, d.K, x.data, x.type, x.ld, 0, a.data, a.type, a.ld, 1, u, d.R, 0, p->work, nt);
+    scale_rows(u, N * d.R, d.scale, nt);
+    for (int i = 0; i < d.n_blocks; i++)
+        forge_cpu_gemm(N, d.r, d.block_rows[i], dy.at(0, d.block_start[i]), dy.type, dy.ld, 0, b.at(0, d.block_start[i]),
+                       b.type, b.ld, 1, du + i * d.r, d.R, 0, p->work, nt);
+    scale_rows(du, N * d.R, d.scale, nt);
+    // dA [R x K] = du^T x; dB [r x M] = u^T dy per block
+    forge_cpu_gemm(d.R, d.K, N, du, FORGE_TYPE_F32, d.R, 1, x.data, x.type, x.ld, 0, dA, d.K, 0, p->work, nt);
+    for (int i = 0; i < d.n_blocks; i++)
+        forge_cpu_gemm(d.r, d.block_rows[i], N, u + i * d.r, FORGE_TYPE_F32, d.R, 1, dy.at(0, d.block_start[i]),
+                       dy.type, dy.ld, 0, dB + d.block_start[i], d.M, 0, p->work, nt);
+    if (!dx_t) return;
+    // dX = dy W + du A
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+        const int64_t rows = std::min(chunk, N - r0);
+        float *c = dx_f32 ? (float *)dx_t->data + r0 * d.K : dxbuf;
+        forge_cpu_gemm(rows, d.K, d.M, dy.at(r0, 0), dy.type, dy.ld, 0, w.data, w.type, w.ld, 0, c, d.K, 0, p->work, nt);
+        forge_cpu_gemm(rows, d.K, d.R, du + r0 * d.R, FORGE_TYPE_F32, d.R, 0, a.data, a.type, a.ld, 0, c, d.K, 1, p->work, nt);
+        if (!dx_f32) forge_cpu_store_rows(dx_t, c, r0, rows, d.K, nullptr, nt);
+    }
+}
+
+} // namespace
+
+size_t forge_cpu_lora_work(const forge_tensor *node, int n_threads) {
+    const lora_dims d = dims_of(node);
+    size_t bytes = forge_cpu_gemm_work(n_threads) + forge_cpu_gemm_rows_work(d.x) + forge_cpu_gemm_rows_work(d.w) +
+                   forge_cpu_gemm_rows_work(d.a) + forge_cpu_gemm_rows_work(d.b);
+    const int64_t chunk = std::min(CHUNK, d.n_rows);
+    if (node->op == FORGE_OP_LORA)
+        return bytes + floats(chunk * d.R) + (node->type == FORGE_TYPE_F32 ? 0 : floats(chunk * d.M));
+    const forge_tensor *dx = node->res[2];
+    return bytes + forge_cpu_gemm_rows_work(node->src[0]) + 2 * floats(d.n_rows * d.R) +
+           (dx && dx->type != FORGE_TYPE_F32 ? floats(chunk * d.K) : 0);
+}
+
+void forge_cpu_lora(forge_tensor *node, const forge_cpu_params *p) {
+    const lora_dims d = dims_of(node);
+    if (node->op == FORGE_OP_LORA) lora_forward(node, p, d);
+    else lora_backward(node, p, d);
+}

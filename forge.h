@@ -1,0 +1,348 @@
+/*
+ * forge.h - the public C API of forge, a tensor graph engine for LoRA fine-tuning.
+ *
+ * Build, then plan, then run: op constructors only record nodes, forge_backend_alloc_graph plans
+ * memory for a whole graph, forge_backend_compute runs it. C99-clean; include it from C or C++.
+ *
+ * Shapes are innermost first (like GGUF and ggml): ne[0] is the contiguous dimension. A matrix
+ * with R rows of K elements has ne = {K, R}. Activations are [hidden, T, B]; attention heads are
+ * [head_dim, n_head, T, B]; a weight of a layer mapping K inputs to M outputs is [K, M].
+ *
+ * Errors: a constructor given bad arguments returns NULL and records a message on the context
+ * (forge_ctx_error) that names the op and the shapes; a constructor given a NULL source returns
+ * NULL and keeps the first error. Functions that can fail return forge_status. Nothing aborts on
+ * bad input from a caller.
+ *
+ * Ownership and threads: a context owns its tensors and graphs (freed with it); a backend owns
+ * the memory it allocated for tensors (freed with it; free the backend before the context). One
+ * context, graph and backend must be used from one thread at a time; different contexts and
+ * backends are independent.
+ */
+#ifndef FORGE_H
+#define FORGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FORGE_API __declspec(dllexport)
+#else
+#define FORGE_API __attribute__((visibility("default")))
+#endif
+
+#define FORGE_VERSION_MAJOR 0
+#define FORGE_VERSION_MINOR 1
+#define FORGE_VERSION_PATCH 0
+#define FORGE_VERSION "0.1.0"
+
+#define FORGE_MAX_DIMS 4
+#define FORGE_MAX_NAME 64
+#define FORGE_IGNORE_INDEX (-100)
+
+/* ---- status codes ---------------------------------------------------------------------- */
+
+typedef enum {
+    FORGE_OK = 0,
+    FORGE_ERR_INVALID_ARG = 1, /* a NULL, out-of-range or inconsistent argument */
+    FORGE_ERR_SHAPE = 2,       /* shapes that an op cannot combine */
+    FORGE_ERR_TYPE = 3,        /* a type an op does not take */
+    FORGE_ERR_OOM = 4,         /* host or device memory exhausted */
+    FORGE_ERR_IO = 5,          /* a file could not be opened, read or written */
+    FORGE_ERR_FORMAT = 6,      /* a file's contents are malformed */
+    FORGE_ERR_UNSUPPORTED = 7, /* valid, but this backend or build cannot do it */
+    FORGE_ERR_RUNTIME = 8      /* a kernel found bad data while running (e.g. a token id out of range) */
+} forge_status;
+
+/* A short constant name for a status code ("FORGE_ERR_SHAPE"). */
+FORGE_API const char *forge_status_name(forge_status s);
+/* The library version as "MAJOR.MINOR.PATCH". */
+FORGE_API const char *forge_version(void);
+
+/* ---- types ------------------------------------------------------------------------------- */
+
+/* Type ids follow GGUF's numbering so that files map one to one. */
+typedef enum {
+    FORGE_TYPE_F32 = 0,
+    FORGE_TYPE_F16 = 1,
+    FORGE_TYPE_I32 = 26,
+    FORGE_TYPE_BF16 = 30
+} forge_type;
+
+/* Bytes per element of a type (0 for an unknown id). */
+FORGE_API size_t forge_type_size(forge_type t);
+/* The type's name ("f32", "bf16", ...), or "?" for an unknown id. */
+FORGE_API const char *forge_type_name(forge_type t);
+
+/* Tensor flags (or-ed). */
+enum {
+    FORGE_FLAG_INPUT = 1,  /* set from the host before each run; never shares memory */
+    FORGE_FLAG_OUTPUT = 2, /* read by the host after a run; never shares memory */
+    FORGE_FLAG_PARAM = 4,  /* trainable: gets a gradient and an optimizer state */
+    FORGE_FLAG_LOSS = 8    /* the scalar that autograd differentiates */
+};
+
+/* Every op of the engine, forward and backward. See forge-impl.h for each op's exact contract. */
+typedef enum {
+    FORGE_OP_NONE = 0,       /* a leaf: weights, inputs, optimizer state */
+    FORGE_OP_VIEW,           /* a strided view of another tensor's memory */
+    FORGE_OP_RESULT,         /* the second or third output of a multi-output node */
+    /* elementwise */
+    FORGE_OP_ADD,
+    FORGE_OP_MUL,
+    FORGE_OP_SCALE,
+    FORGE_OP_CPY,            /* copy with type conversion: cast and contiguous copy */
+    FORGE_OP_SOFTCAP,
+    FORGE_OP_SOFTCAP_BACK,
+    FORGE_OP_SUM,
+    FORGE_OP_SUM_TOKENS,
+    FORGE_OP_REPEAT,
+    FORGE_OP_ACC,            /* dst += src, in place in a persistent tensor (gradient accumulation) */
+    FORGE_OP_ACC_VIEW,       /* add a tensor into a strided region of another (backward of a view) */
+    /* embedding */
+    FORGE_OP_EMBEDDING,
+    FORGE_OP_EMBEDDING_BACK,
+    /* rmsnorm */
+    FORGE_OP_RMSNORM,
+    FORGE_OP_RMSNORM_BACK,
+    /* rope */
+    FORGE_OP_ROPE,
+    FORGE_OP_ROPE_BACK,
+    /* glu */
+    FORGE_OP_GLU,
+    FORGE_OP_GLU_BACK,
+    /* linear */
+    FORGE_OP_LINEAR,
+    FORGE_OP_MATMUL,
+    /* lora */
+    FORGE_OP_LORA,
+    FORGE_OP_LORA_BACK,
+    /* attention */
+    FORGE_OP_ATTENTION,
+    FORGE_OP_ATTENTION_BACK,
+    /* cross_entropy */
+    FORGE_OP_CROSS_ENTROPY,
+    /* adamw */
+    FORGE_OP_ADAMW,
+    FORGE_OP_COUNT
+} forge_op;
+
+/* The op's name ("rmsnorm_back"). */
+FORGE_API const char *forge_op_name(forge_op op);
+
+typedef enum {
+    FORGE_GLU_SWIGLU = 0,    /* silu(gate) * up (Qwen) */
+    FORGE_GLU_GEGLU_TANH = 1 /* gelu_tanh(gate) * up (Gemma) */
+} forge_glu_kind;
+
+typedef enum {
+    FORGE_NORM_CAST_BEFORE_WEIGHT = 0, /* Llama/Qwen: round x_hat to the output type, then * w */
+    FORGE_NORM_CAST_AFTER_WEIGHT = 1   /* Gemma: x_hat * (offset + w) in fp32, then round */
+} forge_norm_cast;
+
+typedef struct forge_ctx forge_ctx;
+typedef struct forge_tensor forge_tensor;
+typedef struct forge_graph forge_graph;
+typedef struct forge_backend forge_backend;
+
+/* ---- contexts ---------------------------------------------------------------------------- */
+
+/* A new context: an arena for tensor headers and graphs (no tensor data). NULL if out of memory. */
+FORGE_API forge_ctx *forge_ctx_new(void);
+/* Frees the context with all its tensors and graphs. NULL is allowed. */
+FORGE_API void forge_ctx_free(forge_ctx *ctx);
+/* The first error recorded on the context since the last clear, or NULL if none. */
+FORGE_API const char *forge_ctx_error(const forge_ctx *ctx);
+/* The status code of that first error (FORGE_OK if none). */
+FORGE_API forge_status forge_ctx_status(const forge_ctx *ctx);
+/* Forgets the recorded error. */
+FORGE_API void forge_ctx_clear_error(forge_ctx *ctx);
+
+/* ---- tensors ----------------------------------------------------------------------------- */
+
+/* A new leaf tensor of n_dims (1..4) dimensions ne[0..n_dims-1], contiguous. No data until a
+   backend allocates it. NULL (and an error) for a bad type or a non-positive size. */
+FORGE_API forge_tensor *forge_tensor_new(forge_ctx *ctx, forge_type type, int n_dims, const int64_t *ne);
+FORGE_API forge_tensor *forge_tensor_new_1d(forge_ctx *ctx, forge_type type, int64_t ne0);
+FORGE_API forge_tensor *forge_tensor_new_2d(forge_ctx *ctx, forge_type type, int64_t ne0, int64_t ne1);
+FORGE_API forge_tensor *forge_tensor_new_3d(forge_ctx *ctx, forge_type type, int64_t ne0, int64_t ne1, int64_t ne2);
+FORGE_API forge_tensor *forge_tensor_new_4d(forge_ctx *ctx, forge_type type, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
+
+/* Sets the tensor's name (truncated to FORGE_MAX_NAME-1 bytes); returns t. */
+FORGE_API forge_tensor *forge_tensor_set_name(forge_tensor *t, const char *name);
+FORGE_API const char *forge_tensor_name(const forge_tensor *t);
+/* Or-s flags (FORGE_FLAG_*) into the tensor's flags; returns t. */
+FORGE_API forge_tensor *forge_tensor_set_flags(forge_tensor *t, uint32_t flags);
+FORGE_API uint32_t forge_tensor_flags(const forge_tensor *t);
+
+FORGE_API forge_type forge_tensor_type(const forge_tensor *t);
+FORGE_API forge_op forge_tensor_op(const forge_tensor *t);
+/* Number of dimensions (1 + the index of the last dimension > 1; at least 1). */
+FORGE_API int forge_tensor_n_dims(const forge_tensor *t);
+/* Elements in dimension i (0..3; 1 past the tensor's dimensions). */
+FORGE_API int64_t forge_tensor_ne(const forge_tensor *t, int i);
+/* Byte stride of dimension i. */
+FORGE_API size_t forge_tensor_nb(const forge_tensor *t, int i);
+FORGE_API int64_t forge_tensor_nelements(const forge_tensor *t);
+/* Bytes spanned by the tensor's elements (for a contiguous tensor: nelements * type size). */
+FORGE_API size_t forge_tensor_nbytes(const forge_tensor *t);
+/* Whether the elements are densely packed in order. */
+FORGE_API int forge_tensor_is_contiguous(const forge_tensor *t);
+/* Source i of the node that produced t (NULL past the last). */
+FORGE_API forge_tensor *forge_tensor_src(const forge_tensor *t, int i);
+/* Output i (1 or 2) of a multi-output node such as attention (1: logsumexp); NULL if none. */
+FORGE_API forge_tensor *forge_tensor_result(const forge_tensor *t, int i);
+/* Whether a backend has given the tensor memory. */
+FORGE_API int forge_tensor_has_data(const forge_tensor *t);
+
+/* Copies nbytes at byte offset of the tensor's memory from/to host memory. The tensor must be
+   contiguous and allocated; the range must lie inside it. */
+FORGE_API forge_status forge_tensor_set(forge_tensor *t, const void *src, size_t offset, size_t nbytes);
+FORGE_API forge_status forge_tensor_get(const forge_tensor *t, void *dst, size_t offset, size_t nbytes);
+/* Copies n floats into / out of a float tensor of any type (F32, F16, BF16; rounds to nearest
+   even), n = the tensor's element count. Works on strided tensors. */
+FORGE_API forge_status forge_tensor_set_f32(forge_tensor *t, const float *src, int64_t n);
+FORGE_API forge_status forge_tensor_get_f32(const forge_tensor *t, float *dst, int64_t n);
+/* Fills every element of an allocated float tensor with a value. */
+FORGE_API forge_status forge_tensor_fill(forge_tensor *t, float value);
+
+/* ---- views ------------------------------------------------------------------------------- */
+
+/* A view of t's memory with shape ne[0..n_dims-1], byte strides nb[0..n_dims-1] and a byte
+   offset. Gradients flow back into the viewed region. */
+FORGE_API forge_tensor *forge_view(forge_ctx *ctx, forge_tensor *t, int n_dims, const int64_t *ne, const size_t *nb, size_t offset);
+/* The same elements with another shape; t must be contiguous. */
+FORGE_API forge_tensor *forge_reshape(forge_ctx *ctx, forge_tensor *t, int n_dims, const int64_t *ne);
+FORGE_API forge_tensor *forge_reshape_2d(forge_ctx *ctx, forge_tensor *t, int64_t ne0, int64_t ne1);
+FORGE_API forge_tensor *forge_reshape_4d(forge_ctx *ctx, forge_tensor *t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
+
+/* ---- ops: elementwise -------------------------------------------------------------------- */
+
+/* a + b, same shape (any strides); the result is contiguous with a's type. */
+FORGE_API forge_tensor *forge_add(forge_ctx *ctx, forge_tensor *a, forge_tensor *b);
+/* a * b elementwise, b of a's shape or a single element. */
+FORGE_API forge_tensor *forge_mul(forge_ctx *ctx, forge_tensor *a, forge_tensor *b);
+/* a * s. */
+FORGE_API forge_tensor *forge_scale(forge_ctx *ctx, forge_tensor *a, float s);
+/* a converted to another float type, contiguous. */
+FORGE_API forge_tensor *forge_cast(forge_ctx *ctx, forge_tensor *a, forge_type type);
+/* A contiguous copy of a (a strided view becomes dense). */
+FORGE_API forge_tensor *forge_cont(forge_ctx *ctx, forge_tensor *a);
+/* cap * tanh(a / cap) (Gemma2's logit softcap); cap > 0. */
+FORGE_API forge_tensor *forge_softcap(forge_ctx *ctx, forge_tensor *a, float cap);
+/* The sum of every element, as an F32 tensor of one element. */
+FORGE_API forge_tensor *forge_sum(forge_ctx *ctx, forge_tensor *a);
+/* The sum over dimensions 1..3, as an F32 tensor [ne0] (e.g. a bias gradient). */
+FORGE_API forge_tensor *forge_sum_tokens(forge_ctx *ctx, forge_tensor *a);
+/* a broadcast to the shape ne (each a->ne[i] equals ne[i] or is 1), with a's type. */
+FORGE_API forge_tensor *forge_repeat(forge_ctx *ctx, forge_tensor *a, int n_dims, const int64_t *ne);
+
+/* ---- ops: the model's families ------------------------------------------------------------ */
+
+/* Rows of table [C, V] gathered by ids (I32, any shape up to 3 dims), times scale:
+   result [C, ids...], with the table's type. Gemma passes sqrt(C) rounded to bf16. */
+FORGE_API forge_tensor *forge_embedding(forge_ctx *ctx, forge_tensor *table, forge_tensor *ids, float scale);
+/* x * rsqrt(mean(x^2 over ne0) + eps) * (w + offset), w of shape [ne0]; fp32 statistics. A
+   [head_dim, n_head, ...] input with a [head_dim] weight gives Qwen3's per-head q/k norm. */
+FORGE_API forge_tensor *forge_rmsnorm(forge_ctx *ctx, forge_tensor *x, forge_tensor *w, float eps, float offset, forge_norm_cast cast);
+/* NeoX rotary embedding of x [head_dim, n_head, T, B] at positions pos (I32 [T*B], one per
+   token, restarting at each packed document); rotates the first n_rot dims with base theta. */
+FORGE_API forge_tensor *forge_rope(forge_ctx *ctx, forge_tensor *x, forge_tensor *pos, int n_rot, float theta);
+/* act(gate) * up from the fused gate/up output gu [2F, ...] (gate = first F, up = last F). */
+FORGE_API forge_tensor *forge_glu(forge_ctx *ctx, forge_tensor *gu, forge_glu_kind kind);
+/* x [K, ...] W^T + b: W [K, M], b [M] or NULL; result [M, ...] with x's type. */
+FORGE_API forge_tensor *forge_linear(forge_ctx *ctx, forge_tensor *x, forge_tensor *w, forge_tensor *b);
+/* op(A) op(B) for row-major matrices: a tensor [K, R...] is R rows of K; ta/tb transpose.
+   The result [cols, rows...] has type `type`. */
+FORGE_API forge_tensor *forge_matmul(forge_ctx *ctx, forge_tensor *a, forge_tensor *b, int ta, int tb, forge_type type);
+/* LoRA linear: x W^T + b + scale * (x A^T) B^T with x [K, ...], W [K, M], b [M] or NULL,
+   A [K, n_blocks*r], B [r, M]. n_blocks > 1 is the concatenated form (q/k/v or gate/up as one
+   GEMM): output rows are split into blocks of block_rows[i] rows (summing to M), and block i uses
+   rows i*r..i*r+r-1 of x A^T. block_rows may be NULL when n_blocks == 1. */
+FORGE_API forge_tensor *forge_lora(forge_ctx *ctx, forge_tensor *x, forge_tensor *w, forge_tensor *b,
+                                   forge_tensor *a, forge_tensor *bm, float scale, int n_blocks, const int64_t *block_rows);
+/* Exact causal attention: q [D, Hq, T, B], k and v [D, Hkv, T, B] (Hq a multiple of Hkv),
+   doc_ids I32 [T, B] or NULL (a token attends only to earlier tokens with its document id),
+   scale, softcap (0: off; else cap*tanh(s/cap) before the mask), window (0: off; else token i
+   sees j with i - j < window). Result [D, Hq, T, B]; forge_tensor_result(o, 1) is the logsumexp
+   F32 [Hq, T, B] that the backward uses. */
+FORGE_API forge_tensor *forge_attention(forge_ctx *ctx, forge_tensor *q, forge_tensor *k, forge_tensor *v,
+                                        forge_tensor *doc_ids, float scale, float softcap, int window);
+/* Fused linear cross-entropy of h [C, N...] through the lm_head w [C, V] against labels (I32,
+   one per token, FORGE_IGNORE_INDEX to skip): sum over target tokens of -log softmax(z)[label],
+   divided by count (F32 [1], the global number of target tokens, so that accumulation over
+   micro-batches is exact). z = h w^T, softcapped when softcap > 0. Chunks of `chunk` tokens at a
+   time: the full logits never exist. Result F32 [1]; the gradient for h is made in the same pass. */
+FORGE_API forge_tensor *forge_cross_entropy(forge_ctx *ctx, forge_tensor *h, forge_tensor *w, forge_tensor *labels,
+                                            forge_tensor *count, float softcap, int chunk);
+
+/* ---- graphs and autograd ----------------------------------------------------------------- */
+
+/* A new empty graph in the context. */
+FORGE_API forge_graph *forge_graph_new(forge_ctx *ctx);
+/* Adds t and everything it depends on, depth-first (sources before users). Marks t OUTPUT.
+   A NULL t reports the context's first error (or FORGE_ERR_INVALID_ARG). */
+FORGE_API forge_status forge_graph_build_forward(forge_graph *g, forge_tensor *t);
+/* Appends the backward pass of loss (a one-element tensor of the graph, marked LOSS): one rule
+   per op family, only on paths from a PARAM to the loss. The gradient of each PARAM is
+   accumulated (+=) into a persistent tensor (forge_graph_grad), zeroed when first allocated and
+   by each applied optimizer step, so running the graph on k micro-batches accumulates. */
+FORGE_API forge_status forge_graph_build_backward(forge_graph *g, forge_tensor *loss);
+/* Appends one AdamW node over every PARAM of the graph (after build_backward). hyper is an
+   F32 [8] INPUT: {lr, beta1, beta2, eps, weight_decay, clip (<= 0: off), step (1-based),
+   apply}. With apply = 0 the node only reports the gradient norm (a micro-batch of gradient
+   accumulation); with apply = 1 it clips by the global norm, updates every PARAM with decoupled
+   weight decay and bias correction, and zeroes the gradients. The node's output is F32 [2]:
+   {global gradient norm before clipping, clip coefficient}. Returns it, or NULL on error. */
+FORGE_API forge_tensor *forge_graph_build_adamw(forge_graph *g, forge_tensor *hyper);
+/* The gradient of t in the graph (persistent for a PARAM), or NULL if t gets none. */
+FORGE_API forge_tensor *forge_graph_grad(const forge_graph *g, const forge_tensor *t);
+/* The first moment / second moment of a PARAM after build_adamw, else NULL. */
+FORGE_API forge_tensor *forge_graph_adam_m(const forge_graph *g, const forge_tensor *t);
+FORGE_API forge_tensor *forge_graph_adam_v(const forge_graph *g, const forge_tensor *t);
+FORGE_API int forge_graph_n_nodes(const forge_graph *g);
+FORGE_API forge_tensor *forge_graph_node(const forge_graph *g, int i);
+/* Number of nodes with a given op (handy for tests and reports). */
+FORGE_API int forge_graph_count_op(const forge_graph *g, forge_op op);
+/* Looks a tensor of the graph (node or leaf) up by name; NULL if absent. */
+FORGE_API forge_tensor *forge_graph_get_tensor(const forge_graph *g, const char *name);
+
+/* ---- backends and memory ----------------------------------------------------------------- */
+
+/* The CPU reference backend, on n_threads threads (0: all cores). */
+FORGE_API forge_backend *forge_backend_cpu_new(int n_threads);
+/* Frees the backend and every buffer it allocated. NULL is allowed. */
+FORGE_API void forge_backend_free(forge_backend *be);
+FORGE_API const char *forge_backend_name(const forge_backend *be);
+/* The backend's last error message ("" if none). */
+FORGE_API const char *forge_backend_error(const forge_backend *be);
+
+/* Plans and allocates the graph's memory in three arenas: frozen weights (leafs that are neither
+   INPUT nor PARAM), trainable state (PARAMs, their gradients and optimizer moments, zeroed) and
+   activations (every other node and the INPUT/OUTPUT tensors), planned from first and last use.
+   Tensors that already have memory keep it. Call once before the first compute. */
+FORGE_API forge_status forge_backend_alloc_graph(forge_backend *be, forge_graph *g);
+/* Runs every node of the graph in order. Allocates nothing. */
+FORGE_API forge_status forge_backend_compute(forge_backend *be, forge_graph *g);
+/* Number of buffers the backend has allocated so far (constant across computes). */
+FORGE_API uint64_t forge_backend_n_allocs(const forge_backend *be);
+
+/* Memory arenas of a planned graph. */
+typedef enum { FORGE_ARENA_WEIGHTS = 0, FORGE_ARENA_TRAINABLE = 1, FORGE_ARENA_ACTIVATIONS = 2 } forge_arena;
+/* Bytes of an arena for this graph (for activations: the planned peak). */
+FORGE_API size_t forge_graph_arena_bytes(const forge_graph *g, forge_arena arena);
+/* Verifies the activation plan: no two tensors that are live at the same time overlap (except
+   an in-place op's source and result at that op), INPUT/OUTPUT never overlap anything. FORGE_OK
+   or FORGE_ERR_RUNTIME with a message naming the two tensors on the graph's context. */
+FORGE_API forge_status forge_graph_check_plan(const forge_graph *g);
+/* Number of nodes that the plan runs in place (a result sharing its source's memory). */
+FORGE_API int forge_graph_n_inplace(const forge_graph *g);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FORGE_H */
