@@ -1,4 +1,5 @@
 # Thin wrapper over CMake: `make`, `make test`, `make sanitize`, `make clean`.
+# CMAKE_ARGS passes options to CMake, e.g. make CMAKE_ARGS="-DFORGE_CUDA_ARCH=90".
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
@@ -9,8 +10,9 @@ all:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
+# every test: the CPU suite, and the CUDA conformance suite (skipped when no GPU is present)
 test: all
-	ctest --test-dir $(BUILD) --output-on-failure -L cpu -j $(JOBS)
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 # The CPU tests under AddressSanitizer and UndefinedBehaviorSanitizer (CPU backend only).
 sanitize:

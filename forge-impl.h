@@ -21,7 +21,8 @@ struct forge_tensor {
     int32_t op_i[8];            // integer op parameters (see the op contracts below)
     float op_f[8];              // float op parameters
     int64_t op_l[8];            // 64-bit op parameters (view offsets and strides)
-    forge_tensor *res[FORGE_MAX_RES]; // res[0] = this; res[1], res[2]: extra outputs or NULL
+    forge_tensor *res[FORGE_MAX_RES]; // res[0] = this; res[1], res[2]: extra outputs or NULL (a
+                                      // graph holding the node holds its results, so they have memory)
     uint32_t flags;             // FORGE_FLAG_* and the internal flags below
     char name[FORGE_MAX_NAME];
     void *data;                 // owned by a backend buffer (or a view into one)
@@ -44,6 +45,7 @@ enum {
 struct forge_backend {
     std::string name, error;
     uint64_t n_allocs = 0;          // buffers allocated so far
+    size_t guard_bytes = 0;         // debug: bytes of guard pattern planned after every activation
     std::vector<void *> buffers;
     virtual ~forge_backend() {}
     virtual void *alloc(size_t bytes) = 0;         // zero-filled, 256-byte aligned; NULL on OOM
@@ -56,6 +58,22 @@ struct forge_backend {
     virtual forge_status compute(forge_graph *g) = 0; // run every node in order
 };
 forge_backend *forge_cpu_backend_create(int n_threads); // forge-cpu/backend.cpp
+forge_backend *forge_cuda_backend_create(int device);   // forge-cuda/backend.cu (NULL without CUDA)
+int forge_cuda_backend_device_count(void);
+// CUDA backend only: capture graphs into CUDA graphs (default) or launch node by node.
+void forge_cuda_backend_set_capture(forge_backend *be, bool on);
+// CUDA backend only: kernel nodes and host synchronisations of the last compute (for reports).
+void forge_cuda_backend_stats(const forge_backend *be, int *kernel_nodes, int *syncs_per_step);
+
+// Op families: each backend has one function per family (forward and backward ops).
+enum forge_family {
+    FORGE_FAMILY_NONE = 0, // leafs, views and results: nothing to run
+    FORGE_FAMILY_ELEMENTWISE, FORGE_FAMILY_EMBEDDING, FORGE_FAMILY_RMSNORM, FORGE_FAMILY_ROPE, FORGE_FAMILY_GLU,
+    FORGE_FAMILY_LINEAR, FORGE_FAMILY_LORA, FORGE_FAMILY_ATTENTION, FORGE_FAMILY_CROSS_ENTROPY, FORGE_FAMILY_ADAMW,
+    FORGE_FAMILY_COUNT
+};
+forge_family forge_op_family(forge_op op);
+extern const char *const forge_family_names[FORGE_FAMILY_COUNT];
 
 struct forge_graph {
     forge_ctx *ctx;
@@ -70,7 +88,7 @@ struct forge_graph {
         int first, last;        // node indices of birth and last use (inclusive)
         forge_tensor *inplace_of; // the source whose memory this tensor took over, or NULL
     };
-    std::vector<planned> plan;
+    std::vector<planned> plan;      // size includes the backend's guard bytes (planned after the data)
     size_t arena_bytes[3] = {0, 0, 0};
     bool planned_ok = false;
 };
@@ -161,13 +179,14 @@ bool forge_op_can_inplace(const forge_tensor *node);
 //             P = exp(s - LSE), Di = sum_d dO_i O_i, dS = P (dO . v_j - Di), times
 //             (1 - tanh^2(s_raw/c)) when softcapped; dst dq = scale dS k;
 //             res[1] dk = scale dS^T q and res[2] dv = P^T dO, summed over the query heads of
-//             each kv head (shapes and types of k and v).
+//             each kv head (shapes and types of k and v); each NULL when k / v is frozen.
 //
 // CROSS_ENTROPY src0 h [C, N...], src1 W [C, V], src2 labels I32 (N elements), src3 count F32 [1];
 //             op_f[0] softcap (0 off), op_i[0] chunk (tokens per chunk), op_i[1] ignore index.
 //             z = h W^T per token (fp32), softcapped; dst F32 [1] = sum over tokens with a label
 //             != ignore of (logsumexp(z) - z[label]) / count. res[1] = dH (h's shape and type) =
-//             d dst / d h; res[2] = dW F32 [C, V] or NULL (W frozen). Ignored tokens get dH = 0.
+//             d dst / d h, or NULL (no gradient wanted: a forward-only graph); res[2] = dW F32
+//             [C, V] or NULL (W frozen). Ignored tokens get dH = 0. Autograd creates res[1..2].
 //             A label outside [0, V) that is not ignore is a runtime error.
 //
 // ADAMW       src0 hyper F32 [8] {lr, beta1, beta2, eps, wd, clip, step, apply}; then for each

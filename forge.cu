@@ -62,6 +62,28 @@ static const char *const k_op_names[FORGE_OP_COUNT] = {
 
 const char *forge_op_name(forge_op op) { return (op >= 0 && op < FORGE_OP_COUNT) ? k_op_names[op] : "?"; }
 
+const char *const forge_family_names[FORGE_FAMILY_COUNT] = {
+    "none", "elementwise", "embedding", "rmsnorm", "rope", "glu", "linear", "lora", "attention", "cross_entropy", "adamw",
+};
+
+forge_family forge_op_family(forge_op op) {
+    switch (op) {
+    case FORGE_OP_ADD: case FORGE_OP_MUL: case FORGE_OP_SCALE: case FORGE_OP_CPY: case FORGE_OP_SOFTCAP: case FORGE_OP_SOFTCAP_BACK:
+    case FORGE_OP_SUM: case FORGE_OP_SUM_TOKENS: case FORGE_OP_REPEAT: case FORGE_OP_ACC: case FORGE_OP_ACC_VIEW:
+        return FORGE_FAMILY_ELEMENTWISE;
+    case FORGE_OP_EMBEDDING: case FORGE_OP_EMBEDDING_BACK: return FORGE_FAMILY_EMBEDDING;
+    case FORGE_OP_RMSNORM: case FORGE_OP_RMSNORM_BACK: return FORGE_FAMILY_RMSNORM;
+    case FORGE_OP_ROPE: case FORGE_OP_ROPE_BACK: return FORGE_FAMILY_ROPE;
+    case FORGE_OP_GLU: case FORGE_OP_GLU_BACK: return FORGE_FAMILY_GLU;
+    case FORGE_OP_LINEAR: case FORGE_OP_MATMUL: return FORGE_FAMILY_LINEAR;
+    case FORGE_OP_LORA: case FORGE_OP_LORA_BACK: return FORGE_FAMILY_LORA;
+    case FORGE_OP_ATTENTION: case FORGE_OP_ATTENTION_BACK: return FORGE_FAMILY_ATTENTION;
+    case FORGE_OP_CROSS_ENTROPY: return FORGE_FAMILY_CROSS_ENTROPY;
+    case FORGE_OP_ADAMW: return FORGE_FAMILY_ADAMW;
+    default: return FORGE_FAMILY_NONE;
+    }
+}
+
 bool forge_op_can_inplace(const forge_tensor *t) {
     switch (t->op) {
     case FORGE_OP_ADD: case FORGE_OP_MUL: case FORGE_OP_SCALE: case FORGE_OP_SOFTCAP:
@@ -662,6 +684,7 @@ static void graph_visit(forge_graph *g, forge_tensor *t, std::unordered_set<cons
     for (int i = 0; i < t->n_src; i++) graph_visit(g, t->src[i], seen);
     if (t->op == FORGE_OP_NONE) g->leafs.push_back(t);
     else g->nodes.push_back(t);
+    for (int i = 1; i < FORGE_MAX_RES; i++) graph_visit(g, t->res[i], seen); // a node's outputs all get memory
 }
 
 static std::unordered_set<const forge_tensor *> graph_members(const forge_graph *g) {
@@ -888,13 +911,13 @@ struct Autograd {
             forge_tensor *c = node_like(ctx, FORGE_OP_ATTENTION_BACK, s[0], s[0]->type, {gy, s[0], s[1], s[2], y, y->res[1], s[3]});
             std::memcpy(c->op_f, y->op_f, sizeof c->op_f);
             std::memcpy(c->op_i, y->op_i, sizeof c->op_i);
-            for (int i = 1; i <= 2; i++) {
+            for (int i = 1; i <= 2; i++) { // dk, dv only for what needs them
+                if (!needs(s[i])) continue;
                 c->res[i] = node_like(ctx, FORGE_OP_RESULT, s[i], s[i]->type, {c});
                 c->res[i]->op_i[0] = i;
+                add(s[i], c->res[i]);
             }
             add(s[0], c);
-            add(s[1], c->res[1]);
-            add(s[2], c->res[2]);
             break;
         }
         case FORGE_OP_CROSS_ENTROPY: {
@@ -1079,7 +1102,7 @@ bool is_persistent(const forge_tensor *t) { return t->op == FORGE_OP_NONE && !(t
 // Plans every activation of the graph: each tensor that owns memory lives from the node that
 // writes it to the last node that reads it (through views too). INPUT tensors are born before
 // the first node and OUTPUT tensors live past the last, so neither shares memory.
-static forge_status graph_plan(forge_graph *g) {
+static forge_status graph_plan(forge_graph *g, size_t guard) {
     const int n = (int)g->nodes.size();
     std::unordered_map<const forge_tensor *, int> index;
     for (int i = 0; i < n; i++) index[g->nodes[i]] = i;
@@ -1088,7 +1111,7 @@ static forge_status graph_plan(forge_graph *g) {
     std::unordered_map<const forge_tensor *, size_t> slot; // tensor -> plan index
     auto add_planned = [&](forge_tensor *t, int first) {
         slot[t] = plan.size();
-        plan.push_back({t, 0, align_up(forge_tensor_nbytes(t)), first, first, nullptr});
+        plan.push_back({t, 0, align_up(forge_tensor_nbytes(t) + guard), first, first, nullptr});
     };
     for (forge_tensor *t : g->leafs)
         if (t->flags & FORGE_FLAG_INPUT) add_planned(t, -1);
@@ -1192,6 +1215,19 @@ forge_status forge_graph_check_plan(const forge_graph *g) {
 // ================================================================================================
 
 forge_backend *forge_backend_cpu_new(int n_threads) { return forge_cpu_backend_create(n_threads); }
+forge_backend *forge_backend_cuda_new(int device) { return forge_cuda_backend_create(device); }
+int forge_cuda_device_count(void) { return forge_cuda_backend_device_count(); }
+
+#ifndef FORGE_HAVE_CUDA
+// Built without the CUDA backend: there are no devices.
+forge_backend *forge_cuda_backend_create(int) { return nullptr; }
+int forge_cuda_backend_device_count(void) { return 0; }
+void forge_cuda_backend_set_capture(forge_backend *, bool) {}
+void forge_cuda_backend_stats(const forge_backend *, int *kernel_nodes, int *syncs_per_step) {
+    if (kernel_nodes) *kernel_nodes = 0;
+    if (syncs_per_step) *syncs_per_step = 0;
+}
+#endif
 
 void forge_backend_free(forge_backend *be) {
     if (!be) return;
@@ -1242,7 +1278,7 @@ forge_status forge_backend_alloc_graph(forge_backend *be, forge_graph *g) {
         g->arena_bytes[a] += bytes[a];
     }
     // activations
-    forge_status s = graph_plan(g);
+    forge_status s = graph_plan(g, be->guard_bytes);
     if (s != FORGE_OK) return s;
     char *act = (char *)backend_buffer(be, g->arena_bytes[FORGE_ARENA_ACTIVATIONS]);
     if (!act) {
@@ -1264,6 +1300,32 @@ forge_status forge_backend_alloc_graph(forge_backend *be, forge_graph *g) {
     return be->prepare(g);
 }
 
+// Debug guards: the bytes after each activation hold a pattern that no kernel may change.
+static const unsigned char kGuard = 0xA5;
+
+static void guards_fill(forge_backend *be, forge_graph *g) {
+    for (const auto &p : g->plan) {
+        size_t n = forge_tensor_nbytes(p.t);
+        std::vector<unsigned char> pat(p.size - n, kGuard);
+        be->upload((char *)p.t->data + n, pat.data(), pat.size());
+    }
+}
+
+static forge_status guards_check(forge_backend *be, forge_graph *g) {
+    for (const auto &p : g->plan) {
+        size_t n = forge_tensor_nbytes(p.t);
+        std::vector<unsigned char> got(p.size - n);
+        be->download(got.data(), (char *)p.t->data + n, got.size());
+        for (size_t i = 0; i < got.size(); i++)
+            if (got[i] != kGuard) {
+                forge_ctx_set_error(g->ctx, FORGE_ERR_RUNTIME, "guard bytes after %s (op %s) overwritten at byte %zu past its end",
+                                    forge_shape_str(p.t).c_str(), forge_op_name(p.t->op), i);
+                return FORGE_ERR_RUNTIME;
+            }
+    }
+    return FORGE_OK;
+}
+
 forge_status forge_backend_compute(forge_backend *be, forge_graph *g) {
     if (!be || !g) return FORGE_ERR_INVALID_ARG;
     if (!g->planned_ok) {
@@ -1275,10 +1337,14 @@ forge_status forge_backend_compute(forge_backend *be, forge_graph *g) {
             forge_ctx_set_error(g->ctx, FORGE_ERR_INVALID_ARG, "forge_backend_compute: leaf %s has no memory", forge_shape_str(t).c_str());
             return FORGE_ERR_INVALID_ARG;
         }
+    if (be->guard_bytes) guards_fill(be, g);
     uint64_t allocs = be->n_allocs;
     forge_status s = be->compute(g);
     assert(be->n_allocs == allocs && "a backend allocated memory inside a step");
     (void)allocs;
-    if (s != FORGE_OK) forge_ctx_set_error(g->ctx, s, "%s", be->error.c_str());
-    return s;
+    if (s != FORGE_OK) {
+        forge_ctx_set_error(g->ctx, s, "%s", be->error.c_str());
+        return s;
+    }
+    return be->guard_bytes ? guards_check(be, g) : FORGE_OK;
 }

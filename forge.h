@@ -314,6 +314,11 @@ FORGE_API forge_tensor *forge_graph_get_tensor(const forge_graph *g, const char 
 
 /* The CPU reference backend, on n_threads threads (0: all cores). */
 FORGE_API forge_backend *forge_backend_cpu_new(int n_threads);
+/* Number of CUDA devices forge can use (0 when built without CUDA or when no GPU is present). */
+FORGE_API int forge_cuda_device_count(void);
+/* The CUDA backend on a device: one stream, cuBLASLt, every graph captured into a CUDA graph on
+   its first run and replayed after. NULL when CUDA is unavailable (see forge_cuda_device_count). */
+FORGE_API forge_backend *forge_backend_cuda_new(int device);
 /* Frees the backend and every buffer it allocated. NULL is allowed. */
 FORGE_API void forge_backend_free(forge_backend *be);
 FORGE_API const char *forge_backend_name(const forge_backend *be);

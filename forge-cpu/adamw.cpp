@@ -8,6 +8,8 @@
 // p, g, m and v are the engine's persistent F32 tensors (contiguous) and are updated in place.
 #include "cpu.h"
 
+constexpr int64_t PAR_MIN = 1 << 16; // smaller tensors run on one thread
+
 size_t forge_cpu_adamw_work(const forge_tensor *, int) { return 0; }
 
 void forge_cpu_adamw(forge_tensor *node, const forge_cpu_params *p) {
@@ -23,7 +25,7 @@ void forge_cpu_adamw(forge_tensor *node, const forge_cpu_params *p) {
     for (int t = 0; t < n_tensors; t++) {
         const float *g = (const float *)node->src[2 + 4 * t]->data;
         const int64_t n = forge_tensor_nelements(node->src[2 + 4 * t]);
-#pragma omp parallel for num_threads(nt) reduction(+ : sumsq)
+#pragma omp parallel for num_threads(nt) reduction(+ : sumsq) if (n >= PAR_MIN)
         for (int64_t i = 0; i < n; i++) sumsq += (double)g[i] * g[i];
     }
     const float norm = (float)std::sqrt(sumsq);
@@ -38,7 +40,7 @@ void forge_cpu_adamw(forge_tensor *node, const forge_cpu_params *p) {
         float *w = (float *)node->src[1 + 4 * t]->data, *g = (float *)node->src[2 + 4 * t]->data;
         float *m = (float *)node->src[3 + 4 * t]->data, *v = (float *)node->src[4 + 4 * t]->data;
         const int64_t n = forge_tensor_nelements(node->src[1 + 4 * t]);
-#pragma omp parallel for num_threads(nt)
+#pragma omp parallel for num_threads(nt) if (n >= PAR_MIN)
         for (int64_t i = 0; i < n; i++) {
             const float gi = g[i] * coef;
             m[i] = b1 * m[i] + (1.0f - b1) * gi;

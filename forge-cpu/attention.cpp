@@ -41,22 +41,20 @@ struct attn {
         return !doc || forge_cpu_get_i32(doc, i, b) == forge_cpu_get_i32(doc, j, b);
     }
 
-    // The (softcapped) score of two rows of D floats; *dcap = d s / d s_raw.
-    float score(const float *qi, const float *kj, float *dcap) const {
-        float s = 0.0f;
-        for (int64_t d = 0; d < D; d++) s += qi[d] * kj[d];
-        s *= scale;
-        *dcap = 1.0f;
-        if (cap > 0.0f) {
-            float t = std::tanh(s / cap);
-            s = cap * t;
-            *dcap = 1.0f - t * t;
-        }
-        return s;
-    }
     float dot(const float *a, const float *b) const {
         float s = 0.0f;
         for (int64_t d = 0; d < D; d++) s += a[d] * b[d];
+        return s;
+    }
+    // The (softcapped) score of two rows of D floats; *dcap = d s / d s_raw.
+    float score(const float *qi, const float *kj, float *dcap) const {
+        float s = scale * dot(qi, kj);
+        *dcap = 1.0f;
+        if (cap > 0.0f) {
+            const float t = std::tanh(s / cap);
+            s = cap * t;
+            *dcap = 1.0f - t * t;
+        }
         return s;
     }
 };
@@ -69,10 +67,10 @@ struct thread_scratch {
     float *s;
 };
 
-size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
-
 // Extra output i of node, or NULL when the graph leaves it without memory (nothing reads it).
 const forge_tensor *output(const forge_tensor *node, int i) { return node->res[i] && node->res[i]->data ? node->res[i] : nullptr; }
+
+size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 size_t thread_bytes(int64_t D, int64_t T) { return align64(4 * D * sizeof(float) + 2 * D * sizeof(double) + T * sizeof(float)); }
 // Bytes before the per-thread blocks: the backward's Di for every query row.
 size_t shared_bytes(const forge_tensor *node, int64_t rows) {

@@ -96,3 +96,17 @@ void forge_cpu_gemm(int64_t M, int64_t N, int64_t K, const void *a, forge_type a
                     const void *b, forge_type bt, int64_t ldb, int tb, float *c, int64_t ldc, int accumulate,
                     void *work, int n_threads);
 size_t forge_cpu_gemm_work(int n_threads);
+
+// Tensors as GEMM operands (in linear.cpp; used by linear and lora). forge_cpu_gemm picks each
+// thread's scratch by its OpenMP thread number: call it from outside a parallel region.
+// Bytes of scratch forge_cpu_gemm_rows needs for t: 0 when its rows can be read in place.
+size_t forge_cpu_gemm_rows_work(const forge_tensor *t);
+// t [K, rows...] as a row-major matrix for forge_cpu_gemm: returns the data and sets *type and
+// *ld (row stride in elements). Reads t in place when its elements are unit-strided and its rows
+// evenly spaced; otherwise converts it to a dense fp32 copy at *scratch and advances *scratch.
+const void *forge_cpu_gemm_rows(const forge_tensor *t, forge_type *type, int64_t *ld, char **scratch, int n_threads);
+
+// Stores rows [r0, r0+rows) of the contiguous dst from the fp32 rows c [rows x n], adding bias
+// [n] (or nothing when NULL) before rounding to dst's type. c may alias dst's memory (F32 dst).
+void forge_cpu_store_rows(const forge_tensor *dst, const float *c, int64_t r0, int64_t rows, int64_t n,
+                          const forge_tensor *bias, int n_threads);

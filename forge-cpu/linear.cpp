@@ -4,9 +4,11 @@
 // threads. For each tile the K dimension is walked in KC steps; each step converts ("packs") an
 // MC x KC block of A and a KC x NC block of B to fp32 in the thread's scratch, laid out in MR-row
 // and NR-column micro-panels (zero-padded at the edges), and a register-blocked MR x NR
-// micro-kernel (GCC vector extensions, compiled for AVX2+FMA with a baseline fallback chosen at
-// load time) accumulates every MR x NR block of the tile in fp32. A tile is owned by one thread
-// and sums K in a fixed order, so results do not depend on the thread count.
+// micro-kernel (GCC vector extensions, compiled for AVX2+FMA, picked at load time, with a slow
+// but correct baseline clone for older CPUs) accumulates every MR x NR block of the tile in fp32.
+// A tile is owned by one thread and sums K in a fixed order, so results do not depend on the
+// thread count. Each thread packs into the scratch slot of its OpenMP thread number, so the GEMM
+// must be called from outside a parallel region.
 //
 // LINEAR and MATMUL view their operands as row-major matrices (directly when a tensor's rows are
 // evenly spaced with unit element stride, else through an fp32 copy), run the GEMM into fp32
@@ -24,6 +26,7 @@ constexpr int64_t MR = 6, NR = 16;             // micro-tile: 6 x 16 fp32 accumu
 constexpr int64_t MC = 96, KC = 256, NC = 256; // tile of C and depth of one packed step
 constexpr int64_t CHUNK = 256;                 // rows of fp32 scratch output for non-F32 results
 constexpr size_t ALIGN = 64;
+constexpr int64_t PAR_MIN_MACS = 1 << 19, PAR_MIN_ELEMS = 1 << 16; // smaller work runs on one thread
 
 typedef float v8 __attribute__((vector_size(32)));
 
@@ -122,7 +125,7 @@ void forge_cpu_gemm(int64_t M, int64_t N, int64_t K, const void *a, forge_type a
     const int64_t asm_ = ta ? 1 : lda, ask = ta ? lda : 1, bsn = tb ? ldb : 1, bsk = tb ? 1 : ldb;
     const size_t as = forge_type_size(at), bs = forge_type_size(bt);
     const int64_t tiles_m = (M + MC - 1) / MC, tiles_n = (N + NC - 1) / NC;
-#pragma omp parallel for num_threads(n_threads) schedule(static)
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (tiles_m * tiles_n > 1 && M * N * K >= PAR_MIN_MACS)
     for (int64_t t = 0; t < tiles_m * tiles_n; t++) {
         float *pa = (float *)((char *)work + (size_t)omp_get_thread_num() * GEMM_THREAD_BYTES);
         float *pb = pa + MC * KC;
@@ -139,21 +142,9 @@ void forge_cpu_gemm(int64_t M, int64_t N, int64_t K, const void *a, forge_type a
 
 // ---- tensors as GEMM operands (also used by lora.cpp) ---------------------------------------
 
-// Bytes of scratch forge_cpu_gemm_rows needs for t: 0 when its rows can be read in place.
-size_t forge_cpu_gemm_rows_work(const forge_tensor *t);
-// t [K, rows...] as a row-major matrix for forge_cpu_gemm: returns the data and sets *type and
-// *ld (row stride in elements). Reads t in place when its elements are unit-strided and its rows
-// evenly spaced; otherwise converts it to a dense fp32 copy at *scratch and advances *scratch.
-const void *forge_cpu_gemm_rows(const forge_tensor *t, forge_type *type, int64_t *ld, char **scratch, int n_threads);
-
-// Stores rows [r0, r0+rows) of the contiguous dst from the fp32 rows c [rows x n], adding bias
-// [n] (or nothing when NULL) before rounding to dst's type. c may alias dst's memory (F32 dst).
-void forge_cpu_store_rows(const forge_tensor *dst, const float *c, int64_t r0, int64_t rows, int64_t n,
-                          const forge_tensor *bias, int n_threads);
-
 static bool rows_in_place(const forge_tensor *t, int64_t *ld) {
     const size_t ts = forge_type_size(t->type);
-    if (t->type == FORGE_TYPE_I32 || (t->ne[0] > 1 && t->nb[0] != ts)) return false;
+    if (t->ne[0] > 1 && t->nb[0] != ts) return false;
     int64_t stride = -1, below = 1; // row stride in elements; rows in the dims below d
     for (int d = 1; d < FORGE_MAX_DIMS; d++) {
         if (t->ne[d] == 1) continue;
@@ -179,7 +170,7 @@ const void *forge_cpu_gemm_rows(const forge_tensor *t, forge_type *type, int64_t
     float *out = (float *)*scratch;
     *scratch += forge_cpu_gemm_rows_work(t);
     const int64_t ne0 = t->ne[0], ne1 = t->ne[1], ne2 = t->ne[2];
-#pragma omp parallel for num_threads(n_threads)
+#pragma omp parallel for num_threads(n_threads) if (forge_tensor_nelements(t) >= PAR_MIN_ELEMS)
     for (int64_t r = 0; r < forge_cpu_rows(t); r++)
         forge_cpu_load_row(t, r % ne1, (r / ne1) % ne2, r / (ne1 * ne2), out + r * ne0);
     *type = FORGE_TYPE_F32;
@@ -190,7 +181,7 @@ const void *forge_cpu_gemm_rows(const forge_tensor *t, forge_type *type, int64_t
 void forge_cpu_store_rows(const forge_tensor *dst, const float *c, int64_t r0, int64_t rows, int64_t n,
                           const forge_tensor *bias, int n_threads) {
     const size_t ts = forge_type_size(dst->type);
-#pragma omp parallel for num_threads(n_threads)
+#pragma omp parallel for num_threads(n_threads) if (rows * n >= PAR_MIN_ELEMS)
     for (int64_t i = 0; i < rows; i++) {
         char *out = (char *)dst->data + (size_t)((r0 + i) * n) * ts;
         for (int64_t j = 0; j < n; j++)

@@ -1,23 +1,18 @@
 // forge-cpu/lora.cpp - LORA (x W^T + b + scale (x A^T) B^T, in 1 to 3 concatenated blocks) and
 // its backward LORA_BACK (dA, dB and optionally dX).
 //
-// Every product is a forge_cpu_gemm call into fp32 scratch. The adapter inputs u = x A^T and the
-// adapter gradients du are scaled by `scale` once, so that each block's low-rank product is a
-// plain GEMM into its own columns: forward y[:, blk] += (scale u[:, blk*r..]) B[:, blk]^T;
-// backward du[:, blk*r..] = dy[:, blk] B[:, blk]^T, dA = (scale du)^T x,
-// dB[:, blk] = (scale u[:, blk*r..])^T dy[:, blk], dX = dy W + (scale du) A.
+// Matrices are row-major (W: M rows of K, A: R rows of K, B: M rows of r; x, dy, u, du: one row
+// per token). Every product is a forge_cpu_gemm call in fp32. u = x A^T and du are scaled by
+// `scale` once, so each block's low-rank term is a plain GEMM into its own columns; with Bb the
+// block's rows of B and ub, dub the block's r columns of u, du:
+//     forward   y = x W^T (+ bias), then y[:, blk] += ub Bb^T
+//     backward  dub = dy[:, blk] Bb (then scaled), dA = du^T x, dBb = dy[:, blk]^T ub,
+//               dX = dy W + du A
 // Row-wise results (the forward output, dX) are made CHUNK rows at a time, so the fp32 scratch
 // stays bounded for long inputs; the sums over rows (dA, dB) run over all rows at once.
 #include "cpu.h"
 
 #include <algorithm>
-
-// In linear.cpp: a tensor's rows as a GEMM operand (in place, or an fp32 copy in scratch), and
-// the store of fp32 result rows (+ bias) into a destination of any float type.
-size_t forge_cpu_gemm_rows_work(const forge_tensor *t);
-const void *forge_cpu_gemm_rows(const forge_tensor *t, forge_type *type, int64_t *ld, char **scratch, int n_threads);
-void forge_cpu_store_rows(const forge_tensor *dst, const float *c, int64_t r0, int64_t rows, int64_t n,
-                          const forge_tensor *bias, int n_threads);
 
 namespace {
 
@@ -73,7 +68,7 @@ lora_dims dims_of(const forge_tensor *node) {
 }
 
 void scale_rows(float *v, int64_t n, float s, int n_threads) {
-#pragma omp parallel for num_threads(n_threads)
+#pragma omp parallel for num_threads(n_threads) if (n >= (1 << 16))
     for (int64_t i = 0; i < n; i++) v[i] *= s;
 }
 
@@ -96,8 +91,8 @@ void lora_forward(forge_tensor *node, const forge_cpu_params *p, const lora_dims
         scale_rows(u, rows * d.R, d.scale, nt);
         forge_cpu_gemm(rows, d.M, d.K, x.at(r0, 0), x.type, x.ld, 0, w.data, w.type, w.ld, 1, y, d.M, 0, p->work, nt);
         for (int i = 0; i < d.n_blocks; i++)
-            forge_cpu_gemm(rows, d.block_rows[i], d.r, u + i * d.r, FORGE_TYPE_F32, d.R, 0, b.at(0, d.block_start[i]),
-                           b.type, b.ld, 0, y + d.block_start[i], d.M, 1, p->work, nt);
+            forge_cpu_gemm(rows, d.block_rows[i], d.r, u + i * d.r, FORGE_TYPE_F32, d.R, 0, b.at(d.block_start[i], 0),
+                           b.type, b.ld, 1, y + d.block_start[i], d.M, 1, p->work, nt);
         if (bias || !f32) forge_cpu_store_rows(node, y, r0, rows, d.M, bias, nt);
     }
 }
@@ -122,14 +117,14 @@ void lora_backward(forge_tensor *node, const forge_cpu_params *p, const lora_dim
     forge_cpu_gemm(N, d.R, d.K, x.data, x.type, x.ld, 0, a.data, a.type, a.ld, 1, u, d.R, 0, p->work, nt);
     scale_rows(u, N * d.R, d.scale, nt);
     for (int i = 0; i < d.n_blocks; i++)
-        forge_cpu_gemm(N, d.r, d.block_rows[i], dy.at(0, d.block_start[i]), dy.type, dy.ld, 0, b.at(0, d.block_start[i]),
-                       b.type, b.ld, 1, du + i * d.r, d.R, 0, p->work, nt);
+        forge_cpu_gemm(N, d.r, d.block_rows[i], dy.at(0, d.block_start[i]), dy.type, dy.ld, 0, b.at(d.block_start[i], 0),
+                       b.type, b.ld, 0, du + i * d.r, d.R, 0, p->work, nt);
     scale_rows(du, N * d.R, d.scale, nt);
-    // dA [R x K] = du^T x; dB [r x M] = u^T dy per block
+    // dA (R rows of K) = du^T x; dB (M rows of r) = dy^T u per block
     forge_cpu_gemm(d.R, d.K, N, du, FORGE_TYPE_F32, d.R, 1, x.data, x.type, x.ld, 0, dA, d.K, 0, p->work, nt);
     for (int i = 0; i < d.n_blocks; i++)
-        forge_cpu_gemm(d.r, d.block_rows[i], N, u + i * d.r, FORGE_TYPE_F32, d.R, 1, dy.at(0, d.block_start[i]),
-                       dy.type, dy.ld, 0, dB + d.block_start[i], d.M, 0, p->work, nt);
+        forge_cpu_gemm(d.block_rows[i], d.r, N, dy.at(0, d.block_start[i]), dy.type, dy.ld, 1, u + i * d.r, FORGE_TYPE_F32,
+                       d.R, 0, dB + d.block_start[i] * d.r, d.r, 0, p->work, nt);
     if (!dx_t) return;
     // dX = dy W + du A
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {

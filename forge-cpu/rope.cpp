@@ -10,6 +10,7 @@
 #include "cpu.h"
 
 #include <cmath>
+#include <cstring>
 #include <omp.h>
 
 void forge_cpu_rope(forge_tensor *node, const forge_cpu_params *p) {
@@ -26,7 +27,9 @@ void forge_cpu_rope(forge_tensor *node, const forge_cpu_params *p) {
     for (int64_t n = 0; n < n_tok; n++) {
         const int64_t t = n % T, b = n / T;
         float *cs = (float *)p->work + (int64_t)omp_get_thread_num() * n_rot, *sn = cs + half;
-        const float ps = (float)forge_cpu_get_i32(pos, n);
+        int32_t pn;
+        std::memcpy(&pn, forge_cpu_ptr_flat(pos, n), 4);
+        const float ps = (float)pn;
         for (int j = 0; j < half; j++) {
             const float a = ps * (float)std::pow(theta, -2.0 * j / n_rot);
             cs[j] = (float)std::cos((double)a);

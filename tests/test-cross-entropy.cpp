@@ -146,6 +146,17 @@ void test_values(const Case &c, uint64_t seed, bool backward) {
         const double ew = max_err(tensor_f32(gw), ref.dw, 1e-4, 1e-6);
         CHECK(ew <= 1, "%s: dW differs from the naive one (err %.3g)", c.name, ew);
     }
+    // A second run adds exactly the same gradients again (nothing left over from the first).
+    if (backward && gh) {
+        std::vector<std::vector<float>> twice;
+        for (forge_tensor *gt : {gh, gw}) {
+            twice.push_back(gt ? tensor_f32(gt) : std::vector<float>());
+            for (float &x : twice.back()) x *= 2;
+        }
+        REQUIRE_OK(forge_backend_compute(be, g));
+        CHECK(tensor_f32(gh) == twice[0], "%s: a second run did not add the same dH again", c.name);
+        CHECK(!gw || tensor_f32(gw) == twice[1], "%s: a second run did not add the same dW again", c.name);
+    }
     forge_backend_free(be);
     forge_ctx_free(G.ctx);
 }

@@ -141,13 +141,16 @@ void test_reductions() {
     forge_tensor *xb = input(ctx, FORGE_TYPE_BF16, 4, {13, 4, 3, 2}, "xb");
     forge_tensor *v = inner_view(ctx, big);
     forge_tensor *sx = forge_sum(ctx, x), *sv = forge_sum(ctx, v), *tv = forge_sum_tokens(ctx, v), *tb = forge_sum_tokens(ctx, xb);
-    Run r(ctx, {sx, sv, tv, tb});
+    forge_tensor *tx = forge_sum_tokens(ctx, x); // 301 columns: more than one block of columns
+    Run r(ctx, {sx, sv, tv, tb, tx});
     std::vector<float> vx = random_vec(rng, 301 * 173), vbig = random_vec(rng, 162), vxb = random_vec(rng, 13 * 24);
     for (float &f : vx) f += 0.5f; // a non-zero mean makes fp32 accumulation visibly worse
     set_f32(x, vx); set_f32(big, vbig); set_f32(xb, vxb);
     r.run();
     double ex = 0, ev = 0;
     for (float f : vx) ex += f;
+    std::vector<double> e_tx(301, 0.0);
+    for (int i = 0; i < 301 * 173; i++) e_tx[i % 301] += vx[i];
     std::vector<float> e_tv(7, 0.0f), e_tb(13, 0.0f);
     for (int i2 = 0; i2 < 3; i2++)
         for (int i1 = 0; i1 < 5; i1++)
@@ -159,6 +162,7 @@ void test_reductions() {
     CHECK(forge_tensor_type(tb) == FORGE_TYPE_F32 && forge_tensor_ne(tb, 0) == 13 && forge_tensor_nelements(tb) == 13, "sum_tokens is F32 [ne0]");
     CHECK(max_err(tensor_f32(tv), e_tv, 1e-5, 1e-6) <= 1, "sum_tokens of a strided view");
     CHECK(max_err(tensor_f32(tb), e_tb, 1e-5, 1e-6) <= 1, "sum_tokens of a bf16 4-d tensor");
+    CHECK(max_err(tensor_f32(tx), std::vector<float>(e_tx.begin(), e_tx.end()), 1e-7, 1e-6) <= 1, "sum_tokens of [301, 173] (double accumulation)");
     forge_ctx_free(ctx);
 }
 
@@ -270,6 +274,14 @@ void test_backward() {
         const size_t nb[2] = {forge_tensor_nb(x, 0), forge_tensor_nb(x, 1)};
         forge_tensor *v1 = forge_view(ctx, z, 2, ne, nb, 0), *v2 = forge_view(ctx, z, 2, ne, nb, 2 * nb[0] + nb[1]);
         check_grad("add of two overlapping views of one tensor", ctx, forge_add(ctx, v1, v2), {x});
+        forge_ctx_free(ctx);
+    }
+    {
+        forge_ctx *ctx = forge_ctx_new();
+        forge_tensor *x = param(ctx, 1, {10}, "x");
+        const int64_t ne[2] = {4, 3};
+        const size_t nb[2] = {forge_tensor_nb(x, 0), 2 * forge_tensor_nb(x, 0)}; // sliding windows of 4, step 2
+        check_grad("cont of a view whose rows overlap", ctx, forge_cont(ctx, forge_view(ctx, x, 2, ne, nb, 0)), {x});
         forge_ctx_free(ctx);
     }
     {

@@ -65,7 +65,7 @@ void test_forward(forge_type type, float scale) {
 void test_backward() {
     forge_ctx *ctx = forge_ctx_new();
     Rng rng(8);
-    forge_tensor *table = forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_F32, 7, 6), "table");
+    forge_tensor *table = forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_F32, 70, 6), "table"); // C over two column blocks
     forge_tensor *ids = forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_I32, 9, 2), "ids");
     std::vector<int32_t> vi(18);
     for (auto &i : vi) i = rng.randint(5); // 18 ids over 5 rows: repeats, and row 5 unused (zero gradient)

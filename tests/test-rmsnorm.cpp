@@ -127,5 +127,6 @@ int main() {
     test_forward_bf16();
     test_backward(3, {11, 4, 3}, 0.0f, FORGE_NORM_CAST_BEFORE_WEIGHT, "rmsnorm [11, 4, 3]");
     test_backward(3, {8, 3, 4}, 1.0f, FORGE_NORM_CAST_AFTER_WEIGHT, "per-head rmsnorm [8, 3, 4], offset 1");
+    test_backward(2, {70, 6}, 0.0f, FORGE_NORM_CAST_BEFORE_WEIGHT, "rmsnorm [70, 6] (dw over two column blocks)");
     return test_finish("test-rmsnorm");
 }

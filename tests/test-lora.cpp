@@ -1,0 +1,213 @@
+// test-lora: LORA against a naive loop - one block without a bias, three concatenated blocks of
+// unequal rows (q/k/v-like) with a bias and per-block B, an F32 and a BF16 path (BF16 x, W and
+// output, rounded once at the end) - then LORA_BACK through finite differences for x, A and B
+// (1 and 3 blocks, W frozen, the bias too), LORA_BACK on BF16 x and W with more rows than one
+// chunk against naive sums, and a check that the frozen W gets no gradient while x, A, B do.
+#include "test-util.h"
+
+#include <cstring>
+
+namespace {
+
+float bf16r(float v) { // v rounded to bf16, nearest even
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    std::memcpy(&v, &u, 4);
+    return v;
+}
+float identity(float v) { return v; }
+
+std::vector<float> rounded(std::vector<float> v, float (*round)(float)) {
+    for (float &f : v) f = round(f);
+    return v;
+}
+
+// y[n][m] = x[n] . W[m] + bias[m] + scale * sum_j B[m][j] u[n][blk(m)*r + j], u[n][i] = x[n] . A[i]
+// (row-major: W and B have M rows, of K and r elements; A has R rows of K).
+std::vector<float> naive_lora(const std::vector<float> &x, const std::vector<float> &w, const std::vector<float> &bias,
+                              const std::vector<float> &a, const std::vector<float> &b, int64_t K, int64_t M, int64_t r,
+                              const std::vector<int64_t> &blocks, float scale, float (*round)(float)) {
+    const int64_t rows = (int64_t)x.size() / K, R = r * (int64_t)blocks.size();
+    std::vector<float> y((size_t)(rows * M));
+    for (int64_t n = 0; n < rows; n++) {
+        std::vector<double> u((size_t)R);
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t k = 0; k < K; k++) u[i] += (double)x[n * K + k] * a[i * K + k];
+        for (int64_t m = 0, blk = 0, end = blocks[0]; m < M; m++) {
+            if (m == end) end += blocks[++blk];
+            double s = bias.empty() ? 0.0 : bias[m], low = 0;
+            for (int64_t k = 0; k < K; k++) s += (double)x[n * K + k] * w[m * K + k];
+            for (int64_t j = 0; j < r; j++) low += (double)b[m * r + j] * u[blk * r + j];
+            y[n * M + m] = round((float)(s + scale * low));
+        }
+    }
+    return y;
+}
+
+void check_forward(forge_type type, int64_t K, int64_t r, std::vector<int64_t> blocks, bool with_bias, int64_t T, int64_t B,
+                   uint64_t seed) {
+    forge_ctx *ctx = forge_ctx_new();
+    Rng rng(seed);
+    int64_t M = 0;
+    for (int64_t rows : blocks) M += rows;
+    const int nb = (int)blocks.size();
+    const float scale = 0.75f;
+    const bool bf16 = type == FORGE_TYPE_BF16;
+    forge_tensor *x = forge_tensor_new_3d(ctx, type, K, T, B), *w = forge_tensor_new_2d(ctx, type, K, M);
+    forge_tensor *bias = with_bias ? forge_tensor_new_1d(ctx, FORGE_TYPE_F32, M) : nullptr;
+    forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, r * nb), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, r, M);
+    forge_tensor *y = forge_lora(ctx, x, w, bias, a, b, scale, nb, nb > 1 ? blocks.data() : nullptr);
+    REQUIRE_T(ctx, y);
+    CHECK(forge_tensor_type(y) == type && forge_tensor_ne(y, 0) == M && forge_tensor_ne(y, 1) == T && forge_tensor_ne(y, 2) == B,
+          "lora result [M, T, B] with x's type");
+    forge_graph *g = forge_graph_new(ctx);
+    REQUIRE_OK(forge_graph_build_forward(g, y));
+    forge_backend *be = forge_backend_cpu_new(0);
+    REQUIRE_OK(forge_backend_alloc_graph(be, g));
+    float (*round)(float) = bf16 ? bf16r : identity;
+    std::vector<float> vx = rounded(random_vec(rng, K * T * B), round), vw = rounded(random_vec(rng, K * M, 0.3f), round);
+    std::vector<float> vbias = with_bias ? random_vec(rng, M) : std::vector<float>(), va = random_vec(rng, K * r * nb, 0.3f);
+    std::vector<float> vb = random_vec(rng, r * M);
+    set_f32(x, vx); set_f32(w, vw); set_f32(a, va); set_f32(b, vb);
+    if (bias) set_f32(bias, vbias);
+    REQUIRE_OK(forge_backend_compute(be, g));
+    const std::vector<float> got = tensor_f32(y), want = naive_lora(vx, vw, vbias, va, vb, K, M, r, blocks, scale, round);
+    int differ = 0;
+    for (size_t i = 0; i < got.size(); i++) differ += got[i] != want[i];
+    CHECK(max_err(got, want, bf16 ? 1.0 / 128 : 1e-5, bf16 ? 1e-30 : 1e-5) <= 1 && (!bf16 || differ <= (int)got.size() / 100),
+          "lora %s K=%lld r=%lld, %d block(s)%s: %d of %zu differ", bf16 ? "bf16" : "f32", (long long)K, (long long)r, nb,
+          with_bias ? " + bias" : "", differ, got.size());
+    // the adapter matters: without it the result is different
+    const std::vector<float> base = naive_lora(vx, vw, vbias, va, vb, K, M, r, blocks, 0.0f, round);
+    CHECK(max_err(got, base, 1e-3, 1e-3) > 1, "lora: the low-rank term changes the result");
+    forge_backend_free(be);
+    forge_ctx_free(ctx);
+}
+
+// Gradients of x, A and B (and the bias) with W frozen, against finite differences. x is a PARAM
+// so that LORA_BACK makes dX too.
+void check_backward(std::vector<int64_t> blocks, bool with_bias, uint64_t seed) {
+    const int64_t K = 7, r = 3, T = 4, B = 2;
+    int64_t M = 0;
+    for (int64_t rows : blocks) M += rows;
+    const int nb = (int)blocks.size();
+    forge_ctx *ctx = forge_ctx_new();
+    Rng rng(seed);
+    forge_tensor *x = forge_tensor_set_name(forge_tensor_new_3d(ctx, FORGE_TYPE_F32, K, T, B), "x");
+    forge_tensor *w = forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, M), "w");
+    forge_tensor *bias = with_bias ? forge_tensor_set_name(forge_tensor_new_1d(ctx, FORGE_TYPE_F32, M), "bias") : nullptr;
+    forge_tensor *a = forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, r * nb), "A");
+    forge_tensor *b = forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_F32, r, M), "B");
+    forge_tensor *y = forge_lora(ctx, x, w, bias, a, b, 1.5f, nb, nb > 1 ? blocks.data() : nullptr);
+    std::vector<forge_tensor *> params{x, a, b};
+    if (bias) params.push_back(bias);
+    double e = grad_check(ctx, y, params, [&] {
+        fill_random(x, rng);
+        fill_random(w, rng);
+        fill_random(a, rng);
+        fill_random(b, rng); // B nonzero so that dA and dX's adapter term are exercised
+        if (bias) fill_random(bias, rng);
+    });
+    CHECK(e <= 1, "lora gradients (x, A, B%s), %d block(s): error %.3g", with_bias ? ", bias" : "", nb, e);
+    forge_ctx_free(ctx);
+}
+
+// LORA_BACK with BF16 x, W and dy and more rows than one 256-row chunk, against naive sums:
+// loss = sum(cast(y) * c) with c bf16-exact, so dy = c; x = cast(xp) for an F32 PARAM xp, whose
+// gradient is then dX rounded to bf16.
+void check_backward_bf16() {
+    const int64_t K = 24, r = 4, N = 300;
+    const std::vector<int64_t> blocks{20, 12, 12};
+    const int64_t M = 44, R = 12;
+    const float scale = 0.5f;
+    forge_ctx *ctx = forge_ctx_new();
+    Rng rng(57);
+    forge_tensor *xp = forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, N), "xp");
+    forge_tensor *w = forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, K, M), *c = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, M, N);
+    forge_tensor *a = forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, R), "A");
+    forge_tensor *b = forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_F32, r, M), "B");
+    for (forge_tensor *p : {xp, a, b}) forge_tensor_set_flags(p, FORGE_FLAG_PARAM);
+    forge_tensor_set_flags(c, FORGE_FLAG_INPUT);
+    forge_tensor *y = forge_lora(ctx, forge_cast(ctx, xp, FORGE_TYPE_BF16), w, nullptr, a, b, scale, 3, blocks.data());
+    forge_tensor *loss = forge_sum(ctx, forge_mul(ctx, forge_cast(ctx, y, FORGE_TYPE_F32), c));
+    REQUIRE_T(ctx, loss);
+    forge_tensor_set_flags(loss, FORGE_FLAG_LOSS);
+    forge_graph *g = forge_graph_new(ctx);
+    REQUIRE_OK(forge_graph_build_forward(g, loss));
+    REQUIRE_OK(forge_graph_build_backward(g, loss));
+    forge_backend *be = forge_backend_cpu_new(0);
+    REQUIRE_OK(forge_backend_alloc_graph(be, g));
+    const std::vector<float> vx = rounded(random_vec(rng, K * N), bf16r), vw = rounded(random_vec(rng, K * M, 0.3f), bf16r);
+    const std::vector<float> vc = rounded(random_vec(rng, M * N), bf16r), va = random_vec(rng, K * R, 0.3f), vb = random_vec(rng, r * M);
+    set_f32(xp, vx); set_f32(w, vw); set_f32(c, vc); set_f32(a, va); set_f32(b, vb);
+    REQUIRE_OK(forge_backend_compute(be, g));
+    CHECK(forge_graph_count_op(g, FORGE_OP_LORA_BACK) == 1, "one LORA_BACK node");
+    // naive: u = x A^T, du = dy Bb per block, dA = s du^T x, dB = s dy^T ub, dX = dy W + s du A
+    std::vector<double> u(N * R), du(N * R), dA(R * K), dB(M * r), dX(N * K);
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t k = 0; k < K; k++) u[n * R + i] += (double)vx[n * K + k] * va[i * K + k];
+        for (int64_t m = 0, blk = 0, end = blocks[0]; m < M; m++) {
+            if (m == end) end += blocks[++blk];
+            for (int64_t j = 0; j < r; j++) {
+                du[n * R + blk * r + j] += (double)vb[m * r + j] * vc[n * M + m];
+                dB[m * r + j] += scale * (double)vc[n * M + m] * u[n * R + blk * r + j];
+            }
+        }
+        for (int64_t k = 0; k < K; k++) {
+            for (int64_t m = 0; m < M; m++) dX[n * K + k] += (double)vc[n * M + m] * vw[m * K + k];
+            for (int64_t i = 0; i < R; i++) {
+                dX[n * K + k] += scale * du[n * R + i] * va[i * K + k];
+                dA[i * K + k] += scale * du[n * R + i] * vx[n * K + k];
+            }
+        }
+    }
+    auto as_f32 = [](const std::vector<double> &v, float (*round)(float)) {
+        std::vector<float> f(v.size());
+        for (size_t i = 0; i < v.size(); i++) f[i] = round((float)v[i]);
+        return f;
+    };
+    CHECK(max_err(tensor_f32(forge_graph_grad(g, a)), as_f32(dA, identity), 1e-4, 1e-4) <= 1, "dA, 300 rows, bf16 x");
+    CHECK(max_err(tensor_f32(forge_graph_grad(g, b)), as_f32(dB, identity), 1e-4, 1e-4) <= 1, "dB, 300 rows, bf16 x");
+    const std::vector<float> gx = tensor_f32(forge_graph_grad(g, xp)), wx = as_f32(dX, bf16r);
+    int differ = 0;
+    for (size_t i = 0; i < gx.size(); i++) differ += gx[i] != wx[i];
+    CHECK(max_err(gx, wx, 1.0 / 128, 1e-30) <= 1 && differ <= (int)gx.size() / 100, "bf16 dX: %d of %zu differ", differ, gx.size());
+    forge_backend_free(be);
+    forge_ctx_free(ctx);
+}
+
+// Autograd's structure: one LORA_BACK; A, B and x get gradients, the frozen W none.
+void check_frozen_weight() {
+    forge_ctx *ctx = forge_ctx_new();
+    forge_tensor *x = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, 8, 5), *w = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, 8, 6);
+    forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, 8, 2), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, 2, 6);
+    for (forge_tensor *p : {x, a, b}) forge_tensor_set_flags(p, FORGE_FLAG_PARAM);
+    forge_tensor *loss = forge_sum(ctx, forge_lora(ctx, x, w, nullptr, a, b, 2.0f, 1, nullptr));
+    REQUIRE_T(ctx, loss);
+    forge_tensor_set_flags(loss, FORGE_FLAG_LOSS);
+    forge_graph *g = forge_graph_new(ctx);
+    REQUIRE_OK(forge_graph_build_forward(g, loss));
+    REQUIRE_OK(forge_graph_build_backward(g, loss));
+    CHECK(forge_graph_grad(g, w) == nullptr, "the frozen base weight has no gradient");
+    CHECK(forge_graph_grad(g, x) && forge_graph_grad(g, a) && forge_graph_grad(g, b), "x, A and B have gradients");
+    CHECK(forge_graph_count_op(g, FORGE_OP_LORA_BACK) == 1, "one LORA_BACK node (%d)", forge_graph_count_op(g, FORGE_OP_LORA_BACK));
+    forge_ctx_free(ctx);
+}
+
+} // namespace
+
+int main() {
+    check_forward(FORGE_TYPE_F32, 37, 4, {29}, false, 5, 3, 51);
+    check_forward(FORGE_TYPE_F32, 33, 5, {24, 8, 13}, true, 7, 2, 52);
+    check_forward(FORGE_TYPE_BF16, 64, 8, {48, 16, 16}, true, 9, 3, 53);
+    // more rows than the kernel's 256-row chunk, and blocks wider than one GEMM tile
+    check_forward(FORGE_TYPE_BF16, 40, 4, {300, 20}, true, 131, 2, 54);
+    check_backward({6}, false, 55);
+    check_backward({5, 2, 3}, true, 56);
+    check_backward_bf16();
+    check_frozen_weight();
+    return test_finish("test-lora");
+}
