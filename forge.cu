@@ -1152,7 +1152,7 @@ static forge_status graph_plan(forge_graph *g, size_t guard) {
             forge_tensor *t = p.t, *s0 = t->n_src > 0 ? t->src[0] : nullptr;
             bool alias_free = true; // no other source reads the same memory
             for (int j = 1; s0 && j < t->n_src; j++) alias_free = alias_free && !(t->src[j] && mem_root(t->src[j]) == s0);
-            if (s0 && t->op != FORGE_OP_RESULT && forge_op_can_inplace(t) && s0 == mem_root(s0) && slot.count(s0) &&
+            if (!guard && s0 && t->op != FORGE_OP_RESULT && forge_op_can_inplace(t) && s0 == mem_root(s0) && slot.count(s0) &&
                 !(t->flags & FORGE_FLAG_OUTPUT) && alias_free) {
                 size_t ks = slot[s0];
                 forge_graph::planned &ps = plan[ks];
@@ -1165,8 +1165,9 @@ static forge_status graph_plan(forge_graph *g, size_t guard) {
             }
             p.offset = fl.alloc(p.size);
         }
+        // with guard bytes (a debug run) nothing is reused, so every guard stays checkable to the end
         for (size_t k : dies[i])
-            if (!taken.count(k)) fl.release(plan[k].offset, plan[k].size);
+            if (!taken.count(k) && !guard) fl.release(plan[k].offset, plan[k].size);
         // a block taken over in place is freed when its new owner dies (that owner is in dies[])
     }
     g->plan = std::move(plan);

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine does it all: build for sm_90a, run the CPU and CUDA test suites,
-# run ./bench-kernels and the PyTorch peers, and write logs and JSON to $OUT (at most 8 files).
-#   bench/gpu-check.sh [tests] [bench] [peers]     (no argument: all three)
-# FORGE_COMMIT names the commit in the results (the GPU machine's copy has no .git).
+# run ./bench-kernels and the PyTorch peers, regenerate the HF reference fixtures, and write
+# logs and JSON to $OUT (at most 7 files):
+#   bench/gpu-check.sh [tests] [bench] [peers] [fixtures]     (no argument: tests bench peers)
+# FORGE_COMMIT names the commit in the results (the GPU machine's copy has no .git);
+# TESTS selects CTest tests by regex; PEERS_DEADLINE bounds the peers' run in seconds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/forge-out}
@@ -10,26 +12,35 @@ mkdir -p "$OUT"
 stages=${*:-tests bench peers}
 export FORGE_COMMIT=${FORGE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 gen=; command -v ninja >/dev/null && gen="-G Ninja"
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 {
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON -DFORGE_CUDA_ARCH=90a &&
   cmake --build build-gpu -j "$(nproc)"
-} > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-echo "build ok"
+} > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+stamp "build ok"
 
 rc=0
 if [[ $stages == *tests* ]]; then
-  ctest --test-dir build-gpu --output-on-failure -j 4 > "$OUT/tests.log" 2>&1 || rc=1
-  grep -E "tests passed|Failed|Skipped|\*\*\*|^ok|^FAIL" "$OUT/tests.log" | tail -80
+  ctest --test-dir build-gpu --output-on-failure --timeout 400 -j 4 ${TESTS:+-R "$TESTS"} > "$OUT/tests.log" 2>&1 || rc=1
+  grep -E "tests passed|Failed|Skipped|\*\*\*|^ok|^FAIL|CHECK|Timeout" "$OUT/tests.log" | tail -120
+  stamp "tests done"
 fi
-if [[ $stages == *bench* ]] && [ -x build-gpu/bench-kernels ]; then
-  build-gpu/bench-kernels --json "$OUT/bench-kernels.json" --commit "$FORGE_COMMIT" > "$OUT/bench-kernels.txt" 2>&1 || rc=1
+if [[ $stages == *bench* ]]; then
+  build-gpu/bench-kernels --json "$OUT/bench-kernels.json" --commit "$FORGE_COMMIT" ${BENCH:-} > "$OUT/bench-kernels.txt" 2>&1 || rc=1
   cat "$OUT/bench-kernels.txt"
+  stamp "bench done"
 fi
-if [[ $stages == *peers* ]] && [ -f bench/peers/ops.py ]; then
-  python3 bench/peers/ops.py --json "$OUT/peers-ops.json" > "$OUT/peers.log" 2>&1 || rc=1
-  tail -5 "$OUT/peers.log"
-  [ -f "$OUT/bench-kernels.json" ] && python3 bench/combine.py "$OUT/bench-kernels.json" "$OUT/peers-ops.json" > "$OUT/kernels-table.md" 2>&1 && cat "$OUT/kernels-table.md"
+if [[ $stages == *peers* ]]; then
+  python3 bench/peers/ops.py --json "$OUT/peers-ops.json" --deadline "${PEERS_DEADLINE:-200}" ${PEERS:-} 2>&1 | tail -3 || rc=1
+  [ -f "$OUT/bench-kernels.json" ] && python3 bench/combine.py "$OUT/bench-kernels.json" "$OUT/peers-ops.json" -o "$OUT/kernels-table.md" && cat "$OUT/kernels-table.md"
+  stamp "peers done"
+fi
+if [[ $stages == *fixtures* ]]; then
+  rm -rf /tmp/fixtures && python3 tests/make-fixtures.py /tmp/fixtures 2>&1 | grep -v Writing | tail -6 &&
+    tar czf "$OUT/fixtures.tar.gz" -C /tmp fixtures || rc=1
+  stamp "fixtures done"
 fi
 exit $rc

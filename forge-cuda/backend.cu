@@ -1,0 +1,206 @@
+// forge-cuda/backend.cu - the CUDA backend: device buffers for the allocator's arenas, one
+// stream, one cuBLASLt handle and workspace, one scratch buffer sized before the first run, and
+// the step runner. The first compute of a graph captures every node's launches into a CUDA
+// graph; later computes replay it with one cudaGraphLaunch. Inputs live at fixed addresses in
+// the activation arena (the allocator never moves them), so the host copies new inputs there
+// before a replay. The only host synchronisation is at the end of a step, to read the device
+// error word (a bad token id or label) - never inside the step.
+#include "cuda.cuh"
+
+#include <unordered_map>
+
+namespace {
+
+using kernel_fn = void (*)(forge_tensor *, const forge_cuda_params *);
+using work_fn = size_t (*)(const forge_tensor *);
+constexpr kernel_fn kKernels[FORGE_FAMILY_COUNT] = {
+    nullptr, forge_cuda_elementwise, forge_cuda_embedding, forge_cuda_rmsnorm, forge_cuda_rope, forge_cuda_glu,
+    forge_cuda_linear, forge_cuda_lora, forge_cuda_attention, forge_cuda_cross_entropy, forge_cuda_adamw,
+};
+constexpr work_fn kWorks[FORGE_FAMILY_COUNT] = {
+    nullptr, forge_cuda_elementwise_work, forge_cuda_embedding_work, forge_cuda_rmsnorm_work, forge_cuda_rope_work, forge_cuda_glu_work,
+    forge_cuda_linear_work, forge_cuda_lora_work, forge_cuda_attention_work, forge_cuda_cross_entropy_work, forge_cuda_adamw_work,
+};
+constexpr size_t kLtWorkspace = 32u << 20; // cuBLASLt's recommendation for Hopper
+
+const char *device_error_name(int code) {
+    switch (code) {
+    case FORGE_CUDA_ERR_TOKEN_ID: return "a token id outside the embedding table";
+    case FORGE_CUDA_ERR_LABEL: return "a label outside the vocabulary (and not the ignore index)";
+    default: return "an unknown device error";
+    }
+}
+
+struct CudaBackend final : forge_backend {
+    int device = 0;
+    cudaStream_t stream = nullptr;
+    forge_cuda_params params{};
+    bool capture = true;
+    std::unordered_map<const forge_graph *, cudaGraphExec_t> execs;
+    int last_kernel_nodes = 0;
+    int last_syncs = 0;
+    int *host_error = nullptr; // pinned
+
+    ~CudaBackend() override {
+        cudaSetDevice(device);
+        for (auto &e : execs) cudaGraphExecDestroy(e.second);
+        if (params.lt) cublasLtDestroy(params.lt);
+        if (stream) cudaStreamDestroy(stream);
+        if (host_error) cudaFreeHost(host_error);
+    }
+
+    bool init(int dev) {
+        device = dev;
+        name = "cuda:" + std::to_string(dev);
+        if (cudaSetDevice(dev) != cudaSuccess) return false;
+        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return false;
+        if (cublasLtCreate(&params.lt) != CUBLAS_STATUS_SUCCESS) return false;
+        if (cudaMallocHost(&host_error, sizeof(int)) != cudaSuccess) return false;
+        params.stream = stream;
+        cudaDeviceGetAttribute(&params.sm_count, cudaDevAttrMultiProcessorCount, dev);
+        params.lt_workspace_size = kLtWorkspace;
+        params.lt_workspace = backend_alloc(kLtWorkspace);
+        params.error = (int *)backend_alloc(256);
+        return params.lt_workspace && params.error;
+    }
+
+    void *backend_alloc(size_t bytes) {
+        void *p = alloc(bytes);
+        if (p) {
+            buffers.push_back(p);
+            n_allocs++;
+        }
+        return p;
+    }
+
+    void *alloc(size_t bytes) override {
+        void *p = nullptr;
+        size_t n = (bytes + 255) / 256 * 256;
+        if (cudaSetDevice(device) != cudaSuccess || cudaMalloc(&p, n) != cudaSuccess) return nullptr;
+        if (cudaMemsetAsync(p, 0, n, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) {
+            cudaFree(p);
+            return nullptr;
+        }
+        return p;
+    }
+    void free_buffer(void *p) override { cudaFree(p); }
+    bool is_host() const override { return false; }
+    void upload(void *dst, const void *src, size_t n) override {
+        FORGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream));
+        FORGE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    void download(void *dst, const void *src, size_t n) override {
+        FORGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream));
+        FORGE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+
+    forge_status prepare(forge_graph *g) override {
+        auto it = execs.find(g); // a re-planned graph is captured again
+        if (it != execs.end()) {
+            cudaGraphExecDestroy(it->second);
+            execs.erase(it);
+        }
+        size_t need = 0;
+        for (const forge_tensor *t : g->nodes) {
+            forge_family f = forge_op_family(t->op);
+            if (f != FORGE_FAMILY_NONE) need = std::max(need, kWorks[f](t));
+        }
+        if (need <= params.work_size) return FORGE_OK;
+        void *w = backend_alloc(need);
+        if (!w) {
+            error = name + ": could not allocate " + std::to_string(need) + " bytes of scratch";
+            return FORGE_ERR_OOM;
+        }
+        params.work = w;
+        params.work_size = need;
+        return FORGE_OK;
+    }
+
+    // Enqueues every node on the stream.
+    void launch_nodes(forge_graph *g) {
+        for (forge_tensor *t : g->nodes) forge_cuda_launch_node(t, &params);
+    }
+
+    forge_status fail(const std::string &what, cudaError_t e) {
+        error = name + ": " + what + ": " + cudaGetErrorString(e);
+        return FORGE_ERR_RUNTIME;
+    }
+
+    forge_status compute(forge_graph *g) override {
+        cudaError_t e;
+        if ((e = cudaSetDevice(device)) != cudaSuccess) return fail("cudaSetDevice", e);
+        if (!capture) {
+            launch_nodes(g);
+            last_kernel_nodes = -1;
+        } else {
+            auto it = execs.find(g);
+            if (it == execs.end()) {
+                cudaGraph_t graph;
+                if ((e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)) != cudaSuccess) return fail("begin capture", e);
+                launch_nodes(g);
+                if ((e = cudaStreamEndCapture(stream, &graph)) != cudaSuccess) return fail("capturing the step", e);
+                cudaGraphExec_t exec;
+                e = cudaGraphInstantiate(&exec, graph, 0);
+                size_t n = 0;
+                cudaGraphGetNodes(graph, nullptr, &n);
+                last_kernel_nodes = (int)n;
+                cudaGraphDestroy(graph);
+                if (e != cudaSuccess) return fail("instantiating the step's CUDA graph", e);
+                it = execs.emplace(g, exec).first;
+            }
+            if ((e = cudaGraphLaunch(it->second, stream)) != cudaSuccess) return fail("launching the step's CUDA graph", e);
+        }
+        // end of the step: the one synchronisation, to read the device error word
+        if ((e = cudaMemcpyAsync(host_error, params.error, sizeof(int), cudaMemcpyDeviceToHost, stream)) != cudaSuccess) return fail("reading the error word", e);
+        if ((e = cudaStreamSynchronize(stream)) != cudaSuccess) return fail("running the step", e);
+        last_syncs = 1;
+        if (*host_error) {
+            error = name + ": a kernel found " + device_error_name(*host_error);
+            cudaMemsetAsync(params.error, 0, sizeof(int), stream);
+            cudaStreamSynchronize(stream);
+            return FORGE_ERR_RUNTIME;
+        }
+        return FORGE_OK;
+    }
+};
+
+} // namespace
+
+void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p) {
+    forge_family f = forge_op_family(node->op);
+    if (f != FORGE_FAMILY_NONE) kKernels[f](node, p);
+}
+
+int forge_cuda_backend_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); // clear the sticky "no device" error
+        return 0;
+    }
+    return n;
+}
+
+forge_backend *forge_cuda_backend_create(int device) {
+    if (device < 0 || device >= forge_cuda_backend_device_count()) return nullptr;
+    CudaBackend *be = new (std::nothrow) CudaBackend();
+    if (be && !be->init(device)) {
+        forge_backend_free(be);
+        return nullptr;
+    }
+    return be;
+}
+
+void forge_cuda_backend_set_capture(forge_backend *be, bool on) {
+    if (CudaBackend *c = dynamic_cast<CudaBackend *>(be)) c->capture = on;
+}
+
+const forge_cuda_params *forge_cuda_backend_params(forge_backend *be) {
+    CudaBackend *c = dynamic_cast<CudaBackend *>(be);
+    return c ? &c->params : nullptr;
+}
+
+void forge_cuda_backend_stats(const forge_backend *be, int *kernel_nodes, int *syncs_per_step) {
+    const CudaBackend *c = dynamic_cast<const CudaBackend *>(be);
+    if (kernel_nodes) *kernel_nodes = c ? c->last_kernel_nodes : 0;
+    if (syncs_per_step) *syncs_per_step = c ? c->last_syncs : 0;
+}

@@ -1,0 +1,288 @@
+// forge-cuda/cross_entropy.cu - the fused linear cross-entropy (CROSS_ENTROPY): loss, dH and dW in
+// one pass that never holds more than `chunk` rows of logits.
+//
+// The tokens are taken in chunks of n = min(op_i[0], N) (ignored tokens included: their rows of
+// dLogits are zero, so they add nothing to dH's other rows or to dW, and get dH = 0 exactly). Per
+// chunk, on p->stream:
+//   1. z = h_c W^T [n, V] fp32 (forge_cuda_gemm, cuBLASLt) into the scratch;
+//   2. ce_rows, one block of 1024 threads per token row: pass 1 reads the row once (softcap
+//      c tanh(z/c), online max and sum of exp, 128-bit loads) and writes the token's loss term
+//      logsumexp(z) - z[label]; pass 2 reads it again and overwrites it in place with
+//      dz = (softmax(z) - onehot(label)) softcap'(z) / count in W's type (bf16 dz takes the first
+//      half of its own fp32 row, row stride 2V, so the scratch stays n x V fp32);
+//   3. dH_c = dz W (forge_cuda_gemm, written straight into dH when its type allows);
+//   4. dW (F32) = dz^T h_c, beta = 0 for the first chunk and 1 after.
+// Labels outside [0, V) that are not the ignore index set FORGE_CUDA_ERR_LABEL and are treated as
+// ignored. The loss terms (one per token, 0 when ignored) are summed at the end by one block in a
+// fixed order, in double: no atomics, deterministic.
+// Cost: the three GEMMs (6 n V C flop per chunk) dominate and run at cuBLASLt speed; ce_rows
+// moves 8V bytes read + 2V (bf16) or 4V (fp32) written per token, at memory bandwidth.
+// h is used in place when it has W's type and evenly strided rows; otherwise each chunk is first
+// gathered and converted to W's type (so a mixed-type h is rounded to W's type). W must have
+// contiguous rows (nb[0] = its element size), as on the CPU.
+#include "cuda.cuh"
+
+namespace {
+
+constexpr int kRowThreads = 1024;
+
+size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+// Extra output i of node, or NULL when the graph leaves it without memory (nothing reads it).
+const forge_tensor *output(const forge_tensor *node, int i) { return node->res[i] && node->res[i]->data ? node->res[i] : nullptr; }
+
+// Element i of a tensor walked in logical order.
+__device__ const char *flat_ptr(const forge_cuda_view &v, int64_t i) {
+    const int64_t i0 = i % v.ne[0];
+    i /= v.ne[0];
+    const int64_t i1 = i % v.ne[1];
+    i /= v.ne[1];
+    const int64_t i2 = i % v.ne[2];
+    return forge_cuda_ptr(v, i0, i1, i2, i / v.ne[2]);
+}
+
+// c tanh(x / c) through one exp: tanh(y) = 1 - 2 / (1 + e^(2y)).
+__device__ __forceinline__ float softcap(float x, float cap) {
+    return cap > 0.0f ? cap * (1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * x / cap))) : x;
+}
+
+// (m, s) <- the pair for the union of two sets, s = sum of exp(x - m).
+__device__ __forceinline__ void lse_combine(float &m, float &s, float m2, float s2) {
+    const float mn = fmaxf(m, m2);
+    if (mn == -INFINITY) return;
+    s = s * __expf(m - mn) + s2 * __expf(m2 - mn);
+    m = mn;
+}
+
+template <int VEC>
+__device__ __forceinline__ void load_vec(const float *p, float (&v)[VEC]) {
+    if constexpr (VEC == 4) {
+        const float4 f = *(const float4 *)p;
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+        v[0] = *p;
+    }
+}
+// fp32 -> T, rounding to nearest even; pack2: two of them in one word (a in the low half).
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(a)) | (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+    return __half_as_ushort(__float2half_rn(a)) | (uint32_t)__half_as_ushort(__float2half_rn(b)) << 16;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vec(T *p, const float (&v)[VEC]) {
+    if constexpr (VEC == 4 && sizeof(T) == 4) {
+        *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    } else if constexpr (VEC == 4) { // two-byte types: one 8-byte store
+        *(uint2 *)p = make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]));
+    } else {
+        *p = from_f32<T>(v[0]);
+    }
+}
+
+// One block per token row r of the chunk starting at token t0: loss term into loss[t0 + r], and
+// row r of z (fp32, V) turned into dz of type T in place (first V * sizeof(T) bytes of the row).
+// VEC = 4 needs V % 4 == 0.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kRowThreads) ce_rows(float *z, int64_t V, forge_cuda_view labels, int64_t t0, const float *count,
+                                                       float cap, int ignore, float *loss, int *error) {
+    __shared__ float red_m[32], red_s[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t r = blockIdx.x, t = t0 + r;
+    float *zr = z + r * V;
+    T *dr = (T *)zr;
+    const int label = *(const int *)flat_ptr(labels, t);
+    bool target = label != ignore;
+    if (target && (label < 0 || label >= V)) {
+        if (tid == 0) forge_cuda_fail(error, FORGE_CUDA_ERR_LABEL);
+        target = false;
+    }
+    constexpr int W = kRowThreads * VEC; // elements per sweep of the block
+    const int nv = (int)V;               // a row's index fits in 32 bits (its offset does not)
+    if (!target) {
+        const float zero[VEC] = {};
+        for (int c = tid * VEC; c < nv; c += W) store_vec<T, VEC>(dr + c, zero);
+        if (tid == 0) loss[t] = 0.0f;
+        return;
+    }
+    const float zl = softcap(zr[label], cap); // read before pass 2 overwrites the row
+
+    // pass 1: max and sum of exp of the softcapped row
+    float m = -INFINITY, s = 0.0f;
+    for (int c = tid * VEC; c < nv; c += W) {
+        float v[VEC];
+        load_vec<VEC>(zr + c, v);
+        float mx = -INFINITY;
+        for (int i = 0; i < VEC; i++) mx = fmaxf(mx, v[i] = softcap(v[i], cap));
+        const float mn = fmaxf(m, mx);
+        s *= __expf(m - mn);
+        for (int i = 0; i < VEC; i++) s += __expf(v[i] - mn);
+        m = mn;
+    }
+    for (int o = 16; o; o >>= 1) lse_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    if (lane == 0) red_m[warp] = m, red_s[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        m = lane < kRowThreads / 32 ? red_m[lane] : -INFINITY;
+        s = lane < kRowThreads / 32 ? red_s[lane] : 0.0f;
+        for (int o = 16; o; o >>= 1) lse_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+        if (lane == 0) red_m[0] = m + logf(s);
+    }
+    __syncthreads();
+    const float lse = red_m[0], inv_count = 1.0f / *count;
+    if (tid == 0) loss[t] = lse - zl;
+
+    // pass 2: dz in place, one sweep at a time: a sweep's stores (bytes [sizeof(T) c0, ...)) only
+    // reach elements this or earlier sweeps have already read, once every thread has read.
+    for (int c0 = 0; c0 < nv; c0 += W) {
+        const int c = c0 + tid * VEC;
+        float v[VEC];
+        if (c < nv) load_vec<VEC>(zr + c, v);
+        if (sizeof(T) < sizeof(float)) __syncthreads();
+        if (c >= nv) continue;
+        for (int i = 0; i < VEC; i++) {
+            const float x = softcap(v[i], cap);
+            float g = __expf(x - lse) - (c + i == label ? 1.0f : 0.0f);
+            if (cap > 0.0f) g *= 1.0f - (x / cap) * (x / cap);
+            v[i] = g * inv_count;
+        }
+        store_vec<T, VEC>(dr + c, v);
+    }
+}
+
+// Copies n token rows of C elements from src (tokens s0..) to dst (tokens d0..), converting types;
+// either side may be strided. One block per row.
+__global__ void ce_copy_rows(forge_cuda_view src, int64_t s0, forge_cuda_view dst, int64_t d0, int64_t C) {
+    auto row = [](const forge_cuda_view &v, int64_t t) {
+        return forge_cuda_ptr(v, 0, t % v.ne[1], t / v.ne[1] % v.ne[2], t / (v.ne[1] * v.ne[2]));
+    };
+    const char *s = row(src, s0 + blockIdx.x);
+    char *d = row(dst, d0 + blockIdx.x);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        forge_cuda_store(dst.type, d + c * dst.nb[0], forge_cuda_load(src.type, s + c * src.nb[0]));
+}
+
+// dst = (sum of loss[0..N) in double, in a fixed order) / count.
+__global__ void ce_sum(const float *loss, int64_t N, const float *count, float *dst) {
+    __shared__ double red[1024];
+    double s = 0.0;
+    for (int64_t t = threadIdx.x; t < N; t += blockDim.x) s += loss[t];
+    red[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o; o >>= 1) {
+        if ((int)threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *dst = (float)(red[0] / *count);
+}
+
+// How a node runs: the chunk, whether h and dH are used in place, and the scratch layout.
+struct ce_plan {
+    int64_t N, C, V, chunk, ldh, ldw;
+    forge_type ab;           // the GEMMs' input type (W's)
+    bool h_direct, dh_direct;
+    size_t z_off, hc_off, dh_off, loss_off, bytes;
+
+    explicit ce_plan(const forge_tensor *node) {
+        const forge_tensor *h = node->src[0], *w = node->src[1], *dH = node->res[1];
+        N = h->ne[1] * h->ne[2] * h->ne[3];
+        C = h->ne[0];
+        V = w->ne[1];
+        chunk = std::max<int64_t>(1, std::min<int64_t>(node->op_i[0], N));
+        ab = w->type;
+        const size_t es = forge_type_size(ab);
+        ldw = (int64_t)(w->nb[1] / es);
+        h_direct = h->type == ab && h->nb[0] == es && h->nb[1] % es == 0 && h->nb[2] == h->nb[1] * h->ne[1] &&
+                   h->nb[3] == h->nb[2] * h->ne[2];
+        ldh = h_direct ? (int64_t)(h->nb[1] / es) : C;
+        dh_direct = !dH || dH->type == ab || dH->type == FORGE_TYPE_F32;
+        bytes = 0;
+        z_off = take((size_t)(chunk * V) * sizeof(float));
+        hc_off = h_direct ? 0 : take((size_t)(chunk * C) * es);
+        dh_off = dh_direct ? 0 : take((size_t)(chunk * C) * sizeof(float));
+        loss_off = take((size_t)N * sizeof(float));
+    }
+    size_t take(size_t n) {
+        const size_t off = bytes;
+        bytes += align256(n);
+        return off;
+    }
+};
+
+// A contiguous [C, n] view of a scratch buffer.
+forge_cuda_view scratch_view(void *data, forge_type type, int64_t C, int64_t n) {
+    forge_cuda_view v;
+    v.data = (char *)data;
+    v.type = type;
+    const int64_t ne[4] = {C, n, 1, 1};
+    int64_t nb = (int64_t)forge_type_size(type);
+    for (int i = 0; i < 4; i++) {
+        v.ne[i] = ne[i];
+        v.nb[i] = nb;
+        nb *= ne[i];
+    }
+    return v;
+}
+
+template <typename T>
+void launch_rows(int64_t n, float *z, int64_t V, const forge_cuda_view &labels, int64_t t0, const float *count, float cap, int ignore,
+                 float *loss, const forge_cuda_params *p) {
+    if (V % 4 == 0) ce_rows<T, 4><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, count, cap, ignore, loss, p->error);
+    else ce_rows<T, 1><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, count, cap, ignore, loss, p->error);
+    FORGE_CUDA_CHECK(cudaGetLastError());
+}
+
+} // namespace
+
+void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
+    const forge_tensor *h = node->src[0], *w = node->src[1], *labels = node->src[2], *count = node->src[3];
+    const forge_tensor *dH = output(node, 1), *dW = output(node, 2);
+    const ce_plan pl(node);
+    char *work = (char *)p->work;
+    float *z = (float *)(work + pl.z_off), *loss = (float *)(work + pl.loss_off);
+    const float *cnt = (const float *)count->data;
+    const forge_cuda_view hv = forge_cuda_view_of(h), lv = forge_cuda_view_of(labels);
+    const size_t es = forge_type_size(pl.ab), hes = dH ? forge_type_size(dH->type) : 0;
+    const int64_t ldz = pl.V * (int64_t)sizeof(float) / (int64_t)es; // dz rows live in z's rows
+
+    for (int64_t t0 = 0; t0 < pl.N; t0 += pl.chunk) {
+        const int64_t n = std::min(pl.chunk, pl.N - t0);
+        const void *hc = (const char *)h->data + t0 * (int64_t)h->nb[1];
+        if (!pl.h_direct) {
+            ce_copy_rows<<<(unsigned)n, 256, 0, p->stream>>>(hv, t0, scratch_view(work + pl.hc_off, pl.ab, pl.C, n), 0, pl.C);
+            FORGE_CUDA_CHECK(cudaGetLastError());
+            hc = work + pl.hc_off;
+        }
+        forge_cuda_gemm(p, n, pl.V, pl.C, hc, pl.ldh, 0, w->data, pl.ldw, 1, pl.ab, z, pl.V, FORGE_TYPE_F32, 1.0f, 0.0f, nullptr,
+                        FORGE_TYPE_F32);
+        switch (pl.ab) {
+        case FORGE_TYPE_BF16: launch_rows<__nv_bfloat16>(n, z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
+        case FORGE_TYPE_F16: launch_rows<__half>(n, z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
+        default: launch_rows<float>(n, z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
+        }
+        if (dH) {
+            void *dst = pl.dh_direct ? (char *)dH->data + (size_t)(t0 * pl.C) * hes : work + pl.dh_off;
+            forge_cuda_gemm(p, n, pl.C, pl.V, z, ldz, 0, w->data, pl.ldw, 0, pl.ab, dst, pl.C, pl.dh_direct ? dH->type : FORGE_TYPE_F32,
+                            1.0f, 0.0f, nullptr, FORGE_TYPE_F32);
+            if (!pl.dh_direct) {
+                ce_copy_rows<<<(unsigned)n, 256, 0, p->stream>>>(scratch_view(dst, FORGE_TYPE_F32, pl.C, n), 0, forge_cuda_view_of(dH), t0,
+                                                                 pl.C);
+                FORGE_CUDA_CHECK(cudaGetLastError());
+            }
+        }
+        if (dW)
+            forge_cuda_gemm(p, pl.V, pl.C, n, z, ldz, 1, hc, pl.ldh, 0, pl.ab, dW->data, pl.C, FORGE_TYPE_F32, 1.0f, t0 == 0 ? 0.0f : 1.0f,
+                            nullptr, FORGE_TYPE_F32);
+    }
+    ce_sum<<<1, 1024, 0, p->stream>>>(loss, pl.N, cnt, (float *)node->data);
+    FORGE_CUDA_CHECK(cudaGetLastError());
+}
+
+size_t forge_cuda_cross_entropy_work(const forge_tensor *node) { return ce_plan(node).bytes; }

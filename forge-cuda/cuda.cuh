@@ -1,0 +1,115 @@
+// forge-cuda/cuda.cuh - what every CUDA kernel file shares: the call signature, the launch
+// parameters, device-side element access for strided tensors, and error reporting.
+//
+// Each op family file (elementwise.cu, embedding.cu, ...) defines
+//     void forge_cuda_<family>(forge_tensor *node, const forge_cuda_params *p);
+//     size_t forge_cuda_<family>_work(const forge_tensor *node);
+// The first enqueues the node's kernels on p->stream (any op of the family, forward or
+// backward; outputs node->data and node->res[1..2]->data, all device pointers) and returns
+// without synchronising: the backend may be capturing a CUDA graph. The second returns the bytes
+// of device scratch it needs in p->work (0 if none); the backend sizes it once before the first
+// run, so kernels never allocate. The contract of every op is in forge-impl.h and the CPU
+// reference in forge-cpu/ is what tests compare against.
+#pragma once
+
+#include "../forge-impl.h"
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+struct forge_cuda_params {
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_workspace;     // cuBLASLt workspace (lt_workspace_size bytes)
+    size_t lt_workspace_size;
+    void *work;             // scratch of the size forge_cuda_<family>_work asked for (256-byte aligned)
+    size_t work_size;
+    int *error;             // device word: kernels set a nonzero FORGE_CUDA_ERR_* code on bad data
+    int sm_count;
+};
+
+// Codes a kernel writes into *p->error (the first one wins); the backend reports them by name.
+enum { FORGE_CUDA_ERR_NONE = 0, FORGE_CUDA_ERR_TOKEN_ID = 1, FORGE_CUDA_ERR_LABEL = 2 };
+
+// Records a device-side error code (first one wins).
+__device__ inline void forge_cuda_fail(int *error, int code) { atomicCAS(error, 0, code); }
+
+// Loads / stores one element of a float type, converting through fp32.
+__device__ inline float forge_cuda_load(forge_type t, const void *p) {
+    switch (t) {
+    case FORGE_TYPE_BF16: return __bfloat162float(*(const __nv_bfloat16 *)p);
+    case FORGE_TYPE_F16: return __half2float(*(const __half *)p);
+    default: return *(const float *)p;
+    }
+}
+__device__ inline void forge_cuda_store(forge_type t, void *p, float v) {
+    switch (t) {
+    case FORGE_TYPE_BF16: *(__nv_bfloat16 *)p = __float2bfloat16_rn(v); break;
+    case FORGE_TYPE_F16: *(__half *)p = __float2half_rn(v); break;
+    default: *(float *)p = v; break;
+    }
+}
+
+// A tensor's view passed by value to kernels: data, type, shape and byte strides.
+struct forge_cuda_view {
+    char *data;
+    forge_type type;
+    int64_t ne[4];
+    int64_t nb[4];
+};
+inline forge_cuda_view forge_cuda_view_of(const forge_tensor *t) {
+    forge_cuda_view v;
+    v.data = t ? (char *)t->data : nullptr;
+    v.type = t ? t->type : FORGE_TYPE_F32;
+    for (int i = 0; i < 4; i++) {
+        v.ne[i] = t ? t->ne[i] : 1;
+        v.nb[i] = t ? (int64_t)t->nb[i] : 0;
+    }
+    return v;
+}
+__device__ inline char *forge_cuda_ptr(const forge_cuda_view &v, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    return v.data + i0 * v.nb[0] + i1 * v.nb[1] + i2 * v.nb[2] + i3 * v.nb[3];
+}
+
+#define FORGE_CUDA_CHECK(expr)                                                                     \
+    do {                                                                                           \
+        cudaError_t e_ = (expr);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            std::fprintf(stderr, "forge-cuda: %s failed at %s:%d: %s\n", #expr, __FILE__, __LINE__, cudaGetErrorString(e_)); \
+            std::abort();                                                                          \
+        }                                                                                          \
+    } while (0)
+
+#define FORGE_CUDA_FAMILY(name)                                                 \
+    void forge_cuda_##name(forge_tensor *node, const forge_cuda_params *p);     \
+    size_t forge_cuda_##name##_work(const forge_tensor *node);
+
+FORGE_CUDA_FAMILY(elementwise) // ADD MUL SCALE CPY SOFTCAP SOFTCAP_BACK SUM SUM_TOKENS REPEAT ACC ACC_VIEW
+FORGE_CUDA_FAMILY(embedding)   // EMBEDDING EMBEDDING_BACK
+FORGE_CUDA_FAMILY(rmsnorm)     // RMSNORM RMSNORM_BACK
+FORGE_CUDA_FAMILY(rope)        // ROPE ROPE_BACK
+FORGE_CUDA_FAMILY(glu)         // GLU GLU_BACK
+FORGE_CUDA_FAMILY(linear)      // LINEAR MATMUL
+FORGE_CUDA_FAMILY(lora)        // LORA LORA_BACK
+FORGE_CUDA_FAMILY(attention)   // ATTENTION ATTENTION_BACK
+FORGE_CUDA_FAMILY(cross_entropy) // CROSS_ENTROPY
+FORGE_CUDA_FAMILY(adamw)       // ADAMW
+
+// The launch parameters of a CUDA backend (stream, cuBLASLt handle, scratch), so that benchmarks
+// can enqueue a single node's kernels with forge_cuda_<family>(node, params) and time them.
+// NULL for a backend that is not a CUDA backend.
+const forge_cuda_params *forge_cuda_backend_params(forge_backend *be);
+// Enqueues one node's kernels (nothing for leafs, views and results).
+void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p);
+
+// The cuBLASLt GEMM shared by linear, lora and cross_entropy (in linear.cu), in the same terms
+// as the CPU's forge_cpu_gemm: C[m][n] = alpha * sum_k A(m, k) B(k, n) + beta * C[m][n], with
+// A(m, k) = a[m*lda + k] (ta = 0) or a[k*lda + m] (ta = 1), B(k, n) = b[k*ldb + n] (tb = 0) or
+// b[n*ldb + k] (tb = 1), C row-major with row stride ldc, optional bias[n] (of C's type or F32)
+// added in the epilogue. at and bt must be equal (BF16, F16 or F32); C may be F32 or the same
+// type. Algorithms are chosen by cuBLASLt's heuristic once per shape and cached.
+void forge_cuda_gemm(const forge_cuda_params *p, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, int ta,
+                     const void *b, int64_t ldb, int tb, forge_type ab_type, void *c, int64_t ldc, forge_type c_type,
+                     float alpha, float beta, const void *bias, forge_type bias_type);

@@ -1,0 +1,396 @@
+// forge-cuda/elementwise.cu - the elementwise family on the GPU: ADD, MUL, SCALE, CPY, SOFTCAP,
+// SOFTCAP_BACK, REPEAT, ACC and ACC_VIEW (maps), SUM and SUM_TOKENS (reductions).
+//
+// Maps: one kernel, map_kernel<op, V>, over the destination's elements in logical order. The
+// host first collapses the iteration shape (drops dims of 1, merges dims that every operand
+// walks contiguously), so a dense tensor is a flat range and a q/k/v view of the fused
+// projection is [head_dim * heads, tokens]. Broadcast operands (REPEAT, MUL by one element) get
+// stride 0. When every operand is either broadcast or has dense, 16-byte-aligned rows of a
+// multiple of 8 elements, each thread moves 8 elements per step with 128-bit loads and stores
+// (a flat range's last n % 8 elements go one by one); otherwise it walks element by element
+// through the byte strides. Grid-stride 1-D launch, 256 threads, up to 32 blocks per SM.
+// Traffic: one read of each source and one write of the destination (the bandwidth roofline).
+// In-place use (dst == src0) is safe: every element is read before the same thread writes it.
+// ACC_VIEW copies (or zeroes) the base, then adds the region in a second map; a region whose
+// elements overlap (a view with overlapping rows) is added by one thread in the CPU's order.
+//
+// Reductions, deterministic (no float atomics; the partition depends only on the shape):
+//   SUM        a fixed grid of 256 blocks sums a grid-strided share each in double, reduced in the
+//              block by warp shuffles, into 256 partials in p->work; a second kernel adds them in
+//              order.
+//   SUM_TOKENS blocks of 32 column-vectors x 8 row lanes over (column tiles, row chunks): each
+//              thread sums its columns (8 at a time when rows are dense) over a strided share of
+//              its chunk in double, the 8 row lanes are added in a fixed order into a partial
+//              [chunk][ne0] in p->work, and a second kernel adds the chunks in order per column.
+#include "cuda.cuh"
+
+#include <algorithm>
+
+namespace {
+
+constexpr int VEC = 8;          // elements per vector step (16 bytes of bf16 / f16, 32 of f32)
+constexpr int THREADS = 256;
+constexpr int SUM_BLOCKS = 256; // partials of SUM
+constexpr int ST_COLS = 32, ST_ROWS = 8; // SUM_TOKENS block: column-vector lanes x row lanes
+constexpr int64_t ST_MAX_CHUNKS = 256;
+constexpr size_t ST_MAX_WORK = 64u << 20;
+
+// ---- 8-element vectors (16-byte aligned addresses) -----------------------------------------
+__device__ inline void load8(forge_type t, const char *p, float *v) {
+    if (t == FORGE_TYPE_F32) {
+        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        return;
+    }
+    const uint4 u = *(const uint4 *)p;
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 f;
+        if (t == FORGE_TYPE_BF16) f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+        else f = __half22float2(*(const __half2 *)&w[k]);
+        v[2 * k] = f.x;
+        v[2 * k + 1] = f.y;
+    }
+}
+__device__ inline void store8(forge_type t, char *p, const float *v) {
+    if (t == FORGE_TYPE_F32) {
+        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+        return;
+    }
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (t == FORGE_TYPE_BF16) { __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
+        else { __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
+    }
+    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// q = a / b, r = a % b for non-negative a, b (32-bit division when both fit).
+__device__ inline void divmod(int64_t a, int64_t b, int64_t &q, int64_t &r) {
+    if (((uint64_t)a | (uint64_t)b) >> 32 == 0) {
+        const uint32_t q32 = (uint32_t)a / (uint32_t)b;
+        q = q32;
+        r = (int64_t)((uint32_t)a - q32 * (uint32_t)b);
+    } else {
+        q = a / b;
+        r = a - q * b;
+    }
+}
+
+// ---- operands over a (collapsed) iteration shape ---------------------------------------------
+
+struct operand {
+    char *data;      // NULL: absent
+    forge_type type;
+    int64_t nb[4];   // byte strides over the iteration shape; 0 = broadcast
+};
+
+struct ew_shape {
+    int64_t ne[4];
+    int64_t n;       // elements
+    bool flat;       // ne[1..3] == 1
+};
+
+struct idx4 {
+    int64_t i[4];
+};
+__device__ inline idx4 unflatten(const ew_shape &s, int64_t e) {
+    idx4 r = {{e, 0, 0, 0}};
+    if (s.flat) return r;
+    int64_t q;
+    divmod(e, s.ne[0], q, r.i[0]);
+    divmod(q, s.ne[1], q, r.i[1]);
+    divmod(q, s.ne[2], r.i[3], r.i[2]);
+    return r;
+}
+__device__ inline int64_t offset(const operand &o, const idx4 &x) {
+    return x.i[0] * o.nb[0] + x.i[1] * o.nb[1] + x.i[2] * o.nb[2] + x.i[3] * o.nb[3];
+}
+// VEC consecutive elements of an operand at byte offset off (a broadcast one repeats one value).
+__device__ inline void load_vec(const operand &o, int64_t off, float *v) {
+    if (o.nb[0] == 0) {
+        const float x = forge_cuda_load(o.type, o.data + off);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v[k] = x;
+    } else {
+        load8(o.type, o.data + off, v);
+    }
+}
+
+enum ew_op { EW_ADD, EW_MUL, EW_SCALE, EW_COPY, EW_SOFTCAP, EW_SOFTCAP_BACK };
+
+template <int OP> __device__ inline float apply(float x, float y, float c) {
+    if constexpr (OP == EW_ADD) return x + y;
+    if constexpr (OP == EW_MUL) return x * y;
+    if constexpr (OP == EW_SCALE) return x * c;
+    if constexpr (OP == EW_COPY) return x;
+    if constexpr (OP == EW_SOFTCAP) return c * tanhf(x / c);
+    if constexpr (OP == EW_SOFTCAP_BACK) { // x = dy, y = the softcap's input
+        const float t = tanhf(y / c);
+        return x * (1.0f - t * t);
+    }
+    return 0.0f;
+}
+
+// d = op(a, b) over the shape; V = VEC: 8 elements per step (then the remainder of a flat range
+// one by one), V = 1: element by element.
+template <int OP, int V>
+__global__ void __launch_bounds__(THREADS) map_kernel(ew_shape s, operand d, operand a, operand b, float c) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t n_vec = V > 1 ? s.n / V : 0;
+    for (int64_t u = tid; u < n_vec; u += stride) {
+        const idx4 x = unflatten(s, u * V);
+        float va[VEC], vb[VEC] = {0};
+        load_vec(a, offset(a, x), va);
+        if (b.data) load_vec(b, offset(b, x), vb);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) va[k] = apply<OP>(va[k], vb[k], c);
+        store8(d.type, d.data + offset(d, x), va);
+    }
+    for (int64_t e = n_vec * V + tid; e < s.n; e += stride) {
+        const idx4 x = unflatten(s, e);
+        const float va = forge_cuda_load(a.type, a.data + offset(a, x));
+        const float vb = b.data ? forge_cuda_load(b.type, b.data + offset(b, x)) : 0.0f;
+        forge_cuda_store(d.type, d.data + offset(d, x), apply<OP>(va, vb, c));
+    }
+}
+
+// An operand for iterating over shape ne: t's strides, 0 where t has 1 element and ne more.
+operand operand_of(const forge_tensor *t, const int64_t *ne) {
+    operand o{};
+    if (!t) return o;
+    o.data = (char *)t->data;
+    o.type = t->type;
+    for (int i = 0; i < 4; i++) o.nb[i] = t->ne[i] == ne[i] ? (int64_t)t->nb[i] : 0;
+    return o;
+}
+
+// Collapses the shape for the operands (drops dims of 1, merges dims every operand walks
+// contiguously) and says whether the 8-wide path applies.
+bool collapse(const int64_t *ne, ew_shape &s, operand *ops[], int n_ops) {
+    int k = 0;
+    int64_t cne[4] = {1, 1, 1, 1}, cnb[3][4] = {};
+    for (int i = 0; i < 4; i++) {
+        if (ne[i] == 1) continue;
+        bool merge = k > 0;
+        for (int j = 0; j < n_ops && merge; j++) merge = ops[j]->nb[i] == cnb[j][k - 1] * cne[k - 1];
+        if (merge) { cne[k - 1] *= ne[i]; continue; }
+        cne[k] = ne[i];
+        for (int j = 0; j < n_ops; j++) cnb[j][k] = ops[j]->nb[i];
+        k++;
+    }
+    s.n = 1;
+    for (int i = 0; i < 4; i++) {
+        s.ne[i] = cne[i];
+        s.n *= cne[i];
+    }
+    s.flat = k <= 1;
+    bool vec = s.flat || cne[0] % VEC == 0;
+    for (int j = 0; j < n_ops; j++) {
+        for (int i = 0; i < 4; i++) ops[j]->nb[i] = cnb[j][i];
+        const int64_t es = (int64_t)forge_type_size(ops[j]->type), *nb = ops[j]->nb;
+        if (nb[0] == 0) continue; // broadcast along the vector: one scalar load
+        vec = vec && nb[0] == es && (uintptr_t)ops[j]->data % 16 == 0 && nb[1] % 16 == 0 && nb[2] % 16 == 0 && nb[3] % 16 == 0;
+    }
+    return vec;
+}
+
+int grid_for(int64_t units, const forge_cuda_params *p) {
+    return (int)std::max<int64_t>(1, std::min<int64_t>((units + THREADS - 1) / THREADS, (int64_t)p->sm_count * 32));
+}
+
+template <int OP>
+void map(const forge_cuda_params *p, const int64_t *ne, operand d, operand a, operand b, float c, bool serial = false) {
+    ew_shape s;
+    operand *ops[3] = {&d, &a, &b};
+    const bool vec = collapse(ne, s, ops, b.data ? 3 : 2) && !serial;
+    if (serial) map_kernel<OP, 1><<<1, 1, 0, p->stream>>>(s, d, a, b, c); // in logical order, one thread
+    else if (vec) map_kernel<OP, VEC><<<grid_for(s.n / VEC + s.n % VEC, p), THREADS, 0, p->stream>>>(s, d, a, b, c);
+    else map_kernel<OP, 1><<<grid_for(s.n, p), THREADS, 0, p->stream>>>(s, d, a, b, c);
+}
+
+// Whether the region (extents ne, byte strides nb, elements of es bytes) maps distinct indices to
+// distinct, non-overlapping elements (the CPU reference's test).
+bool region_is_disjoint(const int64_t *ne, const int64_t *nb, int64_t es) {
+    int dims[4], n = 0;
+    for (int i = 0; i < 4; i++) {
+        if (ne[i] < 2) continue;
+        int k = n++;
+        for (; k > 0 && nb[dims[k - 1]] > nb[i]; k--) dims[k] = dims[k - 1];
+        dims[k] = i;
+    }
+    int64_t reach = es;
+    for (int k = 0; k < n; k++) {
+        if (nb[dims[k]] < reach) return false;
+        reach = nb[dims[k]] * (ne[dims[k]] - 1) + reach;
+    }
+    return true;
+}
+
+void acc_view(forge_tensor *node, const forge_cuda_params *p) {
+    const forge_tensor *base = node->src[0], *v = node->src[1];
+    if (base) map<EW_COPY>(p, node->ne, operand_of(node, node->ne), operand_of(base, node->ne), operand{}, 0.0f);
+    else FORGE_CUDA_CHECK(cudaMemsetAsync(node->data, 0, forge_tensor_nbytes(node), p->stream));
+    operand r{(char *)node->data + node->op_l[0], node->type, {node->op_l[1], node->op_l[2], node->op_l[3], node->op_l[4]}};
+    const bool disjoint = region_is_disjoint(v->ne, r.nb, (int64_t)forge_type_size(node->type));
+    map<EW_ADD>(p, v->ne, r, r, operand_of(v, v->ne), 0.0f, !disjoint);
+}
+
+// ---- reductions ------------------------------------------------------------------------------
+
+// Sum over the block in double (all threads get nothing back; thread 0 gets the total).
+__device__ inline double block_sum(double v) {
+    __shared__ double part[THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = 0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (int)blockDim.x / 32; w++) v += part[w];
+    return v;
+}
+
+// SUM, pass 1: block b sums its grid-strided share of the elements into part[b].
+template <int V> __global__ void __launch_bounds__(THREADS) sum_kernel(ew_shape s, operand a, double *part) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t n_vec = V > 1 ? s.n / V : 0;
+    double acc = 0;
+    for (int64_t u = tid; u < n_vec; u += stride) {
+        float v[VEC];
+        load_vec(a, offset(a, unflatten(s, u * V)), v);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) acc += (double)v[k];
+    }
+    for (int64_t e = n_vec * V + tid; e < s.n; e += stride) acc += (double)forge_cuda_load(a.type, a.data + offset(a, unflatten(s, e)));
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+
+// Pass 2 of both sums: dst[c] = sum over the n_part partials part[i * n_col + c], in order.
+__global__ void sum_partials_kernel(const double *part, int64_t n_part, int64_t n_col, float *dst) {
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n_col) return;
+    double s = 0;
+    for (int64_t i = 0; i < n_part; i++) s += part[i * n_col + c];
+    dst[c] = (float)s;
+}
+
+// SUM_TOKENS partition: rows per chunk and the number of chunks (a function of the shape only).
+void sum_tokens_chunks(const forge_tensor *a, int64_t *rows_per_chunk, int64_t *n_chunks) {
+    const int64_t rows = a->ne[1] * a->ne[2] * a->ne[3];
+    const int64_t most = std::max<int64_t>(1, (int64_t)(ST_MAX_WORK / ((size_t)a->ne[0] * sizeof(double))));
+    const int64_t want = std::min({ST_MAX_CHUNKS, most, (rows + 31) / 32});
+    *rows_per_chunk = (rows + want - 1) / want;
+    *n_chunks = (rows + *rows_per_chunk - 1) / *rows_per_chunk;
+}
+
+struct st_args {
+    operand a;          // nb[0] column stride, nb[1..3] row dims
+    int64_t ne0, ne1, ne2, rows, rows_per_chunk;
+    double *part;       // [chunks][ne0]
+};
+
+// SUM_TOKENS, pass 1: block (column tile, chunk); thread (cv, lane) sums columns cv*V.. over rows
+// lane, lane + 8, ... of the chunk; the 8 lanes are added in order.
+template <int V> __global__ void __launch_bounds__(ST_COLS *ST_ROWS) sum_tokens_kernel(st_args g) {
+    __shared__ double red[ST_ROWS][ST_COLS][V];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t c0 = ((int64_t)blockIdx.x * ST_COLS + tx) * V, chunk = blockIdx.y;
+    const int64_t r1 = (chunk + 1) * g.rows_per_chunk < g.rows ? (chunk + 1) * g.rows_per_chunk : g.rows;
+    double acc[V] = {0};
+    if (c0 < g.ne0) {
+        for (int64_t r = chunk * g.rows_per_chunk + ty; r < r1; r += ST_ROWS) {
+            int64_t q, i1, i2, i3;
+            divmod(r, g.ne1, q, i1);
+            divmod(q, g.ne2, i3, i2);
+            const char *row = g.a.data + i1 * g.a.nb[1] + i2 * g.a.nb[2] + i3 * g.a.nb[3];
+            float v[VEC];
+            if constexpr (V == VEC) load8(g.a.type, row + c0 * g.a.nb[0], v);
+            else v[0] = forge_cuda_load(g.a.type, row + c0 * g.a.nb[0]);
+#pragma unroll
+            for (int k = 0; k < V; k++) acc[k] += (double)v[k];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < V; k++) red[ty][tx][k] = acc[k];
+    __syncthreads();
+    if (ty != 0 || c0 >= g.ne0) return;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        double s = 0;
+        for (int l = 0; l < ST_ROWS; l++) s += red[l][tx][k];
+        g.part[chunk * g.ne0 + c0 + k] = s;
+    }
+}
+
+void sum_all(forge_tensor *node, const forge_cuda_params *p) {
+    const forge_tensor *a = node->src[0];
+    ew_shape s;
+    operand oa = operand_of(a, a->ne);
+    operand *ops[1] = {&oa};
+    const bool vec = collapse(a->ne, s, ops, 1);
+    double *part = (double *)p->work;
+    if (vec) sum_kernel<VEC><<<SUM_BLOCKS, THREADS, 0, p->stream>>>(s, oa, part);
+    else sum_kernel<1><<<SUM_BLOCKS, THREADS, 0, p->stream>>>(s, oa, part);
+    sum_partials_kernel<<<1, 32, 0, p->stream>>>(part, SUM_BLOCKS, 1, (float *)node->data);
+}
+
+void sum_tokens(forge_tensor *node, const forge_cuda_params *p) {
+    const forge_tensor *a = node->src[0];
+    st_args g;
+    g.a = operand_of(a, a->ne);
+    g.ne0 = a->ne[0];
+    g.ne1 = a->ne[1];
+    g.ne2 = a->ne[2];
+    g.rows = a->ne[1] * a->ne[2] * a->ne[3];
+    g.part = (double *)p->work;
+    int64_t n_chunks;
+    sum_tokens_chunks(a, &g.rows_per_chunk, &n_chunks);
+    const int64_t es = (int64_t)forge_type_size(a->type);
+    bool vec = g.ne0 % VEC == 0 && g.a.nb[0] == es && (uintptr_t)g.a.data % 16 == 0;
+    for (int i = 1; i < 4; i++) vec = vec && (a->ne[i] == 1 || a->nb[i] % 16 == 0);
+    const int V = vec ? VEC : 1;
+    const dim3 grid((unsigned)((g.ne0 / V + ST_COLS - 1) / ST_COLS), (unsigned)n_chunks), block(ST_COLS, ST_ROWS);
+    if (vec) sum_tokens_kernel<VEC><<<grid, block, 0, p->stream>>>(g);
+    else sum_tokens_kernel<1><<<grid, block, 0, p->stream>>>(g);
+    sum_partials_kernel<<<(unsigned)((g.ne0 + THREADS - 1) / THREADS), THREADS, 0, p->stream>>>(g.part, n_chunks, g.ne0, (float *)node->data);
+}
+
+} // namespace
+
+void forge_cuda_elementwise(forge_tensor *node, const forge_cuda_params *p) {
+    const forge_tensor *a = node->src[0], *b = node->n_src > 1 ? node->src[1] : nullptr;
+    const int64_t *ne = node->ne;
+    const operand d = operand_of(node, ne), oa = operand_of(a, ne), ob = operand_of(b, ne), none{};
+    const float c = node->op_f[0];
+    switch (node->op) {
+    case FORGE_OP_ADD: map<EW_ADD>(p, ne, d, oa, ob, c); break;
+    case FORGE_OP_MUL: map<EW_MUL>(p, ne, d, oa, ob, c); break;
+    case FORGE_OP_SCALE: map<EW_SCALE>(p, ne, d, oa, none, c); break;
+    case FORGE_OP_CPY: map<EW_COPY>(p, ne, d, oa, none, c); break;
+    case FORGE_OP_REPEAT: map<EW_COPY>(p, ne, d, oa, none, c); break;
+    case FORGE_OP_SOFTCAP: map<EW_SOFTCAP>(p, ne, d, oa, none, c); break;
+    case FORGE_OP_SOFTCAP_BACK: map<EW_SOFTCAP_BACK>(p, ne, d, oa, ob, c); break;
+    case FORGE_OP_ACC: map<EW_ADD>(p, ne, oa, oa, ob, c); break; // into src0's memory
+    case FORGE_OP_ACC_VIEW: acc_view(node, p); break;
+    case FORGE_OP_SUM: sum_all(node, p); break;
+    case FORGE_OP_SUM_TOKENS: sum_tokens(node, p); break;
+    default: break;
+    }
+}
+
+size_t forge_cuda_elementwise_work(const forge_tensor *node) {
+    switch (node->op) {
+    case FORGE_OP_SUM: return SUM_BLOCKS * sizeof(double);
+    case FORGE_OP_SUM_TOKENS: {
+        int64_t rpc, n_chunks;
+        sum_tokens_chunks(node->src[0], &rpc, &n_chunks);
+        return (size_t)(n_chunks * node->src[0]->ne[0]) * sizeof(double);
+    }
+    default: return 0;
+    }
+}

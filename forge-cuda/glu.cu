@@ -1,0 +1,161 @@
+// forge-cuda/glu.cu - gated linear units on the fused gate/up projection, on the GPU: GLU
+// (y = act(gate) * up) and GLU_BACK (dgate = dy * up * act'(gate), dup = dy * act(gate)), with
+// act = silu (SwiGLU) or gelu_tanh (GeGLU); the backward recomputes the activation from gate.
+//
+// One kernel, glu_kernel<V, BACK>, grid-stride 1-D over (row, 8-column vector) units, 256 threads,
+// up to 32 blocks per SM. A unit reads gate[f..f+8) and up[f..f+8) of its row (plus dy[f..f+8)
+// backward) with 128-bit loads, computes in fp32 with the CPU's formulas (expf / tanhf at full
+// precision) and writes y[f..f+8) (backward: dgate and dup) with 128-bit stores. When F is not a
+// multiple of 8 or a row is not dense and 16-byte aligned, units are single elements through the
+// byte strides. Traffic: forward reads 2F and writes F per row, backward reads 3F and writes 2F,
+// each once: the memory roofline; the arithmetic (one exp or tanh per element) hides under it.
+#include "cuda.cuh"
+
+#include <algorithm>
+
+namespace {
+
+constexpr int VEC = 8;
+constexpr int THREADS = 256;
+
+// ---- 8-element vectors (16-byte aligned addresses) -----------------------------------------
+__device__ inline void load8(forge_type t, const char *p, float *v) {
+    if (t == FORGE_TYPE_F32) {
+        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        return;
+    }
+    const uint4 u = *(const uint4 *)p;
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 f;
+        if (t == FORGE_TYPE_BF16) f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+        else f = __half22float2(*(const __half2 *)&w[k]);
+        v[2 * k] = f.x;
+        v[2 * k + 1] = f.y;
+    }
+}
+__device__ inline void store8(forge_type t, char *p, const float *v) {
+    if (t == FORGE_TYPE_F32) {
+        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+        return;
+    }
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (t == FORGE_TYPE_BF16) { __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
+        else { __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
+    }
+    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+}
+template <int V> __device__ inline void gload(forge_type t, const char *p, float *v) {
+    if constexpr (V == VEC) load8(t, p, v);
+    else v[0] = forge_cuda_load(t, p);
+}
+template <int V> __device__ inline void gstore(forge_type t, char *p, const float *v) {
+    if constexpr (V == VEC) store8(t, p, v);
+    else forge_cuda_store(t, p, v[0]);
+}
+
+// act(g) and act'(g), as in the CPU reference.
+__device__ inline float2 activation(bool swiglu, float g) {
+    if (swiglu) {
+        const float s = 1.0f / (1.0f + expf(-g));
+        return make_float2(g * s, s * (1.0f + g * (1.0f - s)));
+    }
+    const float k = 0.7978845608028654f, c = 0.044715f; // sqrt(2/pi)
+    const float t = tanhf(k * (g + c * g * g * g));
+    return make_float2(0.5f * g * (1.0f + t), 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * k * (1.0f + 3.0f * c * g * g));
+}
+
+// q = a / b, r = a % b for non-negative a, b (32-bit division when both fit).
+__device__ inline void divmod(int64_t a, int64_t b, int64_t &q, int64_t &r) {
+    if (((uint64_t)a | (uint64_t)b) >> 32 == 0) {
+        const uint32_t q32 = (uint32_t)a / (uint32_t)b;
+        q = q32;
+        r = (int64_t)((uint32_t)a - q32 * (uint32_t)b);
+    } else {
+        q = a / b;
+        r = a - q * b;
+    }
+}
+
+// A row-indexed tensor: row (i1, i2, i3) at data + i1*nb1 + i2*nb2 + i3*nb3, elements nb0 apart.
+struct rows_ref {
+    char *data;
+    forge_type type;
+    int64_t nb[4];
+};
+rows_ref rows_of(const forge_tensor *t) {
+    rows_ref r{t ? (char *)t->data : nullptr, t ? t->type : FORGE_TYPE_F32, {0, 0, 0, 0}};
+    for (int i = 0; t && i < 4; i++) r.nb[i] = (int64_t)t->nb[i];
+    return r;
+}
+
+struct glu_args {
+    rows_ref gu, dy, dst; // dy: backward only; dst contiguous ([F, ...] forward, [2F, ...] backward)
+    int64_t F, ne1, ne2, rows;
+    bool swiglu;
+};
+
+template <int V, bool BACK> __global__ void __launch_bounds__(THREADS) glu_kernel(glu_args a) {
+    const int64_t per_row = a.F / V, n_units = a.rows * per_row;
+    for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n_units; u += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r, f, q, i[4] = {0, 0, 0, 0};
+        divmod(u, per_row, r, f);
+        divmod(r, a.ne1, q, i[1]);
+        divmod(q, a.ne2, i[3], i[2]);
+        i[0] = f * V;
+        auto at = [&](const rows_ref &t) { return t.data + i[0] * t.nb[0] + i[1] * t.nb[1] + i[2] * t.nb[2] + i[3] * t.nb[3]; };
+        const char *gate = at(a.gu), *up = gate + a.F * a.gu.nb[0];
+        float g[V], v[V];
+        gload<V>(a.gu.type, gate, g);
+        gload<V>(a.gu.type, up, v);
+        if constexpr (!BACK) {
+#pragma unroll
+            for (int k = 0; k < V; k++) v[k] *= activation(a.swiglu, g[k]).x;
+            gstore<V>(a.dst.type, at(a.dst), v);
+        } else {
+            float d[V];
+            gload<V>(a.dy.type, at(a.dy), d);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const float2 ag = activation(a.swiglu, g[k]);
+                g[k] = d[k] * v[k] * ag.y; // dgate
+                v[k] = d[k] * ag.x;        // dup
+            }
+            char *dr = at(a.dst);
+            gstore<V>(a.dst.type, dr, g);
+            gstore<V>(a.dst.type, dr + a.F * a.dst.nb[0], v);
+        }
+    }
+}
+
+// Whether rows of t can move 8 elements at a time at columns that are multiples of 8.
+bool rows_vectorisable(const forge_tensor *t) {
+    bool ok = t->nb[0] == forge_type_size(t->type) && (uintptr_t)t->data % 16 == 0;
+    for (int i = 1; i < 4; i++) ok = ok && (t->ne[i] == 1 || t->nb[i] % 16 == 0);
+    return ok;
+}
+
+} // namespace
+
+void forge_cuda_glu(forge_tensor *node, const forge_cuda_params *p) {
+    if (node->op != FORGE_OP_GLU && node->op != FORGE_OP_GLU_BACK) return;
+    const bool back = node->op == FORGE_OP_GLU_BACK;
+    const forge_tensor *gu = node->src[back ? 1 : 0], *dy = back ? node->src[0] : nullptr;
+    glu_args a{rows_of(gu), rows_of(dy), rows_of(node), gu->ne[0] / 2, gu->ne[1], gu->ne[2], gu->ne[1] * gu->ne[2] * gu->ne[3],
+               node->op_i[0] == FORGE_GLU_SWIGLU};
+    const bool vec = a.F % VEC == 0 && rows_vectorisable(gu) && rows_vectorisable(node) && (!back || rows_vectorisable(dy));
+    const int64_t units = a.rows * (vec ? a.F / VEC : a.F);
+    const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((units + THREADS - 1) / THREADS, (int64_t)p->sm_count * 32));
+    if (back) vec ? glu_kernel<VEC, true><<<grid, THREADS, 0, p->stream>>>(a) : glu_kernel<1, true><<<grid, THREADS, 0, p->stream>>>(a);
+    else vec ? glu_kernel<VEC, false><<<grid, THREADS, 0, p->stream>>>(a) : glu_kernel<1, false><<<grid, THREADS, 0, p->stream>>>(a);
+}
+
+size_t forge_cuda_glu_work(const forge_tensor *node) {
+    (void)node;
+    return 0;
+}

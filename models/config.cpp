@@ -1,0 +1,90 @@
+// models/config.cpp - ModelConfig from an HF config.json: the per-architecture switches of
+// models.md (Qwen2 q/k/v bias, Qwen3 q/k norm and head_dim, Gemma's (1+w) norms, GeGLU and
+// embedding scale, Gemma2's sandwich norms, softcaps, sliding window and query_pre_attn_scalar).
+// A model that is none of these is refused with a message naming its architecture.
+#include "config.h"
+
+#include <cmath>
+
+namespace forge {
+
+static bool need_int(const json::Value &cfg, const char *key, int64_t *out, const std::string &path, std::string *err) {
+    const json::Value *v = cfg.find(key);
+    if (!v || !v->is_int() || v->get_int() <= 0) {
+        *err = path + ": key \"" + key + "\" is missing or not a positive integer";
+        return false;
+    }
+    *out = v->get_int();
+    return true;
+}
+
+static double number(const json::Value &cfg, const char *key, double def) {
+    const json::Value *v = cfg.find(key);
+    return v && v->is_number() ? v->get_double() : def;
+}
+
+bool config_from_hf(const json::Value &cfg, const std::string &path, ModelConfig *out, std::string *err) {
+    if (!cfg.is_object()) {
+        *err = path + ": not a JSON object";
+        return false;
+    }
+    ModelConfig c;
+    std::string type = cfg["model_type"].get_string();
+    if (type == "qwen2") c.arch = Arch::Qwen2;
+    else if (type == "qwen3") c.arch = Arch::Qwen3;
+    else if (type == "gemma") c.arch = Arch::Gemma;
+    else if (type == "gemma2") c.arch = Arch::Gemma2;
+    else {
+        std::string archs = cfg["architectures"].size() ? cfg["architectures"].at(0).get_string() : "";
+        *err = path + ": model_type \"" + type + "\"" + (archs.empty() ? "" : " (" + archs + ")") +
+               " is not supported; forge runs qwen2 (Qwen2, Qwen2.5), qwen3, gemma and gemma2";
+        return false;
+    }
+    c.arch_name = type;
+    if (!need_int(cfg, "vocab_size", &c.vocab, path, err) || !need_int(cfg, "hidden_size", &c.hidden, path, err) ||
+        !need_int(cfg, "num_hidden_layers", &c.n_layer, path, err) || !need_int(cfg, "num_attention_heads", &c.n_head, path, err) ||
+        !need_int(cfg, "intermediate_size", &c.ffn, path, err))
+        return false;
+    c.n_kv_head = cfg["num_key_value_heads"].get_int(c.n_head);
+    c.head_dim = cfg["head_dim"].get_int(c.hidden / c.n_head);
+    if (c.n_kv_head <= 0 || c.n_head % c.n_kv_head || c.head_dim <= 0 || c.head_dim % 2) {
+        *err = path + ": num_attention_heads " + std::to_string(c.n_head) + ", num_key_value_heads " + std::to_string(c.n_kv_head) +
+               " and head_dim " + std::to_string(c.head_dim) + " do not form a valid attention layout";
+        return false;
+    }
+    c.rms_eps = (float)number(cfg, "rms_norm_eps", 1e-6);
+    // transformers v5 writes rope_parameters; older configs rope_theta
+    const json::Value &rp = cfg["rope_parameters"];
+    c.rope_theta = (float)(rp.is_object() && rp["rope_theta"].is_number() ? rp["rope_theta"].get_double() : number(cfg, "rope_theta", 10000.0));
+    bool gemma = c.arch == Arch::Gemma || c.arch == Arch::Gemma2;
+    c.tied = cfg["tie_word_embeddings"].get_bool(true);
+    c.qkv_bias = c.arch == Arch::Qwen2 || cfg["attention_bias"].get_bool(false);
+    c.qk_norm = c.arch == Arch::Qwen3;
+    c.norm_offset = gemma ? 1.0f : 0.0f;
+    c.sandwich_norms = c.arch == Arch::Gemma2;
+    c.embed_scale = gemma;
+    // Gemma: hidden_activation, else HF forces gelu_pytorch_tanh (models.md); Qwen: silu
+    std::string act = gemma ? cfg["hidden_activation"].get_string("gelu_pytorch_tanh") : cfg["hidden_act"].get_string("silu");
+    if (act == "silu" || act == "swish") c.act = FORGE_GLU_SWIGLU;
+    else if (act == "gelu_pytorch_tanh" || act == "gelu_tanh" || (gemma && act == "gelu")) c.act = FORGE_GLU_GEGLU_TANH;
+    else {
+        *err = path + ": activation \"" + act + "\" is not supported (silu, gelu_pytorch_tanh)";
+        return false;
+    }
+    c.attn_scale = 1.0f / std::sqrt((float)c.head_dim);
+    if (c.arch == Arch::Gemma2) {
+        c.attn_softcap = (float)number(cfg, "attn_logit_softcapping", 0.0);
+        c.final_softcap = (float)number(cfg, "final_logit_softcapping", 0.0);
+        c.sliding_window = (int)cfg["sliding_window"].get_int(0);
+        c.attn_scale = 1.0f / std::sqrt((float)number(cfg, "query_pre_attn_scalar", (double)c.head_dim));
+    } else if (cfg["use_sliding_window"].get_bool(false)) {
+        *err = path + ": use_sliding_window is set; forge runs Qwen models with full attention only";
+        return false;
+    }
+    c.bos = (int)cfg["bos_token_id"].get_int(-1);
+    c.eos = (int)cfg["eos_token_id"].get_int(-1);
+    *out = c;
+    return true;
+}
+
+} // namespace forge

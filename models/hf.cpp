@@ -1,0 +1,192 @@
+// models/hf.cpp - an HF model directory (config.json + safetensors) into the decoder's tensors,
+// and PEFT adapters in and out of its LoRA tensors. HF stores a linear weight as [out, in] row
+// major, which is forge's [in, out] byte for byte; q/k/v and gate/up are concatenated by rows,
+// and so are their LoRA matrices (docs/models.md).
+#include "config.h"
+#include "safetensors.h"
+
+#include <cstring>
+#include <memory>
+
+namespace forge {
+
+namespace {
+
+const char *const kQkv[3] = {"q_proj", "k_proj", "v_proj"};
+const char *const kGateUp[2] = {"gate_proj", "up_proj"};
+
+std::string layer_name(int l, const char *rest) { return "model.layers." + std::to_string(l) + "." + rest; }
+
+// Appends the source of HF tensor `name`, which must have shape {rows, cols} (cols 0: 1-D [rows]).
+bool add_source(const SafetensorsCheckpoint &ck, const std::string &dir, const std::string &name, int64_t rows, int64_t cols,
+                std::vector<WeightSource> *out, std::string *err) {
+    const SafetensorsTensor *t = ck.find(name);
+    if (!t) {
+        *err = dir + ": tensor '" + name + "' is missing from the checkpoint";
+        return false;
+    }
+    std::vector<int64_t> want = cols ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
+    if (t->shape != want) {
+        auto str = [](const std::vector<int64_t> &s) {
+            std::string r = "[";
+            for (size_t i = 0; i < s.size(); i++) r += (i ? ", " : "") + std::to_string(s[i]);
+            return r + "]";
+        };
+        *err = t->file + ": tensor '" + name + "' has shape " + str(t->shape) + ", the config implies " + str(want);
+        return false;
+    }
+    forge_type type;
+    if (!safetensors_forge_type(*t, &type, err)) return false;
+    out->push_back({t->data, type, t->numel()});
+    return true;
+}
+
+} // namespace
+
+bool model_load_hf(Model &m, const std::string &dir, forge_ctx *ctx, forge_type wtype, std::string *err) {
+    json::Value cfg_json;
+    ModelConfig cfg;
+    if (!load_hf_config(dir, &cfg_json, err) || !config_from_hf(cfg_json, dir + "/config.json", &cfg, err)) return false;
+    auto ck = std::make_shared<SafetensorsCheckpoint>();
+    if (!ck->open(dir, err)) return false;
+    if (!cfg.tied && !ck->find("lm_head.weight")) {
+        *err = dir + ": tie_word_embeddings is false but tensor 'lm_head.weight' is missing";
+        return false;
+    }
+    model_create(m, ctx, cfg, wtype);
+    m.keep_alive.push_back([ck]() {});
+    const int64_t H = cfg.hidden, D = cfg.head_dim;
+    const int64_t rows_qkv[3] = {cfg.n_head * D, cfg.n_kv_head * D, cfg.n_kv_head * D};
+    bool ok = true;
+    auto one = [&](forge_tensor *t, const std::string &name, int64_t rows, int64_t cols) {
+        std::vector<WeightSource> s;
+        ok = ok && add_source(*ck, dir, name, rows, cols, &s, err);
+        if (ok) m.sources.push_back({t, s});
+    };
+    one(m.tok_embd, "model.embed_tokens.weight", cfg.vocab, H);
+    one(m.output_norm, "model.norm.weight", H, 0);
+    if (!cfg.tied) one(m.lm_head, "lm_head.weight", cfg.vocab, H);
+    for (int l = 0; l < (int)cfg.n_layer && ok; l++) {
+        Layer &y = m.layers[(size_t)l];
+        std::vector<WeightSource> qkv, bias, gu;
+        for (int i = 0; i < 3 && ok; i++) {
+            ok = add_source(*ck, dir, layer_name(l, (std::string("self_attn.") + kQkv[i] + ".weight").c_str()), rows_qkv[i], H, &qkv, err);
+            if (ok && cfg.qkv_bias) ok = add_source(*ck, dir, layer_name(l, (std::string("self_attn.") + kQkv[i] + ".bias").c_str()), rows_qkv[i], 0, &bias, err);
+        }
+        for (int i = 0; i < 2 && ok; i++) ok = add_source(*ck, dir, layer_name(l, (std::string("mlp.") + kGateUp[i] + ".weight").c_str()), cfg.ffn, H, &gu, err);
+        if (!ok) break;
+        m.sources.push_back({y.wqkv, qkv});
+        if (cfg.qkv_bias) m.sources.push_back({y.bqkv, bias});
+        m.sources.push_back({y.wgu, gu});
+        one(y.attn_norm, layer_name(l, "input_layernorm.weight"), H, 0);
+        one(y.wo, layer_name(l, "self_attn.o_proj.weight"), H, cfg.n_head * D);
+        one(y.wdown, layer_name(l, "mlp.down_proj.weight"), H, cfg.ffn);
+        if (cfg.qk_norm) {
+            one(y.q_norm, layer_name(l, "self_attn.q_norm.weight"), D, 0);
+            one(y.k_norm, layer_name(l, "self_attn.k_norm.weight"), D, 0);
+        }
+        if (cfg.sandwich_norms) { // Gemma2 names its four norms differently from the others
+            one(y.post_attn_norm, layer_name(l, "post_attention_layernorm.weight"), H, 0);
+            one(y.ffn_norm, layer_name(l, "pre_feedforward_layernorm.weight"), H, 0);
+            one(y.post_ffn_norm, layer_name(l, "post_feedforward_layernorm.weight"), H, 0);
+        } else {
+            one(y.ffn_norm, layer_name(l, "post_attention_layernorm.weight"), H, 0);
+        }
+    }
+    return ok;
+}
+
+bool lora_config_from_peft(const std::string &dir, LoraConfig *out, std::string *err) {
+    json::Value c;
+    std::string path = dir + "/adapter_config.json";
+    if (!json::parse_file(path, &c, err)) return false;
+    LoraConfig lc;
+    if (!c["r"].is_int() || c["r"].get_int() <= 0) {
+        *err = path + ": key \"r\" is missing or not a positive integer";
+        return false;
+    }
+    lc.r = (int)c["r"].get_int();
+    lc.alpha = (float)c["lora_alpha"].get_double((double)lc.r);
+    lc.rslora = c["use_rslora"].get_bool(false);
+    for (const char *k : {"rank_pattern", "alpha_pattern"})
+        if (c[k].size() > 0) {
+            *err = path + ": \"" + k + "\" (per-module ranks or alphas) is not supported yet";
+            return false;
+        }
+    const json::Value &t = c["target_modules"];
+    if (!t.is_array()) {
+        *err = path + ": \"target_modules\" must be a list of module names";
+        return false;
+    }
+    lc.q = lc.k = lc.v = lc.o = lc.gate = lc.up = lc.down = false;
+    for (size_t i = 0; i < t.size(); i++) {
+        std::string n = t.at(i).get_string();
+        bool *flag = n == "q_proj" ? &lc.q : n == "k_proj" ? &lc.k : n == "v_proj" ? &lc.v : n == "o_proj" ? &lc.o
+                   : n == "gate_proj" ? &lc.gate : n == "up_proj" ? &lc.up : n == "down_proj" ? &lc.down : nullptr;
+        if (!flag) {
+            *err = path + ": target module \"" + n + "\" is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
+            return false;
+        }
+        *flag = true;
+    }
+    if ((lc.q || lc.k || lc.v) && !(lc.q && lc.k && lc.v)) {
+        *err = path + ": LoRA on some but not all of q_proj, k_proj, v_proj is not supported yet (forge runs them as one GEMM)";
+        return false;
+    }
+    if (lc.gate != lc.up) {
+        *err = path + ": LoRA on only one of gate_proj, up_proj is not supported yet (forge runs them as one GEMM)";
+        return false;
+    }
+    *out = lc;
+    return true;
+}
+
+bool model_load_peft(Model &m, const std::string &dir, std::string *err) {
+    SafetensorsFile f;
+    if (!f.open(dir + "/adapter_model.safetensors", err)) return false;
+    const ModelConfig &c = m.cfg;
+    const int r = m.lora.r;
+    // fills rows [row0, row0 + rows) of a host copy of t (ne0 columns) from PEFT tensor `name`
+    auto fill = [&](std::vector<float> &host, forge_tensor *t, const std::string &name, int64_t row0, int64_t rows) {
+        const SafetensorsTensor *s = f.find("base_model.model." + name);
+        int64_t cols = forge_tensor_ne(t, 0);
+        if (!s) {
+            *err = f.path() + ": tensor 'base_model.model." + name + "' is missing";
+            return false;
+        }
+        if (s->shape != std::vector<int64_t>{rows, cols}) {
+            *err = f.path() + ": tensor '" + s->name + "' has the wrong shape for r = " + std::to_string(r);
+            return false;
+        }
+        return safetensors_read_f32(*s, host.data() + row0 * cols, rows * cols, err);
+    };
+    for (int l = 0; l < (int)c.n_layer; l++) {
+        Layer &y = m.layers[(size_t)l];
+        struct Group {
+            forge_tensor *a, *b;
+            std::vector<const char *> projs;
+            std::vector<int64_t> rows;
+        };
+        const int64_t D = c.head_dim;
+        Group groups[4] = {{y.a_qkv, y.b_qkv, {"q_proj", "k_proj", "v_proj"}, {c.n_head * D, c.n_kv_head * D, c.n_kv_head * D}},
+                           {y.a_o, y.b_o, {"o_proj"}, {c.hidden}},
+                           {y.a_gu, y.b_gu, {"gate_proj", "up_proj"}, {c.ffn, c.ffn}},
+                           {y.a_down, y.b_down, {"down_proj"}, {c.hidden}}};
+        for (Group &g : groups) {
+            if (!g.a) continue;
+            std::vector<float> a((size_t)forge_tensor_nelements(g.a)), b((size_t)forge_tensor_nelements(g.b));
+            int64_t out_row = 0;
+            for (size_t i = 0; i < g.projs.size(); i++) {
+                if (!fill(a, g.a, peft_name(l, g.projs[i], true), (int64_t)i * r, r) ||
+                    !fill(b, g.b, peft_name(l, g.projs[i], false), out_row, g.rows[i]))
+                    return false;
+                out_row += g.rows[i];
+            }
+            forge_tensor_set_f32(g.a, a.data(), (int64_t)a.size());
+            forge_tensor_set_f32(g.b, b.data(), (int64_t)b.size());
+        }
+    }
+    return true;
+}
+
+} // namespace forge

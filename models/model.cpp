@@ -1,0 +1,210 @@
+// models/model.cpp - the decoder shared by every architecture: weight tensors, LoRA, and the
+// graph. One layer is
+//     h += [post_attn_norm] o_proj(attention(rope([q_norm] q), rope([k_norm] k), v))   from attn_norm(h)
+//     h += [post_ffn_norm]  down(act(gate) * up)                                        from ffn_norm(h)
+// with q/k/v and gate/up as single GEMMs (LoRA in the concatenated form), then the final norm and
+// the fused cross-entropy against the (tied) lm_head. The bracketed parts are per-architecture
+// switches of ModelConfig; nothing else differs between Qwen2, Qwen3, Gemma and Gemma2.
+#include "model.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "../forge-impl.h"
+
+namespace forge {
+
+float LoraConfig::scale() const { return rslora ? alpha / std::sqrt((float)r) : alpha / (float)r; }
+
+std::string peft_name(int layer, const char *proj, bool is_a) {
+    bool attn = !std::strcmp(proj, "q_proj") || !std::strcmp(proj, "k_proj") || !std::strcmp(proj, "v_proj") || !std::strcmp(proj, "o_proj");
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "model.layers.%d.%s.%s.lora_%s.weight", layer, attn ? "self_attn" : "mlp", proj, is_a ? "A" : "B");
+    return buf;
+}
+
+static forge_tensor *weight(Model &m, forge_type type, int64_t ne0, int64_t ne1, const char *name, int layer) {
+    forge_tensor *t = ne1 ? forge_tensor_new_2d(m.ctx, type, ne0, ne1) : forge_tensor_new_1d(m.ctx, type, ne0);
+    char buf[FORGE_MAX_NAME];
+    if (layer >= 0) std::snprintf(buf, sizeof buf, "blk.%d.%s", layer, name);
+    else std::snprintf(buf, sizeof buf, "%s", name);
+    return forge_tensor_set_name(t, buf);
+}
+
+void model_create(Model &m, forge_ctx *ctx, const ModelConfig &c, forge_type wtype) {
+    m.cfg = c;
+    m.ctx = ctx;
+    m.wtype = wtype;
+    const int64_t H = c.hidden, D = c.head_dim, qkv = (c.n_head + 2 * c.n_kv_head) * D;
+    m.tok_embd = weight(m, wtype, H, c.vocab, "token_embd.weight", -1);
+    m.output_norm = weight(m, FORGE_TYPE_F32, H, 0, "output_norm.weight", -1);
+    m.lm_head = c.tied ? m.tok_embd : weight(m, wtype, H, c.vocab, "output.weight", -1);
+    m.layers.assign((size_t)c.n_layer, Layer{});
+    for (int l = 0; l < (int)c.n_layer; l++) {
+        Layer &y = m.layers[(size_t)l];
+        y.attn_norm = weight(m, FORGE_TYPE_F32, H, 0, "attn_norm.weight", l);
+        y.wqkv = weight(m, wtype, H, qkv, "attn_qkv.weight", l);
+        y.bqkv = c.qkv_bias ? weight(m, FORGE_TYPE_F32, qkv, 0, "attn_qkv.bias", l) : nullptr;
+        y.q_norm = c.qk_norm ? weight(m, FORGE_TYPE_F32, D, 0, "attn_q_norm.weight", l) : nullptr;
+        y.k_norm = c.qk_norm ? weight(m, FORGE_TYPE_F32, D, 0, "attn_k_norm.weight", l) : nullptr;
+        y.wo = weight(m, wtype, c.n_head * D, H, "attn_output.weight", l);
+        y.post_attn_norm = c.sandwich_norms ? weight(m, FORGE_TYPE_F32, H, 0, "post_attention_norm.weight", l) : nullptr;
+        y.ffn_norm = weight(m, FORGE_TYPE_F32, H, 0, "ffn_norm.weight", l);
+        y.wgu = weight(m, wtype, H, 2 * c.ffn, "ffn_gate_up.weight", l);
+        y.wdown = weight(m, wtype, c.ffn, H, "ffn_down.weight", l);
+        y.post_ffn_norm = c.sandwich_norms ? weight(m, FORGE_TYPE_F32, H, 0, "post_ffw_norm.weight", l) : nullptr;
+    }
+}
+
+static forge_tensor *lora_param(Model &m, int64_t ne0, int64_t ne1, const char *name, int layer) {
+    return forge_tensor_set_flags(weight(m, FORGE_TYPE_F32, ne0, ne1, name, layer), FORGE_FLAG_PARAM);
+}
+
+void model_add_lora(Model &m, const LoraConfig &lc) {
+    const ModelConfig &c = m.cfg;
+    const int64_t H = c.hidden, D = c.head_dim, r = lc.r;
+    m.lora = lc;
+    m.has_lora = true;
+    int qkv_blocks = 3, gu_blocks = 2;
+    for (int l = 0; l < (int)c.n_layer; l++) {
+        Layer &y = m.layers[(size_t)l];
+        if (lc.q || lc.k || lc.v) {
+            y.a_qkv = lora_param(m, H, qkv_blocks * r, "attn_qkv.lora_a", l);
+            y.b_qkv = lora_param(m, r, (c.n_head + 2 * c.n_kv_head) * D, "attn_qkv.lora_b", l);
+        }
+        if (lc.o) {
+            y.a_o = lora_param(m, c.n_head * D, r, "attn_output.lora_a", l);
+            y.b_o = lora_param(m, r, H, "attn_output.lora_b", l);
+        }
+        if (lc.gate || lc.up) {
+            y.a_gu = lora_param(m, H, gu_blocks * r, "ffn_gate_up.lora_a", l);
+            y.b_gu = lora_param(m, r, 2 * c.ffn, "ffn_gate_up.lora_b", l);
+        }
+        if (lc.down) {
+            y.a_down = lora_param(m, c.ffn, r, "ffn_down.lora_a", l);
+            y.b_down = lora_param(m, r, H, "ffn_down.lora_b", l);
+        }
+    }
+}
+
+void model_init_lora(Model &m, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    for (Layer &y : m.layers)
+        for (auto ab : {std::make_pair(y.a_qkv, y.b_qkv), std::make_pair(y.a_o, y.b_o), std::make_pair(y.a_gu, y.b_gu),
+                        std::make_pair(y.a_down, y.b_down)}) {
+            if (!ab.first) continue;
+            // kaiming_uniform_(a = sqrt(5)) on [r, in] gives U(-1/sqrt(in), 1/sqrt(in))
+            float bound = 1.0f / std::sqrt((float)forge_tensor_ne(ab.first, 0));
+            std::uniform_real_distribution<float> u(-bound, bound);
+            std::vector<float> a((size_t)forge_tensor_nelements(ab.first));
+            for (float &x : a) x = u(rng);
+            forge_tensor_set_f32(ab.first, a.data(), (int64_t)a.size());
+            forge_tensor_fill(ab.second, 0.0f);
+        }
+}
+
+bool model_upload(Model &m, std::string *err) {
+    std::vector<float> staging;
+    for (auto &ts : m.sources) {
+        forge_tensor *t = ts.first;
+        int64_t n = 0;
+        for (const WeightSource &s : ts.second) n += s.n;
+        if (n != forge_tensor_nelements(t)) {
+            *err = std::string("weight ") + forge_tensor_name(t) + ": sources hold " + std::to_string(n) + " elements, the tensor " +
+                   std::to_string(forge_tensor_nelements(t));
+            return false;
+        }
+        staging.resize((size_t)n);
+        int64_t at = 0;
+        for (const WeightSource &s : ts.second) {
+            size_t es = forge_type_size(s.type);
+            for (int64_t i = 0; i < s.n; i++) staging[(size_t)(at + i)] = forge_load_f32(s.type, (const char *)s.data + (size_t)i * es);
+            at += s.n;
+        }
+        if (forge_tensor_set_f32(t, staging.data(), n) != FORGE_OK) {
+            *err = std::string("weight ") + forge_tensor_name(t) + ": " + (forge_ctx_error(m.ctx) ? forge_ctx_error(m.ctx) : "upload failed");
+            return false;
+        }
+    }
+    return true;
+}
+
+// ---- the graph ------------------------------------------------------------------------------
+
+static forge_tensor *input(forge_ctx *ctx, forge_type type, int64_t ne0, int64_t ne1, const char *name) {
+    return forge_tensor_set_flags(forge_tensor_set_name(forge_tensor_new_2d(ctx, type, ne0, ne1), name), FORGE_FLAG_INPUT);
+}
+
+// x W^T (+ bias) with the layer's LoRA when it has one.
+static forge_tensor *project(Model &m, forge_tensor *x, forge_tensor *w, forge_tensor *b, forge_tensor *la, forge_tensor *lb, int blocks,
+                             const int64_t *rows) {
+    if (!la) return forge_linear(m.ctx, x, w, b);
+    return forge_lora(m.ctx, x, w, b, la, lb, m.lora.scale(), blocks, rows);
+}
+
+static forge_tensor *norm(Model &m, forge_tensor *x, forge_tensor *w) {
+    return forge_rmsnorm(m.ctx, x, w, m.cfg.rms_eps, m.cfg.norm_offset,
+                         m.cfg.norm_offset != 0.0f || m.cfg.arch == Arch::Gemma || m.cfg.arch == Arch::Gemma2 ? FORGE_NORM_CAST_AFTER_WEIGHT
+                                                                                                              : FORGE_NORM_CAST_BEFORE_WEIGHT);
+}
+
+bool model_build(Model &m, int64_t T, int64_t B, forge_type act, bool want_loss, bool want_logits, Graph *out, std::string *err) {
+    forge_ctx *ctx = m.ctx;
+    const ModelConfig &c = m.cfg;
+    const int64_t D = c.head_dim, Hq = c.n_head, Hkv = c.n_kv_head, Mqkv = (Hq + 2 * Hkv) * D;
+    Batch in{input(ctx, FORGE_TYPE_I32, T, B, "batch.ids"), input(ctx, FORGE_TYPE_I32, T * B, 1, "batch.pos"),
+             input(ctx, FORGE_TYPE_I32, T, B, "batch.doc"), input(ctx, FORGE_TYPE_I32, T * B, 1, "batch.labels"),
+             input(ctx, FORGE_TYPE_F32, 1, 1, "batch.count"), T, B};
+    const int64_t qkv_rows[3] = {Hq * D, Hkv * D, Hkv * D}, gu_rows[2] = {c.ffn, c.ffn};
+    float scale = c.embed_scale ? forge_round_to(act, std::sqrt((float)c.hidden)) : 1.0f;
+    forge_tensor *h = forge_embedding(ctx, m.tok_embd, in.ids, scale);
+    if (h && forge_tensor_type(h) != act) h = forge_cast(ctx, h, act);
+    for (int l = 0; l < (int)c.n_layer; l++) {
+        Layer &y = m.layers[(size_t)l];
+        forge_tensor *x = norm(m, h, y.attn_norm);
+        forge_tensor *qkv = forge_reshape_4d(ctx, project(m, x, y.wqkv, y.bqkv, y.a_qkv, y.b_qkv, 3, qkv_rows), D, Hq + 2 * Hkv, T, B);
+        size_t es = forge_type_size(act), nb[4] = {es, (size_t)D * es, (size_t)Mqkv * es, (size_t)(Mqkv * T) * es};
+        int64_t qne[4] = {D, Hq, T, B}, kne[4] = {D, Hkv, T, B};
+        forge_tensor *q = forge_view(ctx, qkv, 4, qne, nb, 0);
+        forge_tensor *k = forge_view(ctx, qkv, 4, kne, nb, (size_t)(Hq * D) * es);
+        forge_tensor *v = forge_view(ctx, qkv, 4, kne, nb, (size_t)((Hq + Hkv) * D) * es);
+        if (c.qk_norm) {
+            q = norm(m, q, y.q_norm);
+            k = norm(m, k, y.k_norm);
+        }
+        q = forge_rope(ctx, q, in.pos, (int)D, c.rope_theta);
+        k = forge_rope(ctx, k, in.pos, (int)D, c.rope_theta);
+        int window = (c.sliding_window > 0 && l % 2 == 0) ? c.sliding_window : 0;
+        forge_tensor *o = forge_attention(ctx, q, k, v, in.doc, c.attn_scale, c.attn_softcap, window);
+        int64_t one[3] = {Hq * D, T, B};
+        o = project(m, forge_reshape(ctx, o, 3, one), y.wo, nullptr, y.a_o, y.b_o, 1, nullptr);
+        if (c.sandwich_norms) o = norm(m, o, y.post_attn_norm);
+        h = forge_add(ctx, h, o);
+        x = norm(m, h, y.ffn_norm);
+        forge_tensor *f = forge_glu(ctx, project(m, x, y.wgu, nullptr, y.a_gu, y.b_gu, 2, gu_rows), c.act);
+        f = project(m, f, y.wdown, nullptr, y.a_down, y.b_down, 1, nullptr);
+        if (c.sandwich_norms) f = norm(m, f, y.post_ffn_norm);
+        h = forge_add(ctx, h, f);
+    }
+    h = norm(m, h, m.output_norm);
+    Graph g{in, nullptr, nullptr};
+    if (want_loss) g.loss = forge_cross_entropy(ctx, h, m.lm_head, in.labels, in.count, c.final_softcap, 1024);
+    if (want_logits) {
+        forge_tensor *z = forge_linear(ctx, h, m.lm_head, nullptr);
+        if (z && forge_tensor_type(z) != FORGE_TYPE_F32) z = forge_cast(ctx, z, FORGE_TYPE_F32);
+        if (z && c.final_softcap > 0) z = forge_softcap(ctx, z, c.final_softcap);
+        g.logits = z;
+    }
+    if ((want_loss && !g.loss) || (want_logits && !g.logits)) {
+        *err = forge_ctx_error(ctx) ? forge_ctx_error(ctx) : "model graph: a node could not be built";
+        return false;
+    }
+    if (g.loss) forge_tensor_set_name(g.loss, "loss");
+    if (g.logits) forge_tensor_set_name(g.logits, "logits");
+    *out = g;
+    return true;
+}
+
+} // namespace forge

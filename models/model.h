@@ -1,0 +1,105 @@
+// models/model.h - the decoder: its configuration (one struct with per-architecture switches),
+// its weights as forge tensors, LoRA adapters attached to any of q, k, v, o, gate, up, down, and
+// the graph builder shared by Qwen2 / Qwen2.5 / Qwen3 / Gemma / Gemma2.
+//
+// Layout decisions (docs/models.md): q/k/v are one weight [hidden, (Hq + 2 Hkv) * head_dim] and
+// gate/up one weight [hidden, 2 * ffn], concatenated when loaded, so each is one GEMM; their LoRA
+// is the concatenated form of forge_lora (A [hidden, blocks * r], B [r, rows]).
+#pragma once
+
+#include "../forge.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace forge {
+
+enum class Arch { Qwen2, Qwen3, Gemma, Gemma2 };
+
+struct ModelConfig {
+    Arch arch = Arch::Qwen2;
+    std::string arch_name;      // "qwen2", "qwen3", "gemma", "gemma2"
+    int64_t vocab = 0, hidden = 0, n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0, ffn = 0;
+    float rms_eps = 1e-6f, rope_theta = 10000.0f;
+    bool tied = true;           // lm_head = token embedding
+    bool qkv_bias = false;      // Qwen2
+    bool qk_norm = false;       // Qwen3: per-head RMSNorm of q and k before RoPE
+    float norm_offset = 0.0f;   // Gemma: 1 when the norm weights are HF's raw w (GGUF stores w + 1)
+    bool sandwich_norms = false; // Gemma2: post-attention and post-feed-forward norms
+    float attn_softcap = 0.0f, final_softcap = 0.0f; // Gemma2: 50, 30
+    int sliding_window = 0;     // Gemma2: on even layers
+    float attn_scale = 0.0f;    // 1/sqrt(head_dim), or query_pre_attn_scalar^-0.5 (Gemma2)
+    bool embed_scale = false;   // Gemma: embeddings times sqrt(hidden) rounded to the activation type
+    forge_glu_kind act = FORGE_GLU_SWIGLU;
+    int bos = -1, eos = -1;
+};
+
+// Which projections carry LoRA, and its size. PEFT's scaling: alpha / r, or alpha / sqrt(r) (rsLoRA).
+struct LoraConfig {
+    int r = 16;
+    float alpha = 32.0f;
+    bool rslora = false;
+    bool q = true, k = true, v = true, o = true, gate = true, up = true, down = true;
+    float scale() const;
+};
+
+// Where a weight's bytes come from: a host buffer of a given type and element count (memory
+// mapped from a file, usually). Several sources fill one tensor in order (concatenation).
+struct WeightSource {
+    const void *data;
+    forge_type type;
+    int64_t n;
+};
+
+struct Layer {
+    forge_tensor *attn_norm, *wqkv, *bqkv, *q_norm, *k_norm, *wo, *post_attn_norm;
+    forge_tensor *ffn_norm, *wgu, *wdown, *post_ffn_norm;
+    // LoRA (NULL when the projection carries none): A [in, blocks*r], B [r, out]
+    forge_tensor *a_qkv, *b_qkv, *a_o, *b_o, *a_gu, *b_gu, *a_down, *b_down;
+};
+
+struct Model {
+    ModelConfig cfg;
+    LoraConfig lora;
+    bool has_lora = false;
+    forge_ctx *ctx = nullptr;
+    forge_type wtype = FORGE_TYPE_BF16; // frozen weights' type
+    forge_tensor *tok_embd = nullptr, *output_norm = nullptr, *lm_head = nullptr;
+    std::vector<Layer> layers;
+    // host data for each weight, uploaded once the backend has given the tensors memory
+    std::vector<std::pair<forge_tensor *, std::vector<WeightSource>>> sources;
+    std::vector<std::function<void()>> keep_alive; // owners of the mapped files
+};
+
+// Creates the weight tensors of cfg in ctx (no data): frozen weights of type wtype, norms F32.
+void model_create(Model &m, forge_ctx *ctx, const ModelConfig &cfg, forge_type wtype);
+// Adds LoRA A/B (F32, PARAM) to the chosen projections; A gets PEFT's kaiming-uniform
+// initialisation from seed once allocated, B zeros (see model_init_lora).
+void model_add_lora(Model &m, const LoraConfig &lc);
+// Uploads every weight from its sources (after forge_backend_alloc_graph). Errors name the tensor.
+bool model_upload(Model &m, std::string *err);
+// PEFT's initialisation of every LoRA tensor: A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0.
+void model_init_lora(Model &m, uint64_t seed);
+
+// The inputs of one batch of T x B tokens (all INPUT): ids I32 [T, B], positions I32 [T*B],
+// document ids I32 [T, B], labels I32 [T*B] (next token or FORGE_IGNORE_INDEX), count F32 [1].
+struct Batch {
+    forge_tensor *ids, *pos, *doc, *labels, *count;
+    int64_t T, B;
+};
+
+struct Graph {
+    Batch in;
+    forge_tensor *loss = nullptr;   // the fused cross-entropy (when asked)
+    forge_tensor *logits = nullptr; // F32 [V, T, B] (when asked: tests and generation)
+};
+
+// Builds the decoder for T x B tokens with activations of type act. want_loss adds the fused
+// cross-entropy, want_logits the full logits. Returns false with the context's error.
+bool model_build(Model &m, int64_t T, int64_t B, forge_type act, bool want_loss, bool want_logits, Graph *out, std::string *err);
+
+// The HF / PEFT name of a LoRA tensor of layer l, e.g. "model.layers.3.self_attn.q_proj.lora_A.weight".
+std::string peft_name(int layer, const char *proj, bool is_a);
+
+} // namespace forge

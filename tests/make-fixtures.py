@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Reference fixtures for the model tests, made with transformers + peft (run on the GPU machine).
+
+For each architecture (qwen2, qwen3, gemma, gemma2) this builds a small random-initialised model
+with the real head layout and odd sizes, saves it with save_pretrained (config.json +
+model.safetensors), attaches a peft LoRA on all seven projections with a non-zero B, saves the
+adapter, and dumps into expected.safetensors: the input ids, the logits, the loss, the gradient of
+every LoRA tensor (PEFT names) and a 10-step AdamW loss trajectory on the same batch.
+
+    python3 tests/make-fixtures.py OUTDIR            # fp32 fixtures, committed as tests/fixtures/models/
+"""
+import json
+import os
+import sys
+
+import torch
+import transformers
+import peft
+from safetensors.torch import save_file
+
+B, T = 2, 16
+R, ALPHA = 4, 8
+STEPS, LR, WD = 10, 1e-3, 0.01
+
+CONFIGS = {
+    # real head layouts (14:2, 16:8 with head_dim != hidden/heads, MQA, 8:4), odd sizes
+    "qwen2": dict(cls="Qwen2", vocab_size=397, hidden_size=112, intermediate_size=200, num_hidden_layers=2,
+                  num_attention_heads=14, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=1e6,
+                  tie_word_embeddings=True, hidden_act="silu", max_position_embeddings=64),
+    "qwen3": dict(cls="Qwen3", vocab_size=389, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e6,
+                  tie_word_embeddings=True, hidden_act="silu", max_position_embeddings=64, attention_bias=False),
+    "gemma": dict(cls="Gemma", vocab_size=401, hidden_size=72, intermediate_size=136, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  hidden_activation="gelu_pytorch_tanh", max_position_embeddings=64),
+    "gemma2": dict(cls="Gemma2", vocab_size=409, hidden_size=80, intermediate_size=144, num_hidden_layers=4,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0,
+                   hidden_activation="gelu_pytorch_tanh", max_position_embeddings=64, query_pre_attn_scalar=24,
+                   sliding_window=6, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+}
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make(name, spec, outdir, device):
+    torch.manual_seed(1234)
+    spec = dict(spec)
+    cls = spec.pop("cls")
+    config = getattr(transformers, cls + "Config")(**spec)
+    config._attn_implementation = "eager"  # Gemma2's softcap is only in the eager path
+    model = getattr(transformers, cls + "ForCausalLM")(config).float()
+    with torch.no_grad():  # norms away from their init so that (1+w) vs w matters
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(0.1 * torch.randn_like(p))
+    d = os.path.join(outdir, name)
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+
+    lcfg = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS, bias="none")
+    model = peft.get_peft_model(model, lcfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(0.05 * torch.randn_like(p))
+    model.save_pretrained(os.path.join(d, "adapter"))
+    model.to(device)
+
+    g = torch.Generator().manual_seed(99)
+    ids = torch.randint(0, config.vocab_size, (B, T), generator=g)
+    ids_d = ids.to(device)
+    out = model(input_ids=ids_d, labels=ids_d)
+    out.loss.backward()
+    expected = {"input_ids": ids.to(torch.int32), "logits": out.logits.detach().float().cpu(),
+                "loss": out.loss.detach().float().cpu().reshape(1)}
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            key = n.replace("base_model.model.", "").replace(".default", "") + ".grad"
+            expected[key] = p.grad.detach().float().cpu().contiguous()
+
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=WD)
+    model.zero_grad()
+    losses = []
+    for _ in range(STEPS):
+        loss = model(input_ids=ids_d, labels=ids_d).loss
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    expected["trajectory"] = torch.tensor(losses, dtype=torch.float32)
+    save_file(expected, os.path.join(d, "expected.safetensors"))
+    meta = {"architecture": cls, "batch": B, "seq": T, "lora_r": R, "lora_alpha": ALPHA, "adamw_lr": LR,
+            "adamw_weight_decay": WD, "adamw_betas": [0.9, 0.999], "adamw_eps": 1e-8, "steps": STEPS,
+            "loss": out.loss.item(), "trajectory": losses, "torch": torch.__version__,
+            "transformers": transformers.__version__, "peft": peft.__version__, "device": str(device)}
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print(f"{name}: loss {out.loss.item():.6f}, trajectory {losses[0]:.5f} -> {losses[-1]:.5f}")
+
+
+def main():
+    outdir = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/models"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    for name, spec in CONFIGS.items():
+        make(name, spec, outdir, device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+// tests/test-cuda-cross-entropy.cpp - CROSS_ENTROPY on the CUDA backend against the CPU reference
+// through the conformance harness: the loss, dH (gradient of h) and dW (gradient of the lm_head)
+// at the Qwen2.5 (V 151936, C 896) and Gemma2 (V 256000, C 2304, softcap 30) shapes, ignored
+// tokens (a whole chunk of them too), chunk sizes 1, odd and > N, V not a multiple of 4, a strided
+// h, frozen W, forward only, BF16 and F32; and a label out of range is a runtime error.
+#include "cuda-util.h"
+
+namespace {
+
+struct CeCase {
+    const char *name;
+    int64_t C, V, T, B; // h [C, T, B]
+    float cap;
+    int chunk;
+    forge_type type;     // of h and W
+    int grads;           // 0: forward only; 1: dH; 2: dH and dW
+    float w_scale;       // range of W (keeps the logits O(1..10))
+    bool strided_h = false; // h is a view of the first C rows of a [C + 8, T, B] tensor
+};
+
+// Labels: ignored at t % 7 == 3 and on tokens 8..11 (a whole chunk when chunk divides 4 and 8).
+void fill_labels(forge_tensor *t, Rng &rng, int64_t V) {
+    const int64_t n = forge_tensor_nelements(t);
+    std::vector<int32_t> l((size_t)n);
+    for (int64_t i = 0; i < n; i++) l[(size_t)i] = i % 7 == 3 || (i >= 8 && i < 12) ? FORGE_IGNORE_INDEX : rng.randint((int)V);
+    set_i32(t, l);
+}
+
+ConfCase build(forge_ctx *ctx, const CeCase &c) {
+    ConfCase cc;
+    forge_tensor *h;
+    if (c.strided_h) {
+        forge_tensor *base = forge_tensor_new_3d(ctx, c.type, c.C + 8, c.T, c.B);
+        const int64_t ne[3] = {c.C, c.T, c.B};
+        const size_t es = forge_type_size(c.type), nb[3] = {es, es * (c.C + 8), es * (c.C + 8) * c.T};
+        h = forge_view(ctx, base, 3, ne, nb, 0);
+        cc.params = {base};
+    } else {
+        h = forge_tensor_new_3d(ctx, c.type, c.C, c.T, c.B);
+        cc.params = {h};
+    }
+    forge_tensor *w = forge_tensor_set_name(forge_tensor_new_2d(ctx, c.type, c.C, c.V), "lm_head");
+    forge_tensor *labels = forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_I32, c.T, c.B), "labels");
+    // the global target count: the harness fills float leafs in [-1, 1], so make a positive one
+    forge_tensor *a = forge_tensor_new_1d(ctx, FORGE_TYPE_F32, 24);
+    forge_tensor *count = forge_sum(ctx, forge_mul(ctx, a, a));
+    cc.y = forge_cross_entropy(ctx, h, w, labels, count, c.cap, c.chunk);
+    if (c.grads == 0) cc.params.clear();
+    if (c.grads == 2) cc.params.push_back(w);
+    cc.scales[w] = c.w_scale;
+    const int64_t V = c.V;
+    cc.fill_int = [V](forge_tensor *t, Rng &rng) { fill_labels(t, rng, V); };
+    return cc;
+}
+
+// A label outside [0, V) stops the step with FORGE_ERR_RUNTIME and a message about labels.
+void bad_label() {
+    const int failures = g_failures;
+    forge_ctx *ctx = forge_ctx_new();
+    forge_tensor *h = forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, 64, 5);
+    forge_tensor *w = forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, 64, 300);
+    forge_tensor *labels = forge_tensor_set_flags(forge_tensor_new_1d(ctx, FORGE_TYPE_I32, 5), FORGE_FLAG_INPUT);
+    forge_tensor *count = forge_tensor_set_flags(forge_tensor_new_1d(ctx, FORGE_TYPE_F32, 1), FORGE_FLAG_INPUT);
+    forge_tensor *loss = forge_cross_entropy(ctx, h, w, labels, count, 0.0f, 2);
+    REQUIRE_T(ctx, loss);
+    forge_graph *g = forge_graph_new(ctx);
+    REQUIRE_OK(forge_graph_build_forward(g, loss));
+    forge_backend *be = forge_backend_cuda_new(0);
+    REQUIRE_OK(forge_backend_alloc_graph(be, g));
+    Rng rng(7);
+    fill_random(h, rng);
+    fill_random(w, rng);
+    set_f32(count, {5.0f});
+    set_i32(labels, {1, 2, 300, 4, FORGE_IGNORE_INDEX});
+    const forge_status s = forge_backend_compute(be, g);
+    CHECK(s == FORGE_ERR_RUNTIME, "label 300 of V 300: %s", forge_status_name(s));
+    CHECK(std::strstr(forge_backend_error(be), "label") != nullptr, "error message: '%s'", forge_backend_error(be));
+    // a good batch runs again on the same graph
+    set_i32(labels, {1, 2, 299, FORGE_IGNORE_INDEX, 0});
+    CHECK(forge_backend_compute(be, g) == FORGE_OK, "after a bad label: %s", forge_backend_error(be));
+    std::printf("%-8s %s\n", g_failures > failures ? "FAIL" : "ok", "label out of range -> FORGE_ERR_RUNTIME");
+    forge_backend_free(be);
+    forge_ctx_free(ctx);
+}
+
+} // namespace
+
+int main() {
+    FORGE_CUDA_TEST_REQUIRE_GPU();
+    const forge_type BF = FORGE_TYPE_BF16, F32 = FORGE_TYPE_F32;
+    const CeCase cases[] = {
+        {"qwen2.5 V151936 C896 N40 chunk 16 bf16 dH dW", 896, 151936, 20, 2, 0, 16, BF, 2, 0.1f},
+        {"gemma2 V256000 C2304 softcap 30 N6 chunk 4 bf16 dH dW", 2304, 256000, 6, 1, 30.0f, 4, BF, 2, 0.5f},
+        {"qwen2.5 V151936 C896 N24 chunk 64 bf16 forward only", 896, 151936, 24, 1, 0, 64, BF, 0, 0.1f},
+        {"qwen2.5 V151936 C896 N13 chunk 5 f32 dH (W frozen)", 896, 151936, 13, 1, 0, 5, F32, 1, 0.1f},
+        {"ignored chunk C64 V4096 N24 chunk 4 bf16", 64, 4096, 12, 2, 0, 4, BF, 2, 1.0f},
+        {"chunk 1 odd V1001 C128 N9 f32", 128, 1001, 9, 1, 0, 1, F32, 2, 0.3f},
+        {"chunk > N V5003 C256 N37 softcap 10 f32", 256, 5003, 37, 1, 10.0f, 100, F32, 2, 0.3f},
+        {"strided h C96 V2000 N17 chunk 5 bf16", 96, 2000, 17, 1, 0, 5, BF, 2, 0.5f, true},
+        {"strided h C96 V2000 N17 chunk 7 f32", 96, 2000, 17, 1, 0, 7, F32, 2, 0.5f, true},
+    };
+    for (const CeCase &c : cases) conformance(c.name, [&c](forge_ctx *ctx) { return build(ctx, c); });
+    bad_label();
+    return test_finish("test-cuda-cross-entropy");
+}

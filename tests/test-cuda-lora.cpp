@@ -1,0 +1,83 @@
+// test-cuda-lora: LORA and LORA_BACK on the CUDA backend against the CPU reference: the output
+// and the gradients of x (LORA_BACK's dX), A, B and the bias. Covers one block (o, down), the
+// concatenated 3-block q/k/v form with a bias and the 2-block gate/up form at Qwen2.5-0.5B shapes,
+// Qwen3-0.6B and Gemma2-2B q/k/v, F32 (fp32 throughout: tight tolerance) and BF16; awkward
+// shapes (odd K, unequal tiny blocks, rank 3 and 5, 3-D x, one row); biases of the output's
+// type, F32 and F16; x as a strided slice of a wider tensor; mixed x/W types.
+#include "cuda-util.h"
+
+namespace {
+
+constexpr int kNone = -1; // no bias
+
+struct LoraShape {
+    int64_t K, r;
+    std::vector<int64_t> blocks; // output rows per block
+    int64_t T, B;
+};
+
+// x [K, T, B] (xt), W [K, M] (wt), A F32 [K, r * blocks], B F32 [r, M], bias [M] (bt or none).
+void lora_case(const char *name, forge_type xt, forge_type wt, int bt, const LoraShape &s, float scale = 2.0f) {
+    conformance(name, [=](forge_ctx *ctx) {
+        ConfCase c;
+        int64_t M = 0;
+        for (int64_t rows : s.blocks) M += rows;
+        const int nb = (int)s.blocks.size();
+        forge_tensor *x = forge_tensor_new_3d(ctx, xt, s.K, s.T, s.B), *w = forge_tensor_new_2d(ctx, wt, s.K, M);
+        forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, s.K, s.r * nb), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, s.r, M);
+        forge_tensor *bias = bt == kNone ? nullptr : forge_tensor_new_1d(ctx, (forge_type)bt, M);
+        c.y = forge_lora(ctx, x, w, bias, a, b, scale, nb, s.blocks.data());
+        c.params = {x, a, b};
+        if (bias) c.params.push_back(bias);
+        // the low-rank term about as large as the base product, so errors in either show
+        c.scales[w] = 1.0f / std::sqrt((float)s.K);
+        c.scales[a] = 1.0f / std::sqrt((float)s.K);
+        c.scales[b] = 0.5f / std::sqrt((float)s.r);
+        return c;
+    });
+}
+
+} // namespace
+
+int main() {
+    FORGE_CUDA_TEST_REQUIRE_GPU();
+    const forge_type F32 = FORGE_TYPE_F32, BF16 = FORGE_TYPE_BF16, F16 = FORGE_TYPE_F16;
+
+    // Qwen2.5-0.5B, r = 16
+    const LoraShape qkv{896, 16, {896, 128, 128}, 256, 2}, o{896, 16, {896}, 512, 1};
+    const LoraShape gate_up{896, 16, {4864, 4864}, 256, 1}, down{4864, 16, {896}, 256, 1};
+    lora_case("lora bf16 qwen2.5 q/k/v 896->[896,128,128] r16 + f32 bias", BF16, BF16, F32, qkv);
+    lora_case("lora f32 qwen2.5 q/k/v 896->[896,128,128] r16 + f32 bias", F32, F32, F32, qkv);
+    lora_case("lora bf16 qwen2.5 o 896->896 r16", BF16, BF16, kNone, o);
+    lora_case("lora bf16 qwen2.5 gate/up 896->[4864,4864] r16", BF16, BF16, kNone, gate_up);
+    lora_case("lora bf16 qwen2.5 down 4864->896 r16", BF16, BF16, kNone, down);
+    lora_case("lora f32 qwen2.5 down 4864->896 r16", F32, F32, kNone, {4864, 16, {896}, 128, 1});
+    // Qwen3-0.6B q/k/v (16 + 8 + 8 heads of 128), Gemma2-2B q/k/v (8 + 4 + 4 heads of 256)
+    lora_case("lora bf16 qwen3 q/k/v 1024->[2048,1024,1024] r8", BF16, BF16, kNone, {1024, 8, {2048, 1024, 1024}, 256, 1});
+    lora_case("lora bf16 gemma2 q/k/v 2304->[2048,1024,1024] r16", BF16, BF16, kNone, {2304, 16, {2048, 1024, 1024}, 128, 1});
+
+    // awkward shapes
+    const LoraShape odd{77, 5, {33, 9, 9}, 13, 3};
+    lora_case("lora f32 77->[33,9,9] r5 x 13 x 3 + bf16 bias", F32, F32, BF16, odd);
+    lora_case("lora bf16 77->[33,9,9] r5 x 13 x 3 + bf16 bias", BF16, BF16, BF16, odd);
+    lora_case("lora bf16 77->[20,7] r3 x 5 + f16 bias", BF16, BF16, F16, {77, 3, {20, 7}, 5, 1});
+    lora_case("lora bf16 one row q/k/v + f32 bias", BF16, BF16, F32, {896, 16, {896, 128, 128}, 1, 1});
+    lora_case("lora f16 200->[150,50] r4 x 33", F16, F16, kNone, {200, 4, {150, 50}, 33, 1});
+    lora_case("lora bf16 x, f32 W 128->96 r8 x 300", BF16, F32, kNone, {128, 8, {96}, 300, 1}, 0.5f);
+    // x as the first 896 columns of a wider [1152, T] tensor (rows read in place, ld 1152)
+    conformance("lora bf16 on a strided slice [896 of 1152, 96] -> [896,128,128]", [](forge_ctx *ctx) {
+        ConfCase c;
+        forge_tensor *wide = forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, 1152, 96);
+        const int64_t ne[2] = {896, 96}, blocks[3] = {896, 128, 128};
+        const size_t nb[2] = {2, 1152 * 2};
+        forge_tensor *x = forge_view(ctx, wide, 2, ne, nb, 0);
+        forge_tensor *w = forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, 896, 1152);
+        forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, 896, 48), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, 16, 1152);
+        c.y = forge_lora(ctx, x, w, nullptr, a, b, 2.0f, 3, blocks);
+        c.params = {wide, a, b};
+        c.scales[w] = c.scales[a] = 1.0f / std::sqrt(896.0f);
+        c.scales[b] = 0.125f;
+        return c;
+    });
+    return test_finish("test-cuda-lora");
+}
