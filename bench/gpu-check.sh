@@ -2,7 +2,7 @@
 # One call on the GPU machine does it all: build for sm_90a, run the CPU and CUDA test suites,
 # run ./bench-kernels and the PyTorch peers, regenerate the HF reference fixtures, and write
 # logs and JSON to $OUT (at most 7 files):
-#   bench/gpu-check.sh [tests] [bench] [peers] [fixtures]     (no argument: tests bench peers)
+#   bench/gpu-check.sh [tests] [bench] [peers] [fullmodels] [fixtures]   (no argument: tests bench peers)
 # FORGE_COMMIT names the commit in the results (the GPU machine's copy has no .git);
 # TESTS selects CTest tests by regex; PEERS_DEADLINE bounds the peers' run in seconds.
 set -uo pipefail
@@ -24,8 +24,8 @@ stamp "build ok"
 
 rc=0
 if [[ $stages == *tests* ]]; then
-  ctest --test-dir build-gpu --output-on-failure --timeout 400 -j 4 ${TESTS:+-R "$TESTS"} > "$OUT/tests.log" 2>&1 || rc=1
-  grep -E "tests passed|Failed|Skipped|\*\*\*|^ok|^FAIL|CHECK|Timeout" "$OUT/tests.log" | tail -120
+  ctest --test-dir build-gpu -V --timeout 400 -j 4 ${TESTS:+-R "$TESTS"} > "$OUT/tests.log" 2>&1 || rc=1
+  grep -E "tests passed|Failed|Skipped|\*\*\*|: ok |: FAIL|CHECK|Timeout|graph nodes" "$OUT/tests.log" | tail -120
   stamp "tests done"
 fi
 if [[ $stages == *bench* ]]; then
@@ -37,6 +37,12 @@ if [[ $stages == *peers* ]]; then
   python3 bench/peers/ops.py --json "$OUT/peers-ops.json" --deadline "${PEERS_DEADLINE:-200}" ${PEERS:-} 2>&1 | tail -3 || rc=1
   [ -f "$OUT/bench-kernels.json" ] && python3 bench/combine.py "$OUT/bench-kernels.json" "$OUT/peers-ops.json" -o "$OUT/kernels-table.md" && cat "$OUT/kernels-table.md"
   stamp "peers done"
+fi
+if [[ $stages == *fullmodels* ]]; then
+  # the released configurations with random weights: transformers + peft on this GPU against forge's CUDA backend
+  python3 tests/make-fixtures.py --full /tmp/full 2>&1 | grep -v Writing | tail -4 &&
+    FORGE_FIXTURES=/tmp/full FORGE_DEVICE=cuda build-gpu/test-models qwen2.5-0.5b qwen3-0.6b gemma-2b gemma2-2b 2>&1 | tee "$OUT/fullmodels.log" | tail -40 || rc=1
+  stamp "full models done"
 fi
 if [[ $stages == *fixtures* ]]; then
   rm -rf /tmp/fixtures && python3 tests/make-fixtures.py /tmp/fixtures 2>&1 | grep -v Writing | tail -6 &&

@@ -1,39 +1,45 @@
 // forge-cuda/attention.cu - exact attention (ATTENTION) and its backward (ATTENTION_BACK): causal,
 // GQA of any ratio, logit softcap, sliding window and packed documents, as in forge-impl.h.
 //
-// Tensor-core path (q, k, v, dO bf16 with contiguous rows 16-byte aligned, head_dim 64/128/256;
-// q/k/v may be strided views of one qkv tensor): FlashAttention-2 with mma.sync m16n8k16 bf16,
-// fp32 accumulation, ldmatrix fragments from XOR-swizzled shared memory (no bank conflicts) and
-// cp.async double buffering of the tiles streamed in the inner loop.
-//   forward   attn_rows<FWD>: a block of 4 warps owns 64 query rows of one (head, batch), 16 rows
-//             per warp; it streams the K/V tiles its rows may see, S = Q K^T, online softmax in
-//             the log2 domain, O += P V; writes O (bf16) and LSE (fp32).
-//   backward  attn_di: D_i = dO_i . O_i (one warp per row).
-//             attn_rows<DQ>: the same grid and loop as the forward; recomputes P = exp(S - LSE),
-//             dP = dO V^T, dS = P (dP - D_i) softcap', dq += dS K.
-//             attn_cols: a block owns 64 key rows of one kv head (16 per warp) and a slice of
-//             head_dim for dk/dv; it loops over the query heads of its group (all of them, or
-//             one of `hsplit` parts when there are too few key tiles to fill the GPU) and the
-//             query tiles that see its keys: S^T = K Q^T, dP^T = V dO^T, dv += P^T dO,
-//             dk += dS^T Q; fp32 partials per part go to scratch, and attn_dkdv_sum adds the
-//             parts in a fixed order and writes dk (times scale) and dv.
+// Tensor-core path (q, k, v, dO, O bf16 with contiguous rows 16-byte aligned, head_dim 64/128/256,
+// scale > 0; q/k/v may be strided views of one qkv tensor): FlashAttention-2 on mma.sync m16n8k16
+// bf16 with fp32 accumulation, ldmatrix fragments from XOR-swizzled shared memory (conflict-free),
+// cp.async double buffering (the next tile streams in while the current one is computed).
+//   forward  attn_rows<D, false>: a block owns BM = 128 query rows of one (head, batch), each warp
+//            16 or 32 of them (rows_cfg); it streams the K/V tiles its rows may see: S = Q K^T,
+//            online softmax in the log2 domain (one FFMA + one ex2 per score: the scale rides in
+//            the FFMA), O += P V; writes O (bf16) and LSE (fp32).
+//   backward attn_rows<D, true> (dq): same grid and loop; first D_i = dO_i . O_i and LSE*log2e of
+//            its rows (to scratch, for attn_cols), then per key tile P = exp2(S*scale*log2e - L),
+//            dP = dO V^T, dS = P (dP - D_i) softcap', dq += dS K.
+//            attn_cols<D> (dk, dv): a block owns 16 key rows per warp of one kv head (and a slice
+//            of head_dim for D = 256); it loops over the query heads of its group (all, or one of
+//            `hsplit` parts when there are too few key blocks to fill the GPU) and the query tiles
+//            that see its keys: S^T = K Q^T, dP^T = V dO^T, dv += P^T dO, dk += dS^T Q, all in
+//            registers (P^T and dS^T go from accumulators straight to A fragments). With hsplit = 1
+//            it writes dk (times scale) and dv; else fp32 partials, which attn_dkdv_sum adds in a
+//            fixed order.
 //   Every value is written by exactly one thread: no atomics, bit-for-bit deterministic.
-// Masked tiles are never loaded: causal and window bounds give the tile range, and a table of
-// per-16-token min/max document ids (attn_doc_table) skips tiles whose documents cannot meet;
-// only tiles that straddle a boundary (diagonal, window edge, document edge, end of T) test
-// each element. Work per (query, key) pair: forward 4D flop, backward 14D (the FA2 scheme plus
-// one recomputation of S and dP for dq, against 10D for a fused atomic dq). Each K/V (forward,
-// dq) or Q/dO (dk/dv) tile is read once per block from L2 into shared memory and reused by 4
-// warps x 16 rows, so the kernels are bound by mma.sync issue, not memory (not measured here;
-// the Qwen2.5 training shape gives 896 forward/dq blocks and 128 dk/dv blocks on 132 SMs).
-// Tuning knobs: tiles<D> below (key/query tile sizes, dk/dv column split) and kBK.
+// Launch shape: 1-D grids ordered so that the longest blocks (the last query tiles, the first key
+// tiles under a causal mask) are dispatched first. Masked work is skipped: causal and window
+// bounds give the tile range, a table of per-16-token min/max document ids (attn_doc_table)
+// skips tiles whose documents cannot meet, and each warp classifies each tile for its own rows
+// (nothing to do / every pair allowed / test each pair): only boundary tiles pay for the element
+// tests, in a separately compiled variant of the tile step; softcap is a compile-time variant too.
+// Work per (query, key) pair: forward 4D flop, backward 14D (FA2's 10D plus one recomputation of S
+// and dP for dq, the price of determinism without atomics). Traffic: each K/V (or Q/dO) tile is
+// read once per block from L2 and reused by every warp (128 query rows: ~128 flop per byte of
+// L2 traffic); shared-memory reads are one ldmatrix.x4 per 2-4 mma, so the kernels are bound by
+// mma.sync issue and ldmatrix bandwidth, not DRAM. Tuning knobs: rows_cfg and cols_cfg below.
 //
 // Generic path (any float types, any strides, any head_dim): one warp per query row (forward,
 // dq) or key row (dk/dv), lanes over head_dim, fp32 throughout, online softmax; correct, slow.
 #include "cuda.cuh"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace {
 
@@ -41,9 +47,8 @@ typedef __nv_bfloat16 bf16;
 
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 constexpr int kDocGroup = 16; // tokens per entry of the document table
-constexpr int kThreads = 128; // 4 warps per block (both paths)
-constexpr int kBQ = 64;       // query rows per block of attn_rows (4 warps x 16)
-constexpr int kBK = 64;       // key rows per block of attn_cols (4 warps x 16)
+constexpr int kThreads = 128; // threads per block of the generic kernels
+constexpr int kRowPad = 64;   // the backward's per-row scratch (D_i, LSE) pads T to a multiple of this
 
 enum { kSkip, kPartial, kFull };
 
@@ -53,9 +58,9 @@ struct attn_args {
     forge_cuda_view q, k, v, dout, o, lse, doc; // sources; lse is an output in the forward
     forge_cuda_view out, dk, dv;                // O (forward) or dq; dk, dv (backward, data may be NULL)
     const int2 *doc_mm;                         // per (b, group of kDocGroup tokens): min, max doc id
-    float *di;                                  // backward: D_i at row i + T (h + Hq b)
-    float *part;                                // backward, tensor cores: dk then dv partials [hsplit][B][Hkv][T][D]
-    int D, Hq, Hkv, T, B, group, window, doc_groups, hsplit;
+    float *di, *l2;                             // backward: D_i and LSE*log2e of query row qrow(h, i, b)
+    float *part;                                // backward, tensor cores, hsplit > 1: dk then dv partials [hsplit][B][Hkv][T][D]
+    int D, Hq, Hkv, T, Tp, B, group, window, doc_groups, hsplit; // Tp: T rounded up to kRowPad
     float scale, cap, mul, cap2; // mul = scale/cap (softcap) or scale*log2e; cap2 = cap*log2e
 
     __device__ char *row(const forge_cuda_view &t, int h, int i, int b) const {
@@ -64,7 +69,7 @@ struct attn_args {
     __device__ float lse2(int h, int i, int b) const { // LSE of a query row, log2 domain
         return kLog2e * *(const float *)(lse.data + h * lse.nb[0] + (int64_t)i * lse.nb[1] + (int64_t)b * lse.nb[2]);
     }
-    __device__ int64_t qrow(int h, int i, int b) const { return i + (int64_t)T * (h + (int64_t)Hq * b); }
+    __device__ int64_t qrow(int h, int i, int b) const { return i + (int64_t)Tp * (h + (int64_t)Hq * b); }
     __device__ int doc_id(int i, int b) const {
         return doc.data ? *(const int *)(doc.data + (int64_t)i * doc.nb[0] + (int64_t)b * doc.nb[1]) : 0;
     }
@@ -96,7 +101,7 @@ struct attn_args {
     // allowed, all are, or some.
     __device__ int tile_class(int b, int i0, int i1, int j0, int j1) const {
         const int ie = min(i1, T), je = min(j1, T);
-        if (j0 > ie - 1 || (window > 0 && i0 - (je - 1) >= window)) return kSkip;
+        if (i0 >= ie || j0 > ie - 1 || (window > 0 && i0 - (je - 1) >= window)) return kSkip;
         bool same_doc = true;
         if (doc_mm) {
             const int2 qd = doc_range(b, i0, ie), kd = doc_range(b, j0, je);
@@ -129,7 +134,7 @@ __device__ __forceinline__ float warp_sum(float s) {
     return s;
 }
 
-// D_i = dO_i . O_i, one warp per query row.
+// D_i = dO_i . O_i, one warp per query row (generic path; the tensor-core dq kernel does its own).
 __global__ void attn_di(const attn_args a) {
     const int lane = threadIdx.x & 31;
     const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -140,9 +145,8 @@ __global__ void attn_di(const attn_args a) {
     for (int d = lane; d < a.D; d += 32)
         s += forge_cuda_load(a.dout.type, dor + d * a.dout.nb[0]) * forge_cuda_load(a.o.type, orow + d * a.o.nb[0]);
     s = warp_sum(s);
-    if (lane == 0) a.di[r] = s;
+    if (lane == 0) a.di[a.qrow(h, i, b)] = s;
 }
-
 // ---- generic path: one warp per row, lanes over head_dim, rows kept in shared memory ---------
 
 // Loads row `src` of tensor t into x[0..D) (each lane its elements d = lane + 32 n).
@@ -171,7 +175,7 @@ __global__ void attn_generic_rows(const attn_args a) {
     if (DQ) warp_load_row(doi, a.dout, a.row(a.dout, h, i, b), a.D, lane);
     for (int d = lane; d < a.D; d += 32) acc[d] = 0.0f;
     const int doc_i = a.doc_id(i, b);
-    const float l2 = DQ ? a.lse2(h, i, b) : 0.0f, di = DQ ? a.di[r] : 0.0f;
+    const float l2 = DQ ? a.lse2(h, i, b) : 0.0f, di = DQ ? a.di[a.qrow(h, i, b)] : 0.0f;
     float m = -INFINITY, l = 0.0f;
     for (int j = a.first_key(i); j <= i; j++) {
         if (a.doc_id(j, b) != doc_i) continue;
@@ -224,7 +228,7 @@ __global__ void attn_generic_cols(const attn_args a) {
 // ---- tensor-core path: warp-level building blocks ---------------------------------------------
 //
 // A tile is ROWS rows of D bf16 in shared memory; the 16-byte chunk c of row r lives at chunk
-// c ^ (r & 7), so the 8 row addresses of an ldmatrix hit 8 different bank groups.
+// c ^ (r & 7) (within its group of 8), so the 8 row addresses of an ldmatrix hit 8 bank groups.
 
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) { return r * D + ((((c >> 3) ^ r) & 7) | ((c >> 3) & ~7)) * 8 + (c & 7); }
@@ -234,17 +238,20 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)
 __device__ __forceinline__ void cp_async16(void *s, const void *g, int bytes) { // bytes < 16: zero fill
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(bytes));
 }
+__device__ __forceinline__ void cp_async4(void *s, const void *g, int bytes) { // bytes 0: zero fill
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16 *p) {
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16 *p) {
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 // c (16x8 fp32) += a (16x16 bf16, row) b (16x8 bf16, col)
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -257,61 +264,161 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *(uint32_t *)&v;
 }
 
-// Starts copying `valid` rows of D bf16 from global rows `stride` bytes apart into a tile of
-// ROWS rows; rows past `valid` are zero-filled.
-template <int ROWS, int D>
-__device__ __forceinline__ void load_tile(bf16 *s, const char *g, int64_t stride, int valid, int tid) {
-    constexpr int CH = D / 8;
-    for (int e = tid; e < ROWS * CH; e += kThreads) {
-        const int r = e / CH, c = e % CH;
-        const bool ok = r < valid;
-        cp_async16(s + swz<D>(r, c * 8), ok ? g + r * stride + c * 16 : g, ok ? 16 : 0);
+// 2^x and 1/x on the special function unit (ex2(-inf) = 0, rcp(inf) = 0): one instruction each,
+// where exp2f adds a range fix-up.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+// tanh y = 1 - 2 / (1 + e^2y): two SFU operations, absolute error a few ulp of 1 (the score is
+// cap tanh, so an absolute error is what matters), saturating to +-1.
+__device__ __forceinline__ float tanh_sfu(float y) { return 1.0f - 2.0f * rcp(1.0f + ex2(y * (2.0f * kLog2e))); }
+
+// dot product of 8 bf16 pairs
+__device__ __forceinline__ float dot8(uint4 x, uint4 y) {
+    const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        s += __uint_as_float(xs[k] << 16) * __uint_as_float(ys[k] << 16);
+        s += __uint_as_float(xs[k] & 0xffff0000u) * __uint_as_float(ys[k] & 0xffff0000u);
     }
+    return s;
 }
 
-// c[16 x N] += A B^T: A the warp's 16 rows (from a0) of tile sa, B the first N rows of tile sb,
-// both [rows][D].
-template <int N, int D>
-__device__ __forceinline__ void warp_gemm_nt(float (&c)[N / 8][4], const bf16 *sa, int a0, const bf16 *sb, int lane) {
+// Starts copying `valid` (>= 1) rows of D bf16 from global rows `stride` bytes apart into a tile
+// of ROWS rows; rows past `valid` are zero-filled. NT threads share the work.
+template <int ROWS, int D, int NT>
+__device__ __forceinline__ void load_tile(bf16 *s, const char *g, int64_t stride, int valid, int tid) {
+    constexpr int CH = D / 8, N = ROWS * CH;
 #pragma unroll
-    for (int k0 = 0; k0 < D; k0 += 16) {
-        uint32_t a[4];
-        ldsm_x4(a, sa + swz<D>(a0 + (lane & 15), k0 + (lane >> 4) * 8));
+    for (int e0 = 0; e0 < N; e0 += NT) {
+        const int e = e0 + tid, r = e / CH, c = e % CH;
+        if (N % NT == 0 || e < N) {
+            const bool ok = r < valid;
+            cp_async16(s + swz<D>(r, c * 8), ok ? g + r * stride + c * 16 : g, ok ? 16 : 0);
+        }
+    }
+}
+// Starts copying n (>= 1) 4-byte words `stride` bytes apart into s[0, N); s[n, N) = 0.
+template <int N, int NT>
+__device__ __forceinline__ void load_words(int *s, const char *g, int64_t stride, int n, int tid) {
+    for (int r = tid; r < N; r += NT) cp_async4(s + r, r < n ? g + r * stride : g, r < n ? 4 : 0);
+}
+// Starts copying N floats from g (16-byte aligned) into s.
+template <int N, int NT>
+__device__ __forceinline__ void load_floats(float *s, const float *g, int tid) {
+    for (int c = tid; c < N / 4; c += NT) cp_async16(s + 4 * c, g + 4 * c, 16);
+}
+
+// Per-lane byte offsets of ldmatrix row addresses in a swizzled [rows][D] tile. An x4 load covers
+// 16 rows and the 16-byte chunks 2j, 2j + 1 of a 128-byte group; with the row block a multiple of
+// 8, the swizzle only depends on the lane and j, so 4 offsets per pattern serve every load:
+//   a[j]: rows lane & 15, chunk 2j + (lane >> 4) - A operands ([m][k] tiles) and transposed B
+//         operands ([k][n] tiles: the same addresses);
+//   b[j]: rows (lane & 7) + 8 (lane >> 4), chunk 2j + ((lane >> 3) & 1) - B operands of [n][k] tiles.
+// The rest of an address (row block, 128-byte group, tile) is uniform, mostly an immediate.
+template <int D>
+struct lane_offs {
+    uint32_t a[4], b[4];
+    __device__ __forceinline__ explicit lane_offs(int lane) {
+        const int x = lane & 7, ya = (lane >> 4) ^ x, yb = ((lane >> 3) & 1) ^ x;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            a[j] = (uint32_t)((lane & 15) * 2 * D + ((2 * j ^ ya) << 4));
+            b[j] = (uint32_t)(((lane & 7) + 8 * (lane >> 4)) * 2 * D + ((2 * j ^ yb) << 4));
+        }
+    }
+};
+
+// A fragments of a warp's rows [0, 16 MT) of a [rows][D] tile at shared address `base`, for
+// k = 0..D: kept in registers (REG) or loaded from shared memory at each use.
+template <int MT, int D, bool REG>
+struct afrags {
+    uint32_t f[REG ? MT : 1][REG ? D / 16 : 1][4];
+    uint32_t base;
+    __device__ __forceinline__ void load(uint32_t (&r)[4], int mt, int kk, const lane_offs<D> &o) const {
+        ldsm_x4(r, base + mt * 32 * D + (kk / 4) * 128 + o.a[kk % 4]);
+    }
+    __device__ __forceinline__ void init(uint32_t base_, const lane_offs<D> &o) {
+        base = base_;
+        if constexpr (REG) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++) load(f[mt][kk], mt, kk, o);
+        }
+    }
+    __device__ __forceinline__ void get(uint32_t (&r)[MT][4], int kk, const lane_offs<D> &o) const {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if constexpr (REG) {
+#pragma unroll
+                for (int x = 0; x < 4; x++) r[mt][x] = f[mt][kk][x];
+            } else {
+                load(r[mt], mt, kk, o);
+            }
+        }
+    }
+};
+
+// c[MT][N / 8] += A B^T over k = 0..D: A the warp's rows, B the first N rows of the [rows][D] tile
+// at shared address sb.
+template <int MT, int N, int D, bool REG>
+__device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const afrags<MT, D, REG> &A, uint32_t sb, const lane_offs<D> &o) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[MT][4];
+        A.get(a, kk, o);
 #pragma unroll
         for (int n0 = 0; n0 < N; n0 += 16) {
             uint32_t b[4];
-            ldsm_x4(b, sb + swz<D>(n0 + (lane & 7) + (lane >> 4) * 8, k0 + ((lane >> 3) & 1) * 8));
-            mma(c[n0 / 8], a, b[0], b[1]);
-            mma(c[n0 / 8 + 1], a, b[2], b[3]);
+            ldsm_x4(b, sb + n0 * 2 * D + (kk / 4) * 128 + o.b[kk % 4]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma(c[mt][n0 / 8], a[mt], b[0], b[1]);
+                mma(c[mt][n0 / 8 + 1], a[mt], b[2], b[3]);
+            }
         }
     }
 }
 
-// c[16 x DO] += P B: P [16 x N] as bf16 A fragments, B rows 0..N-1 of tile sb ([rows][D]),
-// columns col0..col0+DO-1.
-template <int N, int DO, int D>
-__device__ __forceinline__ void warp_gemm_nn(float (&c)[DO / 8][4], const uint32_t (&p)[N / 16][4], const bf16 *sb, int col0, int lane) {
+// c[MT][DO / 8] += P B: P [MT][16 x N] as bf16 A fragments, B rows 0..N-1 of the [rows][D] tile
+// at shared address sb, columns [0, DO) from there (sb may point at a column multiple of 64).
+template <int MT, int N, int DO, int D>
+__device__ __forceinline__ void gemm_nn(float (&c)[MT][DO / 8][4], const uint32_t (&p)[MT][N / 16][4], uint32_t sb, const lane_offs<D> &o) {
 #pragma unroll
     for (int kk = 0; kk < N / 16; kk++)
 #pragma unroll
         for (int d0 = 0; d0 < DO; d0 += 16) {
             uint32_t b[4];
-            ldsm_x4_t(b, sb + swz<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col0 + d0 + (lane >> 4) * 8));
-            mma(c[d0 / 8], p[kk], b[0], b[1]);
-            mma(c[d0 / 8 + 1], p[kk], b[2], b[3]);
+            ldsm_x4_t(b, sb + kk * 32 * D + (d0 / 64) * 128 + o.a[(d0 / 16) % 4]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma(c[mt][d0 / 8], p[mt][kk], b[0], b[1]);
+                mma(c[mt][d0 / 8 + 1], p[mt][kk], b[2], b[3]);
+            }
         }
 }
 
-// Accumulator layout [16 x N] -> bf16 A fragments of the next product.
-template <int N>
-__device__ __forceinline__ void to_frags(const float (&s)[N / 8][4], uint32_t (&f)[N / 16][4]) {
+// Accumulator layout [MT][16 x N] -> bf16 A fragments of the next product.
+template <int MT, int N>
+__device__ __forceinline__ void to_frags(const float (&s)[MT][N / 8][4], uint32_t (&f)[MT][N / 16][4]) {
 #pragma unroll
-    for (int kk = 0; kk < N / 16; kk++) {
-        f[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        f[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        f[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        f[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int kk = 0; kk < N / 16; kk++) {
+            f[mt][kk][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            f[mt][kk][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            f[mt][kk][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            f[mt][kk][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
 }
 
 // Stores the warp's accumulator [16 x DO] (row r scaled by mul[r >= 8]) as bf16 to `valid` global
@@ -329,6 +436,7 @@ __device__ __forceinline__ void warp_store_rows(const float (&c)[DO / 8][4], con
     }
     __syncwarp();
     constexpr int CH = DO / 8;
+#pragma unroll
     for (int e = lane; e < 16 * CH; e += 32) {
         const int r = e / CH, ch = e % CH;
         if (r < valid) *(uint4 *)(g + r * stride + ch * 16) = *(const uint4 *)(s + swz<D>(r0 + r, col0 + ch * 8));
@@ -337,68 +445,124 @@ __device__ __forceinline__ void warp_store_rows(const float (&c)[DO / 8][4], con
 
 // ---- tensor-core kernels ------------------------------------------------------------------------
 
-// Tiles per head_dim: BKV keys per step of attn_rows; attn_cols: DO output columns per block
-// (head_dim / DO blocks per key tile) and BQ queries per step. Chosen to keep accumulators in
-// registers (<= 128 fp32 per thread) without spills.
-template <int D> struct tiles;
-template <> struct tiles<64> { static constexpr int BKV = 64, DO = 64, BQ = 64; };
-template <> struct tiles<128> { static constexpr int BKV = 64, DO = 128, BQ = 32; };
-template <> struct tiles<256> { static constexpr int BKV = 32, DO = 128, BQ = 32; };
+// attn_rows tiles per head_dim, forward and dq: NW warps of MT x 16 query rows (BM = 16 MT NW rows
+// per block), BN keys per step, the warp's Q (and dO) fragments kept in registers (QREG) or
+// reloaded from shared memory, MINB blocks per SM asked of the register allocator. Two m16 tiles
+// per warp (MT = 2) halve the ldmatrix traffic per mma (each K/V fragment feeds both); D = 256
+// and dq keep MT = 1 for the accumulators to fit in registers.
+template <int D, bool DQ> struct rows_cfg;
+template <> struct rows_cfg<64, false> { static constexpr int NW = 4, MT = 2, BN = 64, MINB = 2; static constexpr bool QREG = true; };
+template <> struct rows_cfg<128, false> { static constexpr int NW = 4, MT = 2, BN = 64, MINB = 2; static constexpr bool QREG = false; };
+template <> struct rows_cfg<256, false> { static constexpr int NW = 8, MT = 1, BN = 64, MINB = 1; static constexpr bool QREG = false; };
+template <> struct rows_cfg<64, true> { static constexpr int NW = 4, MT = 1, BN = 64, MINB = 3; static constexpr bool QREG = true; };
+template <> struct rows_cfg<128, true> { static constexpr int NW = 4, MT = 1, BN = 64, MINB = 2; static constexpr bool QREG = false; };
+template <> struct rows_cfg<256, true> { static constexpr int NW = 8, MT = 1, BN = 32, MINB = 1; static constexpr bool QREG = false; };
 
+template <int D, bool DQ>
+__host__ __device__ constexpr int rows_bm() { return 16 * rows_cfg<D, DQ>::MT * rows_cfg<D, DQ>::NW; }
 template <int D, bool DQ>
 constexpr size_t rows_smem() {
-    return (size_t)((DQ ? 2 : 1) * kBQ * D + 4 * tiles<D>::BKV * D) * sizeof(bf16) + 2 * tiles<D>::BKV * sizeof(int);
-}
-template <int D>
-constexpr size_t cols_smem() {
-    return (size_t)(2 * kBK * D + 4 * tiles<D>::BQ * D) * sizeof(bf16) + 6 * tiles<D>::BQ * sizeof(float);
+    constexpr int BM = rows_bm<D, DQ>(), BN = rows_cfg<D, DQ>::BN;
+    return (size_t)((DQ ? 2 : 1) * BM * D + 4 * BN * D) * sizeof(bf16) + 2 * BN * sizeof(int) + (DQ ? 2 * BM * sizeof(float) : 0);
 }
 
-// Forward (DQ = false) or dq (DQ = true) for 64 query rows of head blockIdx.y, batch blockIdx.z.
-// Query tiles run last-first so the longest (causal) blocks start first.
-template <int D, bool DQ>
-__global__ void __launch_bounds__(kThreads) attn_rows(const attn_args a) {
-    constexpr int BKV = tiles<D>::BKV;
+// Forward (DQ = false) or dq (DQ = true) for BM query rows of one (head, batch); CAP: softcap.
+// Block x = (query tile from the last) * Hq B + h + Hq b.
+template <int D, bool DQ, bool CAP>
+__global__ void __launch_bounds__(32 * rows_cfg<D, DQ>::NW, rows_cfg<D, DQ>::MINB) attn_rows(const attn_args a) {
+    using C = rows_cfg<D, DQ>;
+    constexpr int MT = C::MT, BN = C::BN, NT = 32 * C::NW, WM = 16 * MT, BM = rows_bm<D, DQ>();
     extern __shared__ __align__(128) unsigned char smem[];
-    bf16 *sQ = (bf16 *)smem;                // [kBQ][D] q rows, then the output rows
-    bf16 *sdO = sQ + kBQ * D;               // DQ: [kBQ][D] dO rows
-    bf16 *sK = sQ + (DQ ? 2 : 1) * kBQ * D; // [2][BKV][D]
-    bf16 *sV = sK + 2 * BKV * D;            // [2][BKV][D]
-    int *sDoc = (int *)(sV + 2 * BKV * D);  // [2][BKV] doc ids of the keys
+    bf16 *sQ = (bf16 *)smem;                 // [BM][D] q rows, then the output rows
+    bf16 *sdO = sQ + BM * D;                 // DQ: [BM][D] dO rows
+    bf16 *sK = sQ + (DQ ? 2 : 1) * BM * D;   // [2][BN][D]
+    bf16 *sV = sK + 2 * BN * D;              // [2][BN][D]
+    int *sDoc = (int *)(sV + 2 * BN * D);    // [2][BN] doc ids of the keys
+    float *sStat = (float *)(sDoc + 2 * BN); // DQ: [2][BM] D_i and LSE*log2e of the rows
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int i0 = (gridDim.x - 1 - blockIdx.x) * kBQ, h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
-    const int iend = min(i0 + kBQ, a.T);
+    const int HB = a.Hq * a.B, hb = (int)(blockIdx.x % HB), h = hb % a.Hq, b = hb / a.Hq, hk = h / a.group;
+    const int i0 = ((a.T + BM - 1) / BM - 1 - (int)(blockIdx.x / HB)) * BM; // the last (longest) query tiles first
+    const int iend = min(i0 + BM, a.T), w0 = warp * WM;                    // the warp's rows: i0 + w0 + [0, WM)
 
-    load_tile<kBQ, D>(sQ, a.row(a.q, h, i0, b), a.q.nb[2], iend - i0, tid);
-    if (DQ) load_tile<kBQ, D>(sdO, a.row(a.dout, h, i0, b), a.dout.nb[2], iend - i0, tid);
-    const int jt_hi = (iend - 1) / BKV;
-    auto next_tile = [&](int jt) {
-        while (jt <= jt_hi && a.tile_class(b, i0, i0 + kBQ, jt * BKV, jt * BKV + BKV) == kSkip) jt++;
+    load_tile<BM, D, NT>(sQ, a.row(a.q, h, i0, b), a.q.nb[2], iend - i0, tid);
+    if (DQ) load_tile<BM, D, NT>(sdO, a.row(a.dout, h, i0, b), a.dout.nb[2], iend - i0, tid);
+    cp_async_commit();
+    if (!a.doc.data)
+        for (int r = tid; r < 2 * BN; r += NT) sDoc[r] = 0;
+    const int jt_hi = (iend - 1) / BN;
+    auto next_tile = [&](int jt) { // the next key tile some row of the block may see
+        while (jt <= jt_hi && a.tile_class(b, i0, i0 + BM, jt * BN, jt * BN + BN) == kSkip) jt++;
         return jt;
     };
     auto load_kv = [&](int jt, int st) {
-        const int j0 = jt * BKV, n = min(BKV, a.T - j0);
-        load_tile<BKV, D>(sK + st * BKV * D, a.row(a.k, hk, j0, b), a.k.nb[2], n, tid);
-        load_tile<BKV, D>(sV + st * BKV * D, a.row(a.v, hk, j0, b), a.v.nb[2], n, tid);
-        for (int r = tid; r < BKV; r += kThreads) sDoc[st * BKV + r] = r < n ? a.doc_id(j0 + r, b) : 0;
+        const int j0 = jt * BN, n = min(BN, a.T - j0);
+        load_tile<BN, D, NT>(sK + st * BN * D, a.row(a.k, hk, j0, b), a.k.nb[2], n, tid);
+        load_tile<BN, D, NT>(sV + st * BN * D, a.row(a.v, hk, j0, b), a.v.nb[2], n, tid);
+        if (a.doc.data) load_words<BN, NT>(sDoc + st * BN, a.doc.data + (int64_t)j0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
         cp_async_commit();
     };
-
-    int rows[2], rdoc[2];
-    float rl2[2], rdi[2];
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        rows[e] = i0 + warp * 16 + gq + 8 * e;
-        const bool ok = rows[e] < a.T;
-        rdoc[e] = ok ? a.doc_id(rows[e], b) : 0;
-        rl2[e] = DQ && ok ? a.lse2(h, rows[e], b) : 0.0f;
-        rdi[e] = DQ && ok ? a.di[a.qrow(h, rows[e], b)] : 0.0f;
-    }
-    float acc[D / 8][4] = {};
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-    int jt = next_tile(a.window > 0 ? max(0, i0 - a.window + 1) / BKV : 0); // the diagonal tile is never skipped
+    int jt = next_tile(a.first_key(i0) / BN); // the diagonal tile is never skipped
     load_kv(jt, 0);
+
+    int rows[MT][2], rdoc[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            rows[mt][e] = i0 + w0 + mt * 16 + gq + 8 * e;
+            rdoc[mt][e] = rows[mt][e] < a.T ? a.doc_id(rows[mt][e], b) : 0;
+        }
+    cp_async_wait<1>(); // the q (and dO) rows
+    __syncthreads();
+    const lane_offs<D> lo(lane);
+    const uint32_t uQ = smem_addr(sQ), udO = smem_addr(sdO), uK = smem_addr(sK), uV = smem_addr(sV);
+    afrags<MT, D, C::QREG> fq, fdo;
+    fq.init(uQ + w0 * 2 * D, lo);
+    float acc[MT][D / 8][4] = {};
+    float rs[MT][2][2]; // forward: running max (score units) and partial sum of each row; dq: LSE*log2e and D_i
+    if constexpr (DQ) {
+        fdo.init(udO + w0 * 2 * D, lo);
+        // D_i = dO_i . O_i and LSE*log2e of the warp's rows, also to scratch for attn_cols (rows
+        // [T, Tp) get zeros); a row of CH 16-byte chunks is summed by CH lanes
+        constexpr int CH = D / 8, RPP = 32 / CH;
+#pragma unroll
+        for (int k = 0; k < WM / RPP; k++) {
+            const int row = w0 + k * RPP + lane / CH, c = lane % CH, i = i0 + row;
+            float s = 0.0f;
+            if (i < a.T) s = dot8(*(const uint4 *)(a.row(a.o, h, i, b) + c * 16), *(const uint4 *)(sdO + swz<D>(row, c * 8)));
+#pragma unroll
+            for (int o = CH / 2; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (c == 0) {
+                const float l2 = i < a.T ? a.lse2(h, i, b) : 0.0f;
+                sStat[row] = l2;
+                sStat[BM + row] = s;
+                if (i < a.Tp) {
+                    a.l2[a.qrow(h, i, b)] = l2;
+                    a.di[a.qrow(h, i, b)] = s;
+                }
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                rs[mt][e][0] = sStat[w0 + mt * 16 + gq + 8 * e];
+                rs[mt][e][1] = sStat[BM + w0 + mt * 16 + gq + 8 * e];
+            }
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                rs[mt][e][0] = -INFINITY;
+                rs[mt][e][1] = 0.0f;
+            }
+    }
+    // scores of the forward are kept in score units (times scl in the log2 domain): the scale rides
+    // in the FFMA of the exponent
+    const float scl = CAP ? 1.0f : a.mul;
+
     for (int st = 0; jt <= jt_hi; st ^= 1) {
         const int jn = next_tile(jt + 1);
         if (jn <= jt_hi) {
@@ -408,130 +572,194 @@ __global__ void __launch_bounds__(kThreads) attn_rows(const attn_args a) {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const int j0 = jt * BKV;
-        const bool partial = a.tile_class(b, i0, i0 + kBQ, j0, j0 + BKV) == kPartial;
-        const bf16 *tK = sK + st * BKV * D, *tV = sV + st * BKV * D;
-        float s[BKV / 8][4] = {}, dp[BKV / 8][4] = {};
-        warp_gemm_nt<BKV, D>(s, sQ, warp * 16, tK, lane);
-        if (DQ) warp_gemm_nt<BKV, D>(dp, sdO, warp * 16, tV, lane);
+        const int j0 = jt * BN;
+        const uint32_t tK = uK + st * BN * D * 2, tV = uV + st * BN * D * 2;
+        const int *tDoc = sDoc + st * BN;
+        auto step = [&](auto masked) {
+            constexpr bool MASK = decltype(masked)::value;
+            float s[MT][BN / 8][4] = {};
+            gemm_nt<MT, BN, D>(s, fq, tK, lo);
+            uint32_t f[MT][BN / 16][4];
+            if constexpr (DQ) {
+                float dp[MT][BN / 8][4] = {};
+                gemm_nt<MT, BN, D>(dp, fdo, tV, lo);
 #pragma unroll
-        for (int nt = 0; nt < BKV / 8; nt++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1, jj = nt * 8 + 2 * tq + (e & 1);
-                float dc;
-                const float x = a.score2(s[nt][e], &dc);
-                const bool ok = !partial || a.allowed(rows[r], j0 + jj, rdoc[r], sDoc[st * BKV + jj]);
-                if (DQ) {
-                    const float p = ok ? exp2f(x - rl2[r]) : 0.0f;
-                    dp[nt][e] = p * (dp[nt][e] - rdi[r]) * dc;
-                } else {
-                    s[nt][e] = ok ? x : -INFINITY;
-                }
+                    for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int r = e >> 1, jj = nt * 8 + 2 * tq + (e & 1);
+                            float p, dc = 1.0f;
+                            if constexpr (CAP) {
+                                const float t = tanh_sfu(s[mt][nt][e] * a.mul);
+                                dc = 1.0f - t * t;
+                                p = ex2(a.cap2 * t - rs[mt][r][0]);
+                            } else {
+                                p = ex2(fmaf(s[mt][nt][e], a.mul, -rs[mt][r][0]));
+                            }
+                            if (MASK && !a.allowed(rows[mt][r], j0 + jj, rdoc[mt][r], tDoc[jj])) p = 0.0f;
+                            dp[mt][nt][e] = p * (dp[mt][nt][e] - rs[mt][r][1]) * dc;
+                        }
+                to_frags<MT, BN>(dp, f);
+                gemm_nn<MT, BN, D, D>(acc, f, tK, lo); // dq += dS K
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            float x = s[mt][nt][e];
+                            if constexpr (CAP) x = a.cap2 * tanh_sfu(x * a.mul);
+                            if (MASK && !a.allowed(rows[mt][e >> 1], j0 + nt * 8 + 2 * tq + (e & 1), rdoc[mt][e >> 1], tDoc[nt * 8 + 2 * tq + (e & 1)]))
+                                x = -INFINITY;
+                            s[mt][nt][e] = x;
+                        }
+                float alpha[MT][2];
+                bool rescale = false;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) { // online softmax of row r (the lanes of a quad share a row)
+                        float mx = rs[mt][r][0];
+#pragma unroll
+                        for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                        const float ms = mx == -INFINITY ? 0.0f : mx * scl;
+                        alpha[mt][r] = ex2(rs[mt][r][0] * scl - ms);
+                        rescale |= alpha[mt][r] != 1.0f;
+                        rs[mt][r][0] = mx;
+                        float sum = 0.0f;
+#pragma unroll
+                        for (int nt = 0; nt < BN / 8; nt++) {
+                            s[mt][nt][2 * r] = ex2(fmaf(s[mt][nt][2 * r], scl, -ms));
+                            s[mt][nt][2 * r + 1] = ex2(fmaf(s[mt][nt][2 * r + 1], scl, -ms));
+                            sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
+                        }
+                        rs[mt][r][1] = rs[mt][r][1] * alpha[mt][r] + sum;
+                    }
+                if (__any_sync(0xffffffffu, rescale)) // some row max moved: rescale O (exact when skipped: alpha is 1)
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int dt = 0; dt < D / 8; dt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) acc[mt][dt][e] *= alpha[mt][e >> 1];
+                to_frags<MT, BN>(s, f);
+                gemm_nn<MT, BN, D, D>(acc, f, tV, lo); // O += P V
             }
-        uint32_t f[BKV / 16][4];
-        if (DQ) {
-            to_frags<BKV>(dp, f);
-            warp_gemm_nn<BKV, D, D>(acc, f, tK, 0, lane);
-        } else {
-#pragma unroll
-            for (int r = 0; r < 2; r++) { // online softmax of row r (lanes of a quad share a row)
-                float mx = -INFINITY;
-#pragma unroll
-                for (int nt = 0; nt < BKV / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mn = fmaxf(m[r], mx), mu = mn == -INFINITY ? 0.0f : mn, alpha = exp2f(m[r] - mu);
-                m[r] = mn;
-                float sum = 0.0f;
-#pragma unroll
-                for (int nt = 0; nt < BKV / 8; nt++) {
-                    s[nt][2 * r] = exp2f(s[nt][2 * r] - mu);
-                    s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - mu);
-                    sum += s[nt][2 * r] + s[nt][2 * r + 1];
-                }
-                l[r] = l[r] * alpha + sum;
-#pragma unroll
-                for (int dt = 0; dt < D / 8; dt++) {
-                    acc[dt][2 * r] *= alpha;
-                    acc[dt][2 * r + 1] *= alpha;
-                }
-            }
-            to_frags<BKV>(s, f);
-            warp_gemm_nn<BKV, D, D>(acc, f, tV, 0, lane);
-        }
+        };
+        // the warp's own view of the tile: nothing to do, every pair allowed, or test each pair
+        const int cls = a.tile_class(b, i0 + w0, i0 + w0 + WM, j0, j0 + BN);
+        if (cls == kFull) step(std::false_type());
+        else if (cls == kPartial) step(std::true_type());
         __syncthreads();
         jt = jn;
     }
 
-    float mul[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (DQ) {
-            mul[r] = a.scale;
-        } else {
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-            mul[r] = 1.0f / l[r];
-            if (a.lse.data && tq == 0 && rows[r] < a.T)
-                *(float *)(a.lse.data + h * a.lse.nb[0] + (int64_t)rows[r] * a.lse.nb[1] + (int64_t)b * a.lse.nb[2]) = (m[r] + log2f(l[r])) * kLn2;
+    for (int mt = 0; mt < MT; mt++) {
+        float mul[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if constexpr (DQ) {
+                mul[r] = a.scale;
+            } else {
+                float l = rs[mt][r][1];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                mul[r] = 1.0f / l;
+                if (a.lse.data && tq == 0 && rows[mt][r] < a.T)
+                    *(float *)(a.lse.data + h * a.lse.nb[0] + (int64_t)rows[mt][r] * a.lse.nb[1] + (int64_t)b * a.lse.nb[2]) =
+                        (rs[mt][r][0] * scl + log2f(l)) * kLn2;
+            }
         }
+        const int r0 = w0 + mt * 16;
+        warp_store_rows<D, D>(acc[mt], mul, sQ, r0, 0, a.row(a.out, h, i0 + r0, b), a.out.nb[2], iend - i0 - r0, lane);
     }
-    const int r0 = warp * 16;
-    warp_store_rows<D, D>(acc, mul, sQ, r0, 0, a.row(a.out, h, i0 + r0, b), a.out.nb[2], iend - i0 - r0, lane);
 }
 
-// Partial dk and dv of 64 key rows (blockIdx.x) of kv head blockIdx.y / (D / DO), columns
-// DO * (blockIdx.y % (D / DO)) + [0, DO), batch blockIdx.z / hsplit: over part blockIdx.z % hsplit
-// of the query heads of the group and every query tile that sees these keys.
-template <int D>
-__global__ void __launch_bounds__(kThreads) attn_cols(const attn_args a) {
-    constexpr int DO = tiles<D>::DO, BQ = tiles<D>::BQ, SPLIT = D / DO;
-    extern __shared__ __align__(128) unsigned char smem[];
-    bf16 *sK = (bf16 *)smem;           // [kBK][D] k rows
-    bf16 *sV = sK + kBK * D;           // [kBK][D] v rows
-    bf16 *sQ = sV + kBK * D;           // [2][BQ][D]
-    bf16 *sdO = sQ + 2 * BQ * D;       // [2][BQ][D]
-    float *sL = (float *)(sdO + 2 * BQ * D); // [2][BQ] LSE (log2 domain)
-    float *sDi = sL + 2 * BQ;          // [2][BQ]
-    int *sDoc = (int *)(sDi + 2 * BQ); // [2][BQ]
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int j0 = blockIdx.x * kBK, g = blockIdx.y / SPLIT, col0 = (int)(blockIdx.y % SPLIT) * DO;
-    const int b = blockIdx.z / a.hsplit, part = blockIdx.z % a.hsplit;
-    const int h_lo = part * a.group / a.hsplit, h_hi = (part + 1) * a.group / a.hsplit; // hsplit <= group: never empty
-    const int jend = min(j0 + kBK, a.T);
+// attn_cols tiles per head_dim: NW warps of 16 key rows (BN = 16 NW keys per block), BQ queries per
+// step, DO columns of dk/dv per block (head_dim / DO blocks per key tile), the warp's K and V
+// fragments kept in registers (KREG) or reloaded, MINB blocks per SM.
+template <int D> struct cols_cfg;
+template <> struct cols_cfg<64> { static constexpr int NW = 4, BQ = 64, DO = 64, MINB = 2; static constexpr bool KREG = true; };
+template <> struct cols_cfg<128> { static constexpr int NW = 4, BQ = 32, DO = 128, MINB = 2; static constexpr bool KREG = false; };
+template <> struct cols_cfg<256> { static constexpr int NW = 8, BQ = 32, DO = 128, MINB = 1; static constexpr bool KREG = false; };
 
-    load_tile<kBK, D>(sK, a.row(a.k, g, j0, b), a.k.nb[2], jend - j0, tid);
-    load_tile<kBK, D>(sV, a.row(a.v, g, j0, b), a.v.nb[2], jend - j0, tid);
-    const int qt_hi = ((a.window > 0 ? min(a.T, jend - 1 + a.window) : a.T) - 1) / BQ;
-    auto next_q = [&](int qt) {
-        while (qt <= qt_hi && a.tile_class(b, qt * BQ, qt * BQ + BQ, j0, j0 + kBK) == kSkip) qt++;
+template <int D>
+constexpr size_t cols_smem() {
+    using C = cols_cfg<D>;
+    return (size_t)(2 * 16 * C::NW * D + 4 * C::BQ * D) * sizeof(bf16) + 6 * C::BQ * sizeof(float);
+}
+
+// dk and dv (or their partials) of BN key rows of one kv head, columns col0 + [0, DO), over part
+// `part` of the query heads of the group and every query tile that sees these keys.
+// Block x = part + hsplit (column slice + SPLIT (g + Hkv (b + B key tile))): first key tiles first.
+template <int D, bool CAP>
+__global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_cols(const attn_args a) {
+    using C = cols_cfg<D>;
+    constexpr int BQ = C::BQ, DO = C::DO, SPLIT = D / DO, NT = 32 * C::NW, BN = 16 * C::NW;
+    extern __shared__ __align__(128) unsigned char smem[];
+    bf16 *sK = (bf16 *)smem;                 // [BN][D] k rows, then the dk rows
+    bf16 *sV = sK + BN * D;                  // [BN][D] v rows, then the dv rows
+    bf16 *sQ = sV + BN * D;                  // [2][BQ][D]
+    bf16 *sdO = sQ + 2 * BQ * D;             // [2][BQ][D]
+    float *sL = (float *)(sdO + 2 * BQ * D); // [2][BQ] LSE*log2e of the queries
+    float *sDi = sL + 2 * BQ;                // [2][BQ]
+    int *sDoc = (int *)(sDi + 2 * BQ);       // [2][BQ]
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    int x = (int)blockIdx.x;
+    const int part = x % a.hsplit;
+    x /= a.hsplit;
+    const int col0 = x % SPLIT * DO;
+    x /= SPLIT;
+    const int g = x % a.Hkv;
+    x /= a.Hkv;
+    const int b = x % a.B, j0 = x / a.B * BN;
+    const int h_lo = part * a.group / a.hsplit, h_hi = (part + 1) * a.group / a.hsplit; // hsplit <= group: never empty
+    const int jend = min(j0 + BN, a.T), wj0 = j0 + warp * 16; // the warp's keys: wj0 + [0, 16)
+
+    load_tile<BN, D, NT>(sK, a.row(a.k, g, j0, b), a.k.nb[2], jend - j0, tid);
+    load_tile<BN, D, NT>(sV, a.row(a.v, g, j0, b), a.v.nb[2], jend - j0, tid);
+    cp_async_commit();
+    if (!a.doc.data)
+        for (int e = tid; e < 2 * BQ; e += NT) sDoc[e] = 0;
+    const int qt_hi = (a.end_query(jend - 1) - 1) / BQ;
+    auto next_q = [&](int qt) { // the next query tile that may see some key of the block
+        while (qt <= qt_hi && a.tile_class(b, qt * BQ, qt * BQ + BQ, j0, j0 + BN) == kSkip) qt++;
         return qt;
     };
     auto load_q = [&](int hh, int qt, int st) {
         const int h = g * a.group + hh, q0 = qt * BQ, n = min(BQ, a.T - q0);
-        load_tile<BQ, D>(sQ + st * BQ * D, a.row(a.q, h, q0, b), a.q.nb[2], n, tid);
-        load_tile<BQ, D>(sdO + st * BQ * D, a.row(a.dout, h, q0, b), a.dout.nb[2], n, tid);
-        for (int r = tid; r < BQ; r += kThreads) {
-            const bool ok = r < n;
-            sL[st * BQ + r] = ok ? a.lse2(h, q0 + r, b) : 0.0f;
-            sDi[st * BQ + r] = ok ? a.di[a.qrow(h, q0 + r, b)] : 0.0f;
-            sDoc[st * BQ + r] = ok ? a.doc_id(q0 + r, b) : 0;
-        }
+        load_tile<BQ, D, NT>(sQ + st * BQ * D, a.row(a.q, h, q0, b), a.q.nb[2], n, tid);
+        load_tile<BQ, D, NT>(sdO + st * BQ * D, a.row(a.dout, h, q0, b), a.dout.nb[2], n, tid);
+        load_floats<BQ, NT>(sL + st * BQ, a.l2 + a.qrow(h, q0, b), tid); // padded to Tp: whole tiles
+        load_floats<BQ, NT>(sDi + st * BQ, a.di + a.qrow(h, q0, b), tid);
+        if (a.doc.data) load_words<BQ, NT>(sDoc + st * BQ, a.doc.data + (int64_t)q0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
         cp_async_commit();
     };
 
     int cols[2], cdoc[2];
 #pragma unroll
     for (int e = 0; e < 2; e++) {
-        cols[e] = j0 + warp * 16 + gq + 8 * e;
+        cols[e] = wj0 + gq + 8 * e;
         cdoc[e] = cols[e] < a.T ? a.doc_id(cols[e], b) : 0;
     }
-    float dk[DO / 8][4] = {}, dv[DO / 8][4] = {};
-
     const int qt_first = next_q(j0 / BQ); // the diagonal tile is never skipped
     int hh = h_lo, qt = qt_first;
     load_q(hh, qt, 0);
+    cp_async_wait<1>(); // the k and v rows
+    __syncthreads();
+    const lane_offs<D> lo(lane);
+    const uint32_t uQ = smem_addr(sQ), udO = smem_addr(sdO);
+    afrags<1, D, C::KREG> fk, fv;
+    fk.init(smem_addr(sK) + warp * 32 * D, lo);
+    fv.init(smem_addr(sV) + warp * 32 * D, lo);
+    float dk[1][DO / 8][4] = {}, dv[1][DO / 8][4] = {};
+
     for (int st = 0; hh < h_hi; st ^= 1) {
         int nh = hh, nq = next_q(qt + 1);
         if (nq > qt_hi) {
@@ -546,35 +774,57 @@ __global__ void __launch_bounds__(kThreads) attn_cols(const attn_args a) {
         }
         __syncthreads();
         const int q0 = qt * BQ;
-        const bool partial = a.tile_class(b, q0, q0 + BQ, j0, j0 + kBK) == kPartial;
-        const bf16 *tQ = sQ + st * BQ * D, *tdO = sdO + st * BQ * D;
+        const uint32_t tQ = uQ + st * BQ * D * 2, tdO = udO + st * BQ * D * 2;
         const float *tL = sL + st * BQ, *tDi = sDi + st * BQ;
         const int *tDoc = sDoc + st * BQ;
-        float s[BQ / 8][4] = {}, dp[BQ / 8][4] = {};
-        warp_gemm_nt<BQ, D>(s, sK, warp * 16, tQ, lane);   // S^T  = K Q^T
-        warp_gemm_nt<BQ, D>(dp, sV, warp * 16, tdO, lane); // dP^T = V dO^T
+        auto step = [&](auto masked) {
+            constexpr bool MASK = decltype(masked)::value;
+            float s[1][BQ / 8][4] = {}, dp[1][BQ / 8][4] = {};
+            gemm_nt<1, BQ, D>(s, fk, tQ, lo);   // S^T  = K Q^T
+            gemm_nt<1, BQ, D>(dp, fv, tdO, lo); // dP^T = V dO^T
 #pragma unroll
-        for (int nt = 0; nt < BQ / 8; nt++)
+            for (int nt = 0; nt < BQ / 8; nt++) {
+                const int ii = nt * 8 + 2 * tq; // query columns ii, ii + 1
+                const float2 lq = *(const float2 *)(tL + ii), dq = *(const float2 *)(tDi + ii);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1, ii = nt * 8 + 2 * tq + (e & 1);
-                float dc;
-                const float x = a.score2(s[nt][e], &dc);
-                const bool ok = !partial || a.allowed(q0 + ii, cols[r], tDoc[ii], cdoc[r]);
-                const float p = ok ? exp2f(x - tL[ii]) : 0.0f;
-                s[nt][e] = p;
-                dp[nt][e] = p * (dp[nt][e] - tDi[ii]) * dc;
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, c = e & 1;
+                    float p, dc = 1.0f;
+                    if constexpr (CAP) {
+                        const float t = tanh_sfu(s[0][nt][e] * a.mul);
+                        dc = 1.0f - t * t;
+                        p = ex2(a.cap2 * t - (c ? lq.y : lq.x));
+                    } else {
+                        p = ex2(fmaf(s[0][nt][e], a.mul, -(c ? lq.y : lq.x)));
+                    }
+                    if (MASK && !a.allowed(q0 + ii + c, cols[r], tDoc[ii + c], cdoc[r])) p = 0.0f;
+                    s[0][nt][e] = p;
+                    dp[0][nt][e] = p * (dp[0][nt][e] - (c ? dq.y : dq.x)) * dc;
+                }
             }
-        uint32_t fp[BQ / 16][4], fds[BQ / 16][4];
-        to_frags<BQ>(s, fp);
-        to_frags<BQ>(dp, fds);
-        warp_gemm_nn<BQ, DO, D>(dv, fp, tdO, col0, lane); // dV += P^T dO
-        warp_gemm_nn<BQ, DO, D>(dk, fds, tQ, col0, lane); // dK += dS^T Q
+            uint32_t fp[1][BQ / 16][4], fds[1][BQ / 16][4];
+            to_frags<1, BQ>(s, fp);
+            to_frags<1, BQ>(dp, fds);
+            gemm_nn<1, BQ, DO, D>(dv, fp, tdO + col0 * 2, lo); // dV += P^T dO
+            gemm_nn<1, BQ, DO, D>(dk, fds, tQ + col0 * 2, lo); // dK += dS^T Q
+        };
+        // the warp's own view of the tile: nothing to do, every pair allowed, or test each pair
+        const int cls = a.tile_class(b, q0, q0 + BQ, wj0, wj0 + 16);
+        if (cls == kFull) step(std::false_type());
+        else if (cls == kPartial) step(std::true_type());
         __syncthreads();
         hh = nh;
         qt = nq;
     }
 
+    if (a.hsplit == 1) { // the final values, staged through the warp's own k / v rows
+        const float mk[2] = {a.scale, a.scale}, mv[2] = {1.0f, 1.0f};
+        if (a.dk.data)
+            warp_store_rows<DO, D>(dk[0], mk, sK, warp * 16, col0, a.row(a.dk, g, wj0, b) + col0 * sizeof(bf16), a.dk.nb[2], jend - wj0, lane);
+        if (a.dv.data)
+            warp_store_rows<DO, D>(dv[0], mv, sV, warp * 16, col0, a.row(a.dv, g, wj0, b) + col0 * sizeof(bf16), a.dv.nb[2], jend - wj0, lane);
+        return;
+    }
     // fp32 partials: a quad writes 32 contiguous bytes of a row
     const int64_t n = (int64_t)a.B * a.Hkv * a.T * a.D;
     float *pk = a.part + part * n + ((int64_t)b * a.Hkv + g) * a.T * a.D, *pv = pk + a.hsplit * n;
@@ -584,8 +834,8 @@ __global__ void __launch_bounds__(kThreads) attn_cols(const attn_args a) {
         const int64_t off = (int64_t)cols[e] * a.D + col0 + 2 * tq;
 #pragma unroll
         for (int nt = 0; nt < DO / 8; nt++) {
-            *(float2 *)(pk + off + nt * 8) = make_float2(dk[nt][2 * e], dk[nt][2 * e + 1]);
-            *(float2 *)(pv + off + nt * 8) = make_float2(dv[nt][2 * e], dv[nt][2 * e + 1]);
+            *(float2 *)(pk + off + nt * 8) = make_float2(dk[0][nt][2 * e], dk[0][nt][2 * e + 1]);
+            *(float2 *)(pv + off + nt * 8) = make_float2(dv[0][nt][2 * e], dv[0][nt][2 * e + 1]);
         }
     }
 }
@@ -609,6 +859,7 @@ __global__ void attn_dkdv_sum(const attn_args a) {
 // ---- host side ----------------------------------------------------------------------------------
 
 size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Extra output i of node, or NULL when the graph leaves it without memory (nothing reads it).
 const forge_tensor *output(const forge_tensor *node, int i) { return node->res[i] && node->res[i]->data ? node->res[i] : nullptr; }
@@ -622,34 +873,43 @@ bool tc_view(const forge_cuda_view &t) {
 }
 
 template <typename K>
-void launch(K kernel, dim3 grid, size_t smem, const attn_args &a, cudaStream_t stream) {
+void launch(K kernel, int64_t blocks, int threads, size_t smem, const attn_args &a, cudaStream_t stream) {
     if (smem > 48 * 1024) FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<grid, kThreads, smem, stream>>>(a);
+    kernel<<<(unsigned)blocks, threads, smem, stream>>>(a);
     FORGE_CUDA_CHECK(cudaGetLastError());
 }
 
-template <int D>
+template <int D, bool CAP>
 void run_tc(const attn_args &a, bool fwd, cudaStream_t stream) {
-    const unsigned q_tiles = (unsigned)((a.T + kBQ - 1) / kBQ);
+    const int64_t HB = (int64_t)a.Hq * a.B;
     if (fwd) {
-        launch(attn_rows<D, false>, dim3(q_tiles, a.Hq, a.B), rows_smem<D, false>(), a, stream);
+        launch(attn_rows<D, false, CAP>, cdiv(a.T, rows_bm<D, false>()) * HB, 32 * rows_cfg<D, false>::NW, rows_smem<D, false>(), a, stream);
         return;
     }
-    launch(attn_rows<D, true>, dim3(q_tiles, a.Hq, a.B), rows_smem<D, true>(), a, stream);
+    launch(attn_rows<D, true, CAP>, cdiv(a.T, rows_bm<D, true>()) * HB, 32 * rows_cfg<D, true>::NW, rows_smem<D, true>(), a, stream);
     if (!a.dk.data && !a.dv.data) return;
-    launch(attn_cols<D>, dim3((unsigned)((a.T + kBK - 1) / kBK), a.Hkv * (D / tiles<D>::DO), a.B * a.hsplit), cols_smem<D>(), a, stream);
+    using CC = cols_cfg<D>;
+    launch(attn_cols<D, CAP>, cdiv(a.T, 16 * CC::NW) * a.Hkv * (D / CC::DO) * a.B * a.hsplit, 32 * CC::NW, cols_smem<D>(), a, stream);
+    if (a.hsplit == 1) return;
     const int64_t n = (int64_t)a.B * a.Hkv * a.T * a.D;
     attn_dkdv_sum<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a);
     FORGE_CUDA_CHECK(cudaGetLastError());
 }
 
-// Whether a node's tensors qualify for the tensor-core kernels by type and strides (the run
+template <int D>
+void run_tc(const attn_args &a, bool fwd, cudaStream_t stream) {
+    if (a.cap > 0.0f) run_tc<D, true>(a, fwd, stream);
+    else run_tc<D, false>(a, fwd, stream);
+}
+
+// Whether a node qualifies for the tensor-core kernels by types, strides and parameters (the run
 // also checks the data pointers' alignment).
 bool tc_shape(const forge_tensor *node) {
     const bool fwd = node->op == FORGE_OP_ATTENTION;
     const int64_t D = node->src[fwd ? 0 : 1]->ne[0];
     if (D != 64 && D != 128 && D != 256) return false;
-    for (int i = 0; i < (fwd ? 3 : 4); i++) {
+    if (!(node->op_f[0] > 0.0f && std::isfinite(node->op_f[0]))) return false; // the softmax takes the row max of raw q.k
+    for (int i = 0; i < (fwd ? 3 : 5); i++) { // q, k, v; dO, q, k, v, O
         forge_cuda_view v = forge_cuda_view_of(node->src[i]);
         v.data = (char *)256; // an aligned stand-in: only types and strides are judged here
         if (!tc_view(v)) return false;
@@ -662,18 +922,22 @@ bool tc_shape(const forge_tensor *node) {
 constexpr int64_t kColsBlocks = 512;
 int cols_hsplit(const forge_tensor *q, const forge_tensor *k) {
     const int64_t D = q->ne[0], Hq = q->ne[1], Hkv = k->ne[1], T = q->ne[2], B = q->ne[3];
-    const int64_t blocks = (T + kBK - 1) / kBK * Hkv * (D == 256 ? 2 : 1) * B;
-    return (int)std::max<int64_t>(1, std::min<int64_t>(Hq / Hkv, (kColsBlocks + blocks - 1) / blocks));
+    const int64_t bn = 16 * (D == 64 ? cols_cfg<64>::NW : D == 128 ? cols_cfg<128>::NW : cols_cfg<256>::NW);
+    const int64_t split = D == 64 ? 64 / cols_cfg<64>::DO : D == 128 ? 128 / cols_cfg<128>::DO : 256 / cols_cfg<256>::DO;
+    const int64_t blocks = cdiv(T, bn) * Hkv * split * B;
+    return (int)std::max<int64_t>(1, std::min<int64_t>(Hq / Hkv, cdiv(kColsBlocks, blocks)));
 }
 
-// The scratch: [doc table (when doc ids are given)] [D_i (backward)] [dk/dv partials (backward,
-// tensor cores)].
+// The scratch: [doc table (when doc ids are given)] [D_i and LSE*log2e per query row (backward)]
+// [dk/dv partials (backward, tensor cores, hsplit > 1)].
 size_t doc_table_bytes(const forge_tensor *q, const forge_tensor *doc) {
-    return doc ? align256((size_t)q->ne[3] * ((q->ne[2] + kDocGroup - 1) / kDocGroup) * sizeof(int2)) : 0;
+    return doc ? align256((size_t)q->ne[3] * cdiv(q->ne[2], kDocGroup) * sizeof(int2)) : 0;
 }
-size_t di_bytes(const forge_tensor *q) { return align256((size_t)(q->ne[1] * q->ne[2] * q->ne[3]) * sizeof(float)); }
+size_t row_floats(const forge_tensor *q) { return (size_t)(q->ne[1] * cdiv(q->ne[2], kRowPad) * kRowPad * q->ne[3]); }
+size_t di_bytes(const forge_tensor *q) { return align256(2 * row_floats(q) * sizeof(float)); }
 size_t part_bytes(const forge_tensor *q, const forge_tensor *k) {
-    return (size_t)(2 * cols_hsplit(q, k)) * (size_t)forge_tensor_nelements(k) * sizeof(float);
+    const int hsplit = cols_hsplit(q, k);
+    return hsplit > 1 ? (size_t)(2 * hsplit) * (size_t)forge_tensor_nelements(k) * sizeof(float) : 0;
 }
 
 } // namespace
@@ -700,6 +964,7 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
     a.Hq = (int)q->ne[1];
     a.Hkv = (int)a.k.ne[1];
     a.T = (int)q->ne[2];
+    a.Tp = (int)(cdiv(a.T, kRowPad) * kRowPad);
     a.B = (int)q->ne[3];
     a.group = a.Hq / a.Hkv;
     a.window = node->op_i[0];
@@ -707,7 +972,7 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
     a.cap = node->op_f[1];
     a.mul = a.cap > 0.0f ? a.scale / a.cap : a.scale * kLog2e;
     a.cap2 = a.cap * kLog2e;
-    a.doc_groups = (a.T + kDocGroup - 1) / kDocGroup;
+    a.doc_groups = (int)cdiv(a.T, kDocGroup);
 
     char *work = (char *)p->work;
     if (doc) {
@@ -716,17 +981,15 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
         attn_doc_table<<<(unsigned)((n + 255) / 256), 256, 0, p->stream>>>(a, (int2 *)work);
         FORGE_CUDA_CHECK(cudaGetLastError());
     }
-    const int64_t qrows = (int64_t)a.B * a.Hq * a.T;
     if (!fwd) {
         a.di = (float *)(work + doc_table_bytes(q, doc));
+        a.l2 = a.di + row_floats(q);
         a.part = (float *)(work + doc_table_bytes(q, doc) + di_bytes(q));
         a.hsplit = cols_hsplit(q, node->src[2]);
-        attn_di<<<(unsigned)((qrows * 32 + 255) / 256), 256, 0, p->stream>>>(a);
-        FORGE_CUDA_CHECK(cudaGetLastError());
     }
 
     const bool tc = tc_shape(node) && tc_view(a.q) && tc_view(a.k) && tc_view(a.v) && tc_view(a.out) &&
-                    (fwd || (tc_view(a.dout) && tc_view(a.dk) && tc_view(a.dv)));
+                    (fwd || (tc_view(a.dout) && tc_view(a.o) && tc_view(a.dk) && tc_view(a.dv)));
     if (tc) {
         switch (a.D) {
         case 64: run_tc<64>(a, fwd, p->stream); break;
@@ -735,13 +998,17 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
         }
         return;
     }
-    const unsigned per_block = kThreads / 32; // rows per block of the generic kernels
+    const int64_t qrows = (int64_t)a.B * a.Hq * a.T;
+    if (!fwd) {
+        attn_di<<<(unsigned)((qrows * 32 + 255) / 256), 256, 0, p->stream>>>(a);
+        FORGE_CUDA_CHECK(cudaGetLastError());
+    }
+    const int per_block = kThreads / 32; // rows per block of the generic kernels
     const size_t row_bytes = (size_t)a.D * sizeof(float) * per_block;
-    launch(fwd ? attn_generic_rows<false> : attn_generic_rows<true>, dim3((unsigned)((qrows + per_block - 1) / per_block)), 3 * row_bytes, a,
-           p->stream);
+    launch(fwd ? attn_generic_rows<false> : attn_generic_rows<true>, cdiv(qrows, per_block), kThreads, 3 * row_bytes, a, p->stream);
     if (!fwd && (a.dk.data || a.dv.data)) {
         const int64_t krows = (int64_t)a.B * a.Hkv * a.T;
-        launch(attn_generic_cols, dim3((unsigned)((krows + per_block - 1) / per_block)), 4 * row_bytes, a, p->stream);
+        launch(attn_generic_cols, cdiv(krows, per_block), kThreads, 4 * row_bytes, a, p->stream);
     }
 }
 

@@ -15,9 +15,9 @@
 // elements overlap (a view with overlapping rows) is added by one thread in the CPU's order.
 //
 // Reductions, deterministic (no float atomics; the partition depends only on the shape):
-//   SUM        a fixed grid of 256 blocks sums a grid-strided share each in double, reduced in the
-//              block by warp shuffles, into 256 partials in p->work; a second kernel adds them in
-//              order.
+//   SUM        a grid of up to 1024 blocks (a function of the size) sums a grid-strided share each
+//              in double, reduced in the block by warp shuffles, into one partial per block in
+//              p->work; a second kernel adds the partials in order.
 //   SUM_TOKENS blocks of 32 column-vectors x 8 row lanes over (column tiles, row chunks): each
 //              thread sums its columns (8 at a time when rows are dense) over a strided share of
 //              its chunk in double, the 8 row lanes are added in a fixed order into a partial
@@ -30,7 +30,7 @@ namespace {
 
 constexpr int VEC = 8;          // elements per vector step (16 bytes of bf16 / f16, 32 of f32)
 constexpr int THREADS = 256;
-constexpr int SUM_BLOCKS = 256; // partials of SUM
+constexpr int SUM_BLOCKS = 1024; // most partials of SUM
 constexpr int ST_COLS = 32, ST_ROWS = 8; // SUM_TOKENS block: column-vector lanes x row lanes
 constexpr int64_t ST_MAX_CHUNKS = 256;
 constexpr size_t ST_MAX_WORK = 64u << 20;
@@ -259,6 +259,7 @@ template <int V> __global__ void __launch_bounds__(THREADS) sum_kernel(ew_shape 
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t n_vec = V > 1 ? s.n / V : 0;
     double acc = 0;
+#pragma unroll 4
     for (int64_t u = tid; u < n_vec; u += stride) {
         float v[VEC];
         load_vec(a, offset(a, unflatten(s, u * V)), v);
@@ -334,9 +335,11 @@ void sum_all(forge_tensor *node, const forge_cuda_params *p) {
     operand *ops[1] = {&oa};
     const bool vec = collapse(a->ne, s, ops, 1);
     double *part = (double *)p->work;
-    if (vec) sum_kernel<VEC><<<SUM_BLOCKS, THREADS, 0, p->stream>>>(s, oa, part);
-    else sum_kernel<1><<<SUM_BLOCKS, THREADS, 0, p->stream>>>(s, oa, part);
-    sum_partials_kernel<<<1, 32, 0, p->stream>>>(part, SUM_BLOCKS, 1, (float *)node->data);
+    const int64_t units = vec ? s.n / VEC + s.n % VEC : s.n;
+    const int blocks = (int)std::min<int64_t>(SUM_BLOCKS, (units + THREADS - 1) / THREADS); // a function of the shape
+    if (vec) sum_kernel<VEC><<<blocks, THREADS, 0, p->stream>>>(s, oa, part);
+    else sum_kernel<1><<<blocks, THREADS, 0, p->stream>>>(s, oa, part);
+    sum_partials_kernel<<<1, 32, 0, p->stream>>>(part, blocks, 1, (float *)node->data);
 }
 
 void sum_tokens(forge_tensor *node, const forge_cuda_params *p) {

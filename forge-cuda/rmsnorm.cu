@@ -1,9 +1,10 @@
 // forge-cuda/rmsnorm.cu - RMSNORM and RMSNORM_BACK on the GPU, over rows of ne0 elements (a
 // [head_dim, n_head, ...] input with a [head_dim] weight is Qwen3's per-head q/k norm).
 //
-// One kernel, rmsnorm_kernel<V, BACK>: each row belongs to a group of G lanes of one warp (G a
-// power of two, about 4 vectors of 8 elements per lane: G = 4 for a 128-wide head, 32 for a
-// hidden row), a block holds 256 / G rows (fewer when rows are long) and walks its tiles of rows
+// One kernel, rmsnorm_kernel<V, mode> (forward; forward behind a fused residual add, see
+// forge_cuda_add_rmsnorm; backward). Each row belongs to a group of G lanes of one warp (G a power
+// of two, about 4 vectors of 8 elements per lane: G = 4 for a 128-wide head, 32 for a hidden
+// row), a block holds 256 / G rows (fewer when rows are long) and walks its tiles of rows
 // grid-stride. A group reads its row once from global memory (128-bit loads of 8 elements when
 // the rows are dense and 16-byte aligned, else element by element through the strides) into a
 // fp32 row cache in shared memory, summing squares in double; lane shuffles give
@@ -112,6 +113,10 @@ struct row_src {
 
 struct rms_args {
     row_src x, dy;          // dy: backward only
+    row_src res;            // fused ADD: the row is round(x + res), written to h first (else data NULL)
+    char *h;                // contiguous rows of C, of type htype
+    forge_type htype;
+    int64_t hes;
     row_src w;              // [C]
     int64_t C, Cp, rows, ne1, ne2; // Cp: C rounded up to 4 (shared-memory row pitch)
     char *dst;              // contiguous rows of C
@@ -128,7 +133,10 @@ __device__ inline const char *row_ptr(const row_src &s, const rms_args &a, int64
     return s.data + i1 * s.nb[1] + (q % a.ne2) * s.nb[2] + (q / a.ne2) * s.nb[3];
 }
 
-template <int V, bool BACK> __global__ void __launch_bounds__(MAX_THREADS) rmsnorm_kernel(rms_args a) {
+enum rms_mode { RMS_FWD, RMS_ADD_FWD, RMS_BACK }; // RMS_ADD_FWD: the fused residual add in front
+
+template <int V, int MODE> __global__ void __launch_bounds__(MAX_THREADS) rmsnorm_kernel(rms_args a) {
+    constexpr bool BACK = MODE == RMS_BACK;
     extern __shared__ double smem[];
     const bool dw = BACK && a.part;
     const int64_t C = a.C, nv = C / V;
@@ -147,10 +155,18 @@ template <int V, bool BACK> __global__ void __launch_bounds__(MAX_THREADS) rmsno
         double ss = 0;
         if (nvr) {
             const char *xr = row_ptr(a.x, a, r), *dyr = BACK ? row_ptr(a.dy, a, r) : nullptr;
+            const char *qr = MODE == RMS_ADD_FWD ? row_ptr(a.res, a, r) : nullptr;
 #pragma unroll 4
             for (int64_t v = lane; v < nvr; v += G) {
                 float t[V];
                 gload<V>(a.x.type, xr + v * V * a.x.nb[0], t);
+                if constexpr (MODE == RMS_ADD_FWD) { // h = round(x + res), normalised from h
+                    float q[V];
+                    gload<V>(a.res.type, qr + v * V * a.res.nb[0], q);
+#pragma unroll
+                    for (int k = 0; k < V; k++) t[k] = round_to(a.htype, t[k] + q[k]);
+                    gstore<V>(a.htype, a.h + (r * C + v * V) * a.hes, t);
+                }
                 sstore<V>(xs + v * V, t);
 #pragma unroll
                 for (int k = 0; k < V; k++) ss += (double)t[k] * t[k];
@@ -265,20 +281,30 @@ rms_plan plan_of(const forge_tensor *node, bool vec) {
 
 } // namespace
 
-void forge_cuda_rmsnorm(forge_tensor *node, const forge_cuda_params *p) {
+namespace {
+
+row_src src_of(const forge_tensor *t) {
+    row_src s{t ? (const char *)t->data : nullptr, t ? t->type : FORGE_TYPE_F32, {0, 0, 0, 0}};
+    for (int i = 0; t && i < 4; i++) s.nb[i] = (int64_t)t->nb[i];
+    return s;
+}
+
+// Runs an RMSNORM or RMSNORM_BACK node; add: an ADD node to fuse in front of a forward (its
+// sources are read instead of node->src[0], and its result is written too).
+void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p) {
     const bool back = node->op == FORGE_OP_RMSNORM_BACK;
-    if (!back && node->op != FORGE_OP_RMSNORM) return;
-    const forge_tensor *x = node->src[back ? 1 : 0], *dy = back ? node->src[0] : nullptr, *w = node->src[back ? 2 : 1];
-    const rms_plan pl = plan_of(node, rows_vectorisable(x) && (!back || rows_vectorisable(dy)));
-    auto src = [](const forge_tensor *t) {
-        row_src s{t ? (const char *)t->data : nullptr, t ? t->type : FORGE_TYPE_F32, {0, 0, 0, 0}};
-        for (int i = 0; t && i < 4; i++) s.nb[i] = (int64_t)t->nb[i];
-        return s;
-    };
+    const forge_tensor *x = add ? add->src[0] : node->src[back ? 1 : 0], *dy = back ? node->src[0] : nullptr;
+    const forge_tensor *res = add ? add->src[1] : nullptr, *w = node->src[back ? 2 : 1];
+    const bool vec = rows_vectorisable(x) && (!dy || rows_vectorisable(dy)) && (!res || (rows_vectorisable(res) && rows_vectorisable(add)));
+    const rms_plan pl = plan_of(node, vec);
     rms_args a;
-    a.x = src(x);
-    a.dy = src(dy);
-    a.w = src(w);
+    a.x = src_of(x);
+    a.dy = src_of(dy);
+    a.res = src_of(res);
+    a.h = add ? (char *)add->data : nullptr;
+    a.htype = add ? add->type : FORGE_TYPE_F32;
+    a.hes = (int64_t)forge_type_size(a.htype);
+    a.w = src_of(w);
     a.C = x->ne[0];
     a.Cp = (a.C + 3) / 4 * 4;
     a.rows = x->ne[1] * x->ne[2] * x->ne[3];
@@ -296,10 +322,26 @@ void forge_cuda_rmsnorm(forge_tensor *node, const forge_cuda_params *p) {
         if (pl.smem > (48u << 10)) FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
         kernel<<<pl.grid, pl.threads, pl.smem, p->stream>>>(a);
     };
-    if (back) pl.vec ? launch(rmsnorm_kernel<VEC, true>) : launch(rmsnorm_kernel<1, true>);
-    else pl.vec ? launch(rmsnorm_kernel<VEC, false>) : launch(rmsnorm_kernel<1, false>);
+    if (back) pl.vec ? launch(rmsnorm_kernel<VEC, RMS_BACK>) : launch(rmsnorm_kernel<1, RMS_BACK>);
+    else if (add) pl.vec ? launch(rmsnorm_kernel<VEC, RMS_ADD_FWD>) : launch(rmsnorm_kernel<1, RMS_ADD_FWD>);
+    else pl.vec ? launch(rmsnorm_kernel<VEC, RMS_FWD>) : launch(rmsnorm_kernel<1, RMS_FWD>);
     if (pl.dw)
         dw_reduce_kernel<<<(unsigned)((a.C + 255) / 256), 256, 0, p->stream>>>(a.part, pl.grid, a.C, (float *)node->res[1]->data);
+}
+
+} // namespace
+
+void forge_cuda_rmsnorm(forge_tensor *node, const forge_cuda_params *p) {
+    if (node->op == FORGE_OP_RMSNORM || node->op == FORGE_OP_RMSNORM_BACK) run(node, nullptr, p);
+}
+
+// The fused residual add + norm of design.md: add (an ADD node) and norm (an RMSNORM whose src[0]
+// is add) in one kernel that writes both results; a row costs one read of each add source and
+// one write of each result. Returns false (and enqueues nothing) when the pair does not match.
+bool forge_cuda_add_rmsnorm(forge_tensor *add, forge_tensor *norm, const forge_cuda_params *p) {
+    if (!add || !norm || add->op != FORGE_OP_ADD || norm->op != FORGE_OP_RMSNORM || norm->src[0] != add) return false;
+    run(norm, add, p);
+    return true;
 }
 
 size_t forge_cuda_rmsnorm_work(const forge_tensor *node) {

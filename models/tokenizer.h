@@ -75,15 +75,16 @@ public:
     // The bytes of ids; skip_special drops Control and Unknown tokens. Fails on an id out of range.
     bool decode(const std::vector<int32_t> &ids, std::string *out, std::string *err, bool skip_special = false) const;
 
+    // Accessors; spec(), token_*() need ok() and (for the token ones) 0 <= id < n_vocab().
     const TokenizerSpec &spec() const;
-    int32_t n_vocab() const;
+    int32_t n_vocab() const; // 0 before init
     const std::string &token_text(int32_t id) const; // as stored in the vocabulary
     const std::string &token_bytes(int32_t id) const; // what decode() writes for it
     TokenType token_type(int32_t id) const;
-    int32_t find(std::string_view text) const; // id of the token stored with this text, or -1
+    int32_t find(std::string_view text) const; // id of the first token stored with this text, or -1
 
-    // Internal to the tokenizer and the chat templates: encodes raw text (no BOS/EOS, no NFC:
-    // the caller normalizes) and reports each token's starting byte offset in text.
+    // Encodes text without BOS/EOS and without NFC (the caller normalizes: the chat templates do
+    // it per message) and reports each token's starting byte offset in text.
     bool encode_text(std::string_view text, bool parse_special, std::vector<int32_t> *ids,
                      std::vector<size_t> *offsets, std::string *err) const;
 

@@ -8,6 +8,7 @@ adapter, and dumps into expected.safetensors: the input ids, the logits, the los
 every LoRA tensor (PEFT names) and a 10-step AdamW loss trajectory on the same batch.
 
     python3 tests/make-fixtures.py OUTDIR            # fp32 fixtures, committed as tests/fixtures/models/
+    python3 tests/make-fixtures.py --full OUTDIR     # the real configurations (random weights, not committed)
 """
 import json
 import os
@@ -38,6 +39,22 @@ CONFIGS = {
                    hidden_activation="gelu_pytorch_tanh", max_position_embeddings=64, query_pre_attn_scalar=24,
                    sliding_window=6, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
 }
+# the released configurations (models.md, formats.md 4.4), random weights
+FULL = {
+    "qwen2.5-0.5b": dict(cls="Qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=1e6,
+                         tie_word_embeddings=True, hidden_act="silu", max_position_embeddings=32768),
+    "qwen3-0.6b": dict(cls="Qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
+                       tie_word_embeddings=True, hidden_act="silu", max_position_embeddings=40960, attention_bias=False),
+    "gemma-2b": dict(cls="Gemma", vocab_size=256000, hidden_size=2048, intermediate_size=16384, num_hidden_layers=18,
+                     num_attention_heads=8, num_key_value_heads=1, head_dim=256, rms_norm_eps=1e-6, rope_theta=10000.0,
+                     hidden_activation="gelu_pytorch_tanh", max_position_embeddings=8192),
+    "gemma2-2b": dict(cls="Gemma2", vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=256, rms_norm_eps=1e-6, rope_theta=10000.0,
+                      hidden_activation="gelu_pytorch_tanh", max_position_embeddings=8192, query_pre_attn_scalar=256,
+                      sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -47,7 +64,8 @@ def make(name, spec, outdir, device):
     cls = spec.pop("cls")
     config = getattr(transformers, cls + "Config")(**spec)
     config._attn_implementation = "eager"  # Gemma2's softcap is only in the eager path
-    model = getattr(transformers, cls + "ForCausalLM")(config).float()
+    with torch.device(device):  # initialise where it runs: the full configurations are large
+        model = getattr(transformers, cls + "ForCausalLM")(config).float()
     with torch.no_grad():  # norms away from their init so that (1+w) vs w matters
         for n, p in model.named_parameters():
             if "norm" in n:
@@ -98,11 +116,13 @@ def make(name, spec, outdir, device):
 
 
 def main():
-    outdir = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/models"
+    args = [a for a in sys.argv[1:] if a != "--full"]
+    configs = FULL if "--full" in sys.argv else CONFIGS
+    outdir = args[0] if args else "tests/fixtures/models"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    for name, spec in CONFIGS.items():
+    for name, spec in configs.items():
         make(name, spec, outdir, device)
 
 

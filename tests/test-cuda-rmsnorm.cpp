@@ -3,10 +3,11 @@
 // with the cast before the weight, Gemma2 (hidden 2304, offset 1, cast after the weight) in BF16
 // and F32, with BF16 and F32 weights; Qwen3's per-head q/k norm [128, heads, T] on strided q and
 // k slices of a fused q/k/v tensor (the gradient flows back through ACC_VIEW); a frozen weight
-// (no dw); awkward shapes: rows of 37 (the element path, G = 16), rows of 8, one row, a strided
-// window misaligned by one element, a 4-D input; a long row (8192: more than 48 KB of shared
-// memory per block) and 3000 rows (more tiles than blocks, so every block adds several tiles into
-// its dw partial).
+// (no dw); the residual add in front (fused by a backend that fuses ADD -> RMSNORM, with h also
+// read by a later node); awkward shapes: rows of 37 (the element path, G = 16), rows of 8, one
+// row, a strided window misaligned by one element, a 4-D input; a long row (8192: more than
+// 48 KB of shared memory per block) and 3000 rows (more tiles than blocks, so every block adds
+// several tiles into its dw partial).
 #include "cuda-util.h"
 
 namespace {
@@ -63,6 +64,29 @@ int main() {
                         return c;
                     });
     }
+
+    // the residual add in front of the norm (a backend that fuses ADD -> RMSNORM runs
+    // forge_cuda_add_rmsnorm; h also feeds the output, as the residual stream does)
+    for (forge_type t : {BF16, F32}) {
+        conformance(t == BF16 ? "residual add + rmsnorm bf16 [896, 512]" : "residual add + rmsnorm f32 [2304, 128], offset 1, cast after",
+                    [=](forge_ctx *ctx) {
+                        ConfCase c;
+                        const int64_t C = t == BF16 ? 896 : 2304, N = t == BF16 ? 512 : 128;
+                        forge_tensor *x = forge_tensor_new_2d(ctx, t, C, N), *r = forge_tensor_new_2d(ctx, t, C, N);
+                        forge_tensor *w = forge_tensor_new_1d(ctx, F32, C);
+                        forge_tensor *h = forge_add(ctx, x, r);
+                        c.y = forge_mul(ctx, forge_rmsnorm(ctx, h, w, 1e-6f, t == BF16 ? 0.0f : 1.0f, t == BF16 ? BEFORE : AFTER), h);
+                        c.params = {x, r, w};
+                        return c;
+                    });
+    }
+    conformance("residual add + rmsnorm f32 [37, 9] (element path)", [](forge_ctx *ctx) {
+        ConfCase c;
+        forge_tensor *x = forge_tensor_new_2d(ctx, F32, 37, 9), *r = forge_tensor_new_2d(ctx, BF16, 37, 9), *w = forge_tensor_new_1d(ctx, F32, 37);
+        c.y = forge_rmsnorm(ctx, forge_add(ctx, x, r), w, 1e-6f, 0.0f, BEFORE);
+        c.params = {x, r, w};
+        return c;
+    });
 
     // awkward shapes
     norm_case("rmsnorm f32 [37, 15] (element path)", F32, F32, {37, 15}, 1e-5f, 0.0f, BEFORE, true, 3.0f);

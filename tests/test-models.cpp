@@ -2,6 +2,8 @@
 // tests/make-fixtures.py with transformers + peft, fp32) is loaded from its safetensors
 // directory with its PEFT adapter, and on the CPU backend the logits, the loss, every LoRA
 // gradient and a 10-step AdamW loss trajectory must match the dump.
+// On the GPU machine the same test runs the full configurations on the CUDA backend:
+//   FORGE_FIXTURES=/tmp/full FORGE_DEVICE=cuda test-models qwen2.5-0.5b qwen3-0.6b gemma-2b gemma2-2b
 // Tolerances (fp32 on both sides, sums in different orders): logits and gradients 2e-4 relative
 // L2 error and 1e-3 of the largest value; loss and trajectory 2e-5 relative.
 #include "test-util.h"
@@ -44,8 +46,9 @@ static void compare(const char *arch, const std::string &what, const std::vector
           what.c_str(), l2, mx, tol);
 }
 
-static void run(const char *arch) {
-    std::string dir = std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/models/" + arch, err;
+static void run(const char *arch, bool cuda) {
+    const char *root = std::getenv("FORGE_FIXTURES");
+    std::string dir = (root ? std::string(root) : std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/models") + "/" + arch, err;
     forge_ctx *ctx = forge_ctx_new();
     Model m;
     LoraConfig lc;
@@ -66,7 +69,8 @@ static void run(const char *arch) {
     REQUIRE_OK(forge_graph_build_forward(g, mg.logits));
     REQUIRE_OK(forge_graph_build_backward(g, mg.loss));
     REQUIRE_T(ctx, forge_graph_build_adamw(g, hyper));
-    forge_backend *be = forge_backend_cpu_new(0);
+    forge_backend *be = cuda ? forge_backend_cuda_new(0) : forge_backend_cpu_new(0);
+    if (!be) { CHECK(false, "%s: no CUDA backend", arch); return; }
     REQUIRE_OK(forge_backend_alloc_graph(be, g));
     if (!model_upload(m, &err) || !model_load_peft(m, dir + "/adapter", &err)) { CHECK(false, "%s: %s", arch, err.c_str()); return; }
 
@@ -131,7 +135,12 @@ static void run(const char *arch) {
     forge_ctx_free(ctx);
 }
 
-int main() {
-    for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2"}) run(arch);
+int main(int argc, char **argv) {
+    const char *dev = std::getenv("FORGE_DEVICE");
+    bool cuda = dev && !std::strcmp(dev, "cuda");
+    if (cuda && forge_cuda_device_count() == 0) { std::printf("FORGE_DEVICE=cuda but no CUDA device: skipped\n"); return 77; }
+    std::vector<const char *> archs = {"qwen2", "qwen3", "gemma", "gemma2"};
+    if (argc > 1) archs.assign(argv + 1, argv + argc);
+    for (const char *arch : archs) run(arch, cuda);
     return test_finish("test-models");
 }

@@ -1,0 +1,1030 @@
+// examples/finetune.cpp - ./finetune: LoRA fine-tuning of a Qwen2 / Qwen2.5 / Qwen3 / Gemma /
+// Gemma2 model end to end, on forge's C API and the model layer (models/).
+//
+//   ./finetune -m qwen2.5-0.5b --data examples/data/forge-docs.jsonl --out runs/docs
+//
+// The run: resolve the model (a directory, a .gguf file or a name looked up in $FORGE_MODELS, the
+// Hugging Face cache and ./models), read its tokenizer, tokenise the data once (cached), cut it
+// into pieces of --seq-len, split off an eval set, pack rows; build one training graph (forward,
+// backward, AdamW) and one eval graph on the same weights, plan their memory, then step:
+// --grad-accum micro-batches per step, each with the step's global target count, apply = 1 on
+// the last. Progress goes to stderr (a live line on a terminal), every step to metrics.jsonl and
+// the curve to loss.svg. Checkpoints (adapter in both formats + optimizer state + data cursor)
+// are written to a temporary directory and renamed; --resume continues one bit for bit.
+//
+// Exit status: 0 done, 1 an error in the inputs or while running, 2 a bad command line,
+// 3 out of memory, 4 a non-finite loss.
+#include "../forge.h"
+#include "../models/adapter.h"
+#include "../models/config.h"
+#include "../models/data.h"
+#include "../models/gguf-model.h"
+#include "../models/safetensors.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <string>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <vector>
+
+using namespace forge;
+
+namespace {
+
+enum Exit { kOk = 0, kError = 1, kUsage = 2, kOom = 3, kNonFinite = 4 };
+
+[[noreturn]] void die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::fprintf(stderr, "finetune: error: ");
+    std::vfprintf(stderr, fmt, ap);
+    std::fprintf(stderr, "\n");
+    va_end(ap);
+    std::exit(code);
+}
+
+void info(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
+const char *kUsageText =
+    "usage: finetune -m MODEL --data FILE [options]\n"
+    "\n"
+    "LoRA fine-tuning of Qwen2/2.5/3 and Gemma/Gemma2 models; writes the adapter as PEFT\n"
+    "(adapter_config.json + adapter_model.safetensors) and as a llama.cpp GGUF LoRA (adapter.gguf).\n"
+    "\n"
+    "model and data:\n"
+    "  -m, --model MODEL      an HF directory (config.json, *.safetensors, tokenizer.json), a .gguf file,\n"
+    "                         or a name (qwen2.5-0.5b) looked up in $FORGE_MODELS, the Hugging Face\n"
+    "                         cache (~/.cache/huggingface/hub) and ./models\n"
+    "  --data FILE            .txt, or JSONL with \"text\", \"messages\" (chat: loss on the assistant's\n"
+    "                         tokens) or \"prompt\"/\"completion\" (loss on the completion)\n"
+    "  --eval-data FILE       held-out data (default: --eval-split of --data)\n"
+    "  --eval-split F         fraction of the documents held out for eval (default 0.05; 0: none)\n"
+    "  --text-split MODE      .txt documents: paragraph (default), line or file\n"
+    "  --chat-template NAME   qwen2, qwen2.5, qwen3, gemma or gemma3 (default: from the model)\n"
+    "  --seq-len N            tokens per row (default 1024)\n"
+    "  --no-packing           one document piece per row, padded (default: packed rows, positions\n"
+    "                         restarting and attention confined to each document)\n"
+    "  --skip-bad-lines       skip and count malformed JSONL lines instead of stopping\n"
+    "  --no-cache             do not read or write the token cache (<data dir>/.forge-cache/)\n"
+    "\n"
+    "LoRA:\n"
+    "  --lora                 train a LoRA adapter (the default and, for now, the only mode)\n"
+    "  --lora-r N             rank (default 16)\n"
+    "  --lora-alpha F         alpha (default 32); scale alpha/r, or alpha/sqrt(r) with --rslora\n"
+    "  --lora-targets LIST    of q,k,v,o,gate,up,down (default: all; also attn, mlp, all);\n"
+    "                         q/k/v and gate/up are one GEMM each and are adapted together\n"
+    "  --rslora               rank-stabilised scaling\n"
+    "\n"
+    "training:\n"
+    "  --lr F                 peak learning rate (default 2e-4), linear warm-up then cosine decay to 0\n"
+    "  --warmup N             warm-up steps (default 3% of the steps)\n"
+    "  --weight-decay F       AdamW decoupled weight decay (default 0)\n"
+    "  --clip F               clip the global gradient norm (default 1.0; 0: off)\n"
+    "  --batch N              rows per micro-batch (default 4)\n"
+    "  --grad-accum N         micro-batches per step (default 1); the loss is divided by the\n"
+    "                         step's total target count, so accumulation is exact\n"
+    "  --epochs F             passes over the training rows (default 1)\n"
+    "  --steps N              optimizer steps (overrides --epochs)\n"
+    "  --seed N               data order and LoRA initialisation (default 42)\n"
+    "  --eval-every N         eval every N steps (default: 10 times per run; 0: at the end only)\n"
+    "  --recompute            activation checkpointing (not available yet: the engine lacks it)\n"
+    "\n"
+    "output:\n"
+    "  --out DIR              run directory (default runs/<model>-lora): adapter files, metrics.jsonl,\n"
+    "                         loss.svg, training_args.json, checkpoint-N/\n"
+    "  --save-every N         checkpoint every N steps (default 0: at the end only)\n"
+    "  --resume [DIR]         continue from a checkpoint (DIR, or the latest in --out) exactly\n"
+    "  --base-model NAME      base_model_name_or_path written to adapter_config.json\n"
+    "  --logits-out FILE      after training, write the logits of one eval row (with its ids) to a\n"
+    "                         safetensors file, to compare with PEFT (tests/check-peft-adapter.py)\n"
+    "  --log-every N          plain progress line every N steps when stderr is not a terminal\n"
+    "  --merge                write the base with the adapter merged (not available yet)\n"
+    "\n"
+    "device:\n"
+    "  --device DEV           cpu, cuda or cuda:N (default: cuda when a GPU is present, else cpu)\n"
+    "  --dtype T              frozen weights and activations: bf16 (default on cuda) or f32 (on cpu)\n"
+    "  --threads N            CPU threads (default: all cores)\n"
+    "\n"
+    "  -h, --help             this text;  --version  forge's version\n"
+    "\n"
+    "exit status: 0 done, 1 bad input or a failure while running, 2 bad command line,\n"
+    "3 out of memory, 4 the loss became NaN or infinite (the last good checkpoint is kept)\n";
+
+// ---- options -------------------------------------------------------------------------------------
+
+struct Options {
+    std::string model, data, eval_data, out, resume, base_model, logits_out, chat_template;
+    std::string device, dtype, text_split = "paragraph";
+    double eval_split = 0.05, lr = 2e-4, weight_decay = 0.0, clip = 1.0, epochs = 1.0, lora_alpha = 32.0;
+    int64_t seq_len = 1024, batch = 4, grad_accum = 1, steps = 0, warmup = -1, seed = 42, eval_every = -1;
+    int64_t save_every = 0, log_every = 0, lora_r = 16, threads = 0;
+    std::string lora_targets = "q,k,v,o,gate,up,down";
+    bool rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false;
+};
+
+int64_t parse_int(const std::string &opt, const char *s, int64_t lo) {
+    char *end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(s, &end, 10);
+    if (!*s || *end || errno) die(kUsage, "%s: '%s' is not an integer", opt.c_str(), s);
+    if (v < lo) die(kUsage, "%s: %lld is out of range (at least %lld)", opt.c_str(), v, (long long)lo);
+    return v;
+}
+
+double parse_num(const std::string &opt, const char *s, double lo, bool open_lo) {
+    char *end = nullptr;
+    double v = std::strtod(s, &end);
+    if (!*s || *end || !std::isfinite(v)) die(kUsage, "%s: '%s' is not a number", opt.c_str(), s);
+    if (v < lo || (open_lo && v == lo)) die(kUsage, "%s: %g is out of range (must be %s %g)", opt.c_str(), v, open_lo ? ">" : ">=", lo);
+    return v;
+}
+
+Options parse_args(int argc, char **argv) {
+    Options o;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        auto val = [&]() -> const char * {
+            if (i + 1 >= argc) die(kUsage, "%s needs a value (see --help)", a.c_str());
+            return argv[++i];
+        };
+        if (a == "-h" || a == "--help") { std::fputs(kUsageText, stdout); std::exit(kOk); }
+        else if (a == "--version") { std::printf("finetune (forge) %s\n", forge_version()); std::exit(kOk); }
+        else if (a == "-m" || a == "--model") o.model = val();
+        else if (a == "--data") o.data = val();
+        else if (a == "--eval-data") o.eval_data = val();
+        else if (a == "--eval-split") o.eval_split = parse_num(a, val(), 0.0, false);
+        else if (a == "--text-split") o.text_split = val();
+        else if (a == "--chat-template") o.chat_template = val();
+        else if (a == "--seq-len") o.seq_len = parse_int(a, val(), 2);
+        else if (a == "--no-packing") o.packing = false;
+        else if (a == "--skip-bad-lines") o.skip_bad_lines = true;
+        else if (a == "--no-cache") o.use_cache = false;
+        else if (a == "--lora") {}
+        else if (a == "--no-lora") die(kUsage, "--no-lora: full fine-tuning is not supported yet; forge trains LoRA adapters");
+        else if (a == "--lora-r") o.lora_r = parse_int(a, val(), 1);
+        else if (a == "--lora-alpha") o.lora_alpha = parse_num(a, val(), 0.0, true);
+        else if (a == "--lora-targets") o.lora_targets = val();
+        else if (a == "--rslora") o.rslora = true;
+        else if (a == "--lr") o.lr = parse_num(a, val(), 0.0, true);
+        else if (a == "--warmup") o.warmup = parse_int(a, val(), 0);
+        else if (a == "--weight-decay") o.weight_decay = parse_num(a, val(), 0.0, false);
+        else if (a == "--clip") o.clip = parse_num(a, val(), 0.0, false);
+        else if (a == "--batch") o.batch = parse_int(a, val(), 1);
+        else if (a == "--grad-accum") o.grad_accum = parse_int(a, val(), 1);
+        else if (a == "--epochs") o.epochs = parse_num(a, val(), 0.0, true);
+        else if (a == "--steps") o.steps = parse_int(a, val(), 1);
+        else if (a == "--seed") o.seed = parse_int(a, val(), 0);
+        else if (a == "--eval-every") o.eval_every = parse_int(a, val(), 0);
+        else if (a == "--save-every") o.save_every = parse_int(a, val(), 0);
+        else if (a == "--log-every") o.log_every = parse_int(a, val(), 1);
+        else if (a == "--out") o.out = val();
+        else if (a == "--resume") {
+            o.resume_flag = true;
+            if (i + 1 < argc && argv[i + 1][0] != '-') o.resume = argv[++i];
+        }
+        else if (a == "--base-model") o.base_model = val();
+        else if (a == "--logits-out") o.logits_out = val();
+        else if (a == "--device") o.device = val();
+        else if (a == "--dtype") o.dtype = val();
+        else if (a == "--threads") o.threads = parse_int(a, val(), 0);
+        else if (a == "--recompute")
+            die(kUsage, "--recompute: activation checkpointing is not implemented in the engine yet; lower --batch or --seq-len instead");
+        else if (a == "--merge") die(kUsage, "--merge: writing the merged base is not implemented yet; the adapter is written as PEFT and GGUF");
+        else die(kUsage, "unknown option '%s' (see --help)", a.c_str());
+    }
+    if (o.model.empty()) die(kUsage, "no model: pass -m MODEL (see --help)");
+    if (o.data.empty()) die(kUsage, "no data: pass --data FILE (see --help)");
+    if (o.text_split != "paragraph" && o.text_split != "line" && o.text_split != "file")
+        die(kUsage, "--text-split: '%s' is not paragraph, line or file", o.text_split.c_str());
+    if (!o.dtype.empty() && o.dtype != "f32" && o.dtype != "bf16") die(kUsage, "--dtype: '%s' is not f32 or bf16", o.dtype.c_str());
+    if (o.eval_split >= 1.0) die(kUsage, "--eval-split: %g leaves nothing to train on (must be < 1)", o.eval_split);
+    return o;
+}
+
+// "q,k,v,o,gate,up,down" (or attn, mlp, all, q_proj, ...) -> LoraConfig flags; arch names the model
+LoraConfig lora_config(const Options &o, const std::string &arch) {
+    LoraConfig lc;
+    lc.r = (int)o.lora_r;
+    lc.alpha = (float)o.lora_alpha;
+    lc.rslora = o.rslora;
+    lc.q = lc.k = lc.v = lc.o = lc.gate = lc.up = lc.down = false;
+    std::string list = o.lora_targets + ",";
+    for (size_t p = 0, c; (c = list.find(',', p)) != std::string::npos; p = c + 1) {
+        std::string t = list.substr(p, c - p);
+        if (t.size() > 5 && t.compare(t.size() - 5, 5, "_proj") == 0) t.resize(t.size() - 5);
+        if (t.empty()) continue;
+        if (t == "all") lc.q = lc.k = lc.v = lc.o = lc.gate = lc.up = lc.down = true;
+        else if (t == "attn") lc.q = lc.k = lc.v = lc.o = true;
+        else if (t == "mlp") lc.gate = lc.up = lc.down = true;
+        else if (t == "q") lc.q = true;
+        else if (t == "k") lc.k = true;
+        else if (t == "v") lc.v = true;
+        else if (t == "o") lc.o = true;
+        else if (t == "gate") lc.gate = true;
+        else if (t == "up") lc.up = true;
+        else if (t == "down") lc.down = true;
+        else die(kUsage, "--lora-targets: %s has no projection '%s' (it has q, k, v, o, gate, up, down)", arch.c_str(), t.c_str());
+    }
+    if ((lc.q || lc.k || lc.v) && !(lc.q && lc.k && lc.v))
+        die(kUsage, "--lora-targets %s: forge runs q, k and v as one GEMM and adapts all three or none (use q,k,v); "
+                    "a subset is not supported yet", o.lora_targets.c_str());
+    if (lc.gate != lc.up)
+        die(kUsage, "--lora-targets %s: forge runs gate and up as one GEMM and adapts both or neither (use gate,up); "
+                    "one alone is not supported yet", o.lora_targets.c_str());
+    if (!(lc.q || lc.o || lc.gate || lc.down)) die(kUsage, "--lora-targets: no projection selected");
+    return lc;
+}
+
+// ---- files ----------------------------------------------------------------------------------------
+
+bool is_dir(const std::string &p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool is_file(const std::string &p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+bool ends_with(const std::string &s, const std::string &x) { return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0; }
+std::string lower(std::string s) {
+    for (char &c : s) c = (char)std::tolower((unsigned char)c);
+    return s;
+}
+std::vector<std::string> list_dir(const std::string &dir) {
+    std::vector<std::string> out;
+    if (DIR *d = opendir(dir.c_str())) {
+        while (dirent *e = readdir(d))
+            if (e->d_name[0] != '.') out.push_back(e->d_name);
+        closedir(d);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+bool read_text(const std::string &path, std::string *out) {
+    FILE *f = std::fopen(path.c_str(), "rb");
+    if (!f) return false;
+    char buf[65536];
+    size_t n;
+    out->clear();
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
+    std::fclose(f);
+    return true;
+}
+bool write_atomic(const std::string &path, const std::string &data, std::string *err) {
+    std::string tmp = path + ".tmp." + std::to_string(getpid());
+    FILE *f = std::fopen(tmp.c_str(), "wb");
+    bool ok = f && std::fwrite(data.data(), 1, data.size(), f) == data.size();
+    if (f) ok = std::fclose(f) == 0 && ok;
+    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        *err = path + ": cannot write: " + std::strerror(errno);
+        return false;
+    }
+    return true;
+}
+void remove_dir(const std::string &dir) { // a checkpoint directory: files only
+    for (const std::string &n : list_dir(dir)) std::remove((dir + "/" + n).c_str());
+    rmdir(dir.c_str());
+}
+bool make_dirs(const std::string &dir) {
+    for (size_t p = 1; p <= dir.size(); p++)
+        if (p == dir.size() || dir[p] == '/') {
+            std::string d = dir.substr(0, p);
+            if (mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return false;
+        }
+    return is_dir(dir);
+}
+
+// ---- the model ---------------------------------------------------------------------------------------
+
+struct ResolvedModel {
+    std::string path;      // an HF directory or a .gguf file
+    std::string base_name; // base_model_name_or_path for PEFT: an HF id or an absolute path
+    bool gguf = false;
+};
+
+// qwen2.5-0.5b-instruct -> Qwen/Qwen2.5-0.5B-Instruct; gemma-2-2b-it -> google/gemma-2-2b-it
+std::string hf_repo_guess(const std::string &name) {
+    std::string n = lower(name);
+    if (n.compare(0, 5, "gemma") == 0) return "google/" + n;
+    if (n.compare(0, 4, "qwen") != 0) return "";
+    std::string out = "Qwen/";
+    std::string part;
+    for (size_t i = 0; i <= n.size(); i++) {
+        if (i < n.size() && n[i] != '-') { part += n[i]; continue; }
+        if (!part.empty() && (std::isdigit((unsigned char)part[0]) || part[0] == '.') && part.back() == 'b') part.back() = 'B';
+        else if (!part.empty()) part[0] = (char)std::toupper((unsigned char)part[0]);
+        out += (out.size() > 5 ? "-" : "") + part;
+        part.clear();
+    }
+    return out;
+}
+
+// <hub>/models--Org--Name/snapshots/<rev> holding config.json (refs/main first, else the newest)
+std::string hf_snapshot(const std::string &repo_dir) {
+    std::string rev;
+    if (read_text(repo_dir + "/refs/main", &rev)) {
+        while (!rev.empty() && std::isspace((unsigned char)rev.back())) rev.pop_back();
+        if (is_file(repo_dir + "/snapshots/" + rev + "/config.json")) return repo_dir + "/snapshots/" + rev;
+    }
+    std::string best;
+    time_t best_t = 0;
+    for (const std::string &s : list_dir(repo_dir + "/snapshots")) {
+        struct stat st;
+        std::string d = repo_dir + "/snapshots/" + s;
+        if (stat((d + "/config.json").c_str(), &st) == 0 && (best.empty() || st.st_mtime > best_t)) best = d, best_t = st.st_mtime;
+    }
+    return best;
+}
+
+std::string absolute(const std::string &p) {
+    char buf[4096];
+    return realpath(p.c_str(), buf) ? std::string(buf) : p;
+}
+
+ResolvedModel resolve_model(const std::string &m) {
+    ResolvedModel r;
+    if (is_file(m) && ends_with(lower(m), ".gguf")) return {m, absolute(m), true};
+    if (is_dir(m)) {
+        if (!is_file(m + "/config.json")) die(kError, "-m %s: the directory has no config.json (an HF model directory needs config.json, *.safetensors and tokenizer.json)", m.c_str());
+        return {m, absolute(m), false};
+    }
+    if (is_file(m)) die(kError, "-m %s: not a .gguf file or an HF model directory", m.c_str());
+    std::vector<std::string> looked;
+    auto try_dir = [&](const std::string &base) -> bool {
+        const std::string d = base + "/" + m, f = d + ".gguf";
+        looked.push_back(d + "[.gguf]");
+        if (is_dir(d) && is_file(d + "/config.json")) r = {d, absolute(d), false};
+        else if (is_file(f)) r = {f, absolute(f), true};
+        else return false;
+        return true;
+    };
+    const char *env = std::getenv("FORGE_MODELS");
+    if (env && *env && try_dir(env)) return r;
+    if (!env || !*env) looked.push_back("$FORGE_MODELS (not set)");
+    std::string hub;
+    if (const char *h = std::getenv("HF_HUB_CACHE")) hub = h;
+    else if (const char *h = std::getenv("HF_HOME")) hub = std::string(h) + "/hub";
+    else if (const char *h = std::getenv("HOME")) hub = std::string(h) + "/.cache/huggingface/hub";
+    if (!hub.empty()) {
+        looked.push_back(hub + "/models--*--" + m + "/snapshots/* (any case)");
+        const std::string want = lower(m), want_id = lower(hf_repo_guess(m));
+        for (const std::string &e : list_dir(hub)) {
+            size_t sep = e.find("--", 8);
+            if (e.compare(0, 8, "models--") != 0 || sep == std::string::npos) continue;
+            std::string org = e.substr(8, sep - 8), name = e.substr(sep + 2), id = org + "/" + name;
+            if (lower(name) != want && lower(id) != want && lower(id) != want_id) continue;
+            std::string snap = hf_snapshot(hub + "/" + e);
+            if (!snap.empty()) return {snap, id, false};
+        }
+    }
+    if (try_dir("./models")) return r;
+    std::string where;
+    for (const std::string &l : looked) where += "\n  " + l;
+    std::string repo = m.find('/') != std::string::npos ? m : hf_repo_guess(m);
+    die(kError, "model '%s' not found. Looked in:%s\nGet it with:\n  huggingface-cli download %s\nor pass -m /path/to/model-dir (config.json + "
+                "*.safetensors + tokenizer.json) or -m FILE.gguf",
+        m.c_str(), where.c_str(), repo.empty() ? "<org>/<repo>" : repo.c_str());
+}
+
+// The chat template text of an HF directory: tokenizer_config.json's chat_template (a string or a
+// list of named templates), else chat_template.jinja (transformers v5).
+std::string hf_chat_template(const std::string &dir) {
+    json::Value c;
+    std::string err, text;
+    if (is_file(dir + "/tokenizer_config.json") && json::parse_file(dir + "/tokenizer_config.json", &c, &err)) {
+        const json::Value &t = c["chat_template"];
+        if (t.is_string()) return t.str();
+        for (size_t i = 0; i < t.size(); i++)
+            if (t.at(i)["name"].str() == "default") return t.at(i)["template"].str();
+    }
+    return read_text(dir + "/chat_template.jinja", &text) ? text : "";
+}
+
+struct LoadedModel {
+    Model m;
+    Tokenizer tok;
+    ChatFormat chat = ChatFormat::Qwen25;
+    int64_t max_positions = 0; // 0: unknown
+};
+
+void load_model(const ResolvedModel &rm, const Options &o, forge_ctx *ctx, forge_type wtype, LoadedModel *lm) {
+    std::string err, jinja;
+    TokenizerSpec spec;
+    if (rm.gguf) {
+        std::unique_ptr<gguf_file> f = gguf_file::open(rm.path, &err);
+        GgufTokenizerMeta meta;
+        if (!f || !gguf_tokenizer_meta(*f, &meta, &err) || !tokenizer_spec_from_gguf(meta, rm.path, &spec, &err) ||
+            !model_load_gguf(lm->m, rm.path, ctx, wtype, &err))
+            die(kError, "%s", err.c_str());
+        jinja = meta.chat_template;
+        uint32_t ctx_len = 0;
+        if (f->has(lm->m.cfg.arch_name + ".context_length") && f->get_u32(lm->m.cfg.arch_name + ".context_length", &ctx_len, &err))
+            lm->max_positions = ctx_len;
+    } else {
+        json::Value cfg;
+        if (!model_load_hf(lm->m, rm.path, ctx, wtype, &err) || !load_hf_config(rm.path, &cfg, &err)) die(kError, "%s", err.c_str());
+        lm->max_positions = cfg["max_position_embeddings"].get_int(0);
+        if (!tokenizer_spec_load_hf(rm.path, &spec, &err)) die(kError, "%s (the tokenizer of -m %s)", err.c_str(), o.model.c_str());
+        jinja = hf_chat_template(rm.path);
+    }
+    if (!lm->tok.init(std::move(spec), &err)) die(kError, "%s", err.c_str());
+    if (lm->tok.n_vocab() > lm->m.cfg.vocab)
+        die(kError, "-m %s: the tokenizer has %d tokens but the model's vocabulary only %lld", o.model.c_str(), lm->tok.n_vocab(),
+            (long long)lm->m.cfg.vocab);
+    if (!o.chat_template.empty()) {
+        const ChatFormat all[] = {ChatFormat::Qwen2, ChatFormat::Qwen25, ChatFormat::Qwen3, ChatFormat::Gemma, ChatFormat::Gemma3};
+        bool found = false;
+        for (ChatFormat f : all)
+            if (o.chat_template == chat_format_name(f)) lm->chat = f, found = true;
+        if (!found) die(kUsage, "--chat-template: '%s' is not qwen2, qwen2.5, qwen3, gemma or gemma3", o.chat_template.c_str());
+    } else if (!chat_format_detect(jinja, lm->m.cfg.arch_name, &lm->chat, &err)) {
+        die(kError, "%s", err.c_str());
+    }
+}
+
+// ---- progress, metrics and the loss curve -------------------------------------------------------------
+
+std::string human_bytes(double b) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) b /= 1024, i++;
+    char s[32];
+    std::snprintf(s, sizeof s, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+    return s;
+}
+std::string human_time(double s) {
+    char buf[32];
+    if (s < 60) std::snprintf(buf, sizeof buf, "%.0fs", s);
+    else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else std::snprintf(buf, sizeof buf, "%dh%02dm", (int)s / 3600, (int)s / 60 % 60);
+    return buf;
+}
+
+struct Point {
+    int64_t step;
+    double value;
+};
+
+struct Metrics {
+    std::vector<std::string> lines; // metrics.jsonl, in order
+    std::vector<Point> train, eval;
+    FILE *f = nullptr;
+
+    void add(const std::string &line) {
+        lines.push_back(line);
+        json::Value v;
+        std::string err;
+        if (json::parse(line, &v, &err)) {
+            if (v["loss"].is_number()) train.push_back({v["step"].get_int(), v["loss"].get_double()});
+            if (v["eval_loss"].is_number()) eval.push_back({v["step"].get_int(), v["eval_loss"].get_double()});
+        }
+        if (f) {
+            std::fprintf(f, "%s\n", line.c_str());
+            std::fflush(f);
+        }
+    }
+    std::string text() const {
+        std::string s;
+        for (const std::string &l : lines) s += l + "\n";
+        return s;
+    }
+};
+
+// A hand-written SVG: train loss (and its running mean) and eval loss against the step.
+std::string loss_svg(const Metrics &mt, const std::string &title, int64_t total_steps) {
+    const double W = 760, H = 400, L = 60, R = 20, T = 40, B = 50;
+    double lo = INFINITY, hi = -INFINITY;
+    for (const auto *s : {&mt.train, &mt.eval})
+        for (const Point &p : *s) lo = std::min(lo, p.value), hi = std::max(hi, p.value);
+    if (!(lo <= hi)) lo = 0, hi = 1;
+    if (hi - lo < 1e-6) hi = lo + 1e-3;
+    const double pad = 0.05 * (hi - lo);
+    lo -= pad, hi += pad;
+    const double xmax = (double)std::max<int64_t>(total_steps, 1);
+    auto X = [&](double s) { return L + (W - L - R) * s / xmax; };
+    auto Y = [&](double v) { return T + (H - T - B) * (hi - v) / (hi - lo); };
+    std::string s;
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+                  "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                  W, H, W, H);
+    s += buf;
+    std::string t;
+    for (char c : title) t += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : std::string(1, c);
+    s += "<text x=\"" + std::to_string((int)L) + "\" y=\"22\" font-size=\"14\">" + t + "</text>\n";
+    for (int i = 0; i <= 5; i++) { // grid and tick labels
+        double v = lo + (hi - lo) * i / 5, x = xmax * i / 5;
+        std::snprintf(buf, sizeof buf,
+                      "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%.1f\" "
+                      "text-anchor=\"end\">%.3g</text>\n<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                      "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n",
+                      L, Y(v), W - R, Y(v), L - 6, Y(v) + 4, v, X(x), T, X(x), H - B, X(x), H - B + 16, x);
+        s += buf;
+    }
+    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step</text>\n", (L + W - R) / 2, H - 12);
+    s += buf;
+    auto line = [&](const std::vector<Point> &pts, const char *color, double width, const char *label, int legend) {
+        if (pts.empty()) return;
+        s += "<polyline fill=\"none\" stroke=\"" + std::string(color) + "\" stroke-width=\"" + std::to_string(width) + "\" points=\"";
+        for (const Point &p : pts) {
+            std::snprintf(buf, sizeof buf, "%.1f,%.1f ", X((double)p.step), Y(p.value));
+            s += buf;
+        }
+        s += "\"/>\n";
+        std::snprintf(buf, sizeof buf, "<rect x=\"%.1f\" y=\"%d\" width=\"14\" height=\"3\" fill=\"%s\"/><text x=\"%.1f\" y=\"%d\">%s</text>\n",
+                      W - R - 150, 14 + 14 * legend, color, W - R - 130, 19 + 14 * legend, label);
+        s += buf;
+    };
+    std::vector<Point> smooth;
+    double ema = 0;
+    for (size_t i = 0; i < mt.train.size(); i++) {
+        ema = i ? 0.9 * ema + 0.1 * mt.train[i].value : mt.train[i].value;
+        smooth.push_back({mt.train[i].step, ema});
+    }
+    line(mt.train, "#9ecae1", 1, "train loss", 0);
+    line(smooth, "#08519c", 2, "train (running mean)", 1);
+    line(mt.eval, "#e6550d", 2, "eval loss", 2);
+    for (const Point &p : mt.eval) {
+        std::snprintf(buf, sizeof buf, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#e6550d\"/>\n", X((double)p.step), Y(p.value));
+        s += buf;
+    }
+    return s + "</svg>\n";
+}
+
+// ---- training -------------------------------------------------------------------------------------------
+
+// Host buffers of one micro-batch (B rows of T tokens).
+struct HostBatch {
+    std::vector<int32_t> ids, pos, doc, labels;
+    int64_t targets = 0, tokens = 0;
+    void resize(int64_t n) { ids.resize((size_t)n), pos.resize((size_t)n), doc.resize((size_t)n), labels.resize((size_t)n); }
+};
+
+void set_batch(const Batch &in, const HostBatch &hb, float count) {
+    forge_tensor_set(in.ids, hb.ids.data(), 0, hb.ids.size() * 4);
+    forge_tensor_set(in.pos, hb.pos.data(), 0, hb.pos.size() * 4);
+    forge_tensor_set(in.doc, hb.doc.data(), 0, hb.doc.size() * 4);
+    forge_tensor_set(in.labels, hb.labels.data(), 0, hb.labels.size() * 4);
+    forge_tensor_set(in.count, &count, 0, 4);
+}
+
+// Warm-up linear to lr over W steps, then cosine to 0 over the rest (step s is 1-based).
+double lr_at(const Options &o, int64_t s, int64_t total, int64_t warmup) {
+    if (s <= warmup) return o.lr * (double)s / (double)warmup;
+    double p = (double)(s - warmup - 1) / (double)std::max<int64_t>(1, total - warmup);
+    return o.lr * 0.5 * (1.0 + std::cos(M_PI * p));
+}
+
+struct Run {
+    Options o;
+    ResolvedModel rm;
+    LoadedModel lm;
+    forge_ctx *ctx = nullptr;
+    forge_backend *be = nullptr;
+    std::string device_name;
+    forge_type dtype = FORGE_TYPE_F32;
+    TokenizedData train_data, eval_data_own; // eval_data_own: --eval-data
+    const TokenizedData *eval_src = nullptr;
+    std::vector<Row> train_rows, eval_rows;
+    int64_t total_steps = 0, warmup = 0, eval_every = 0, eval_targets = 0;
+    int32_t pad_id = 0;
+    Graph tg{}, eg{};
+    forge_graph *g = nullptr, *ge = nullptr;
+    forge_tensor *hyper = nullptr, *adam = nullptr;
+    Metrics metrics;
+    std::string last_ckpt;
+    size_t mem_bytes = 0;
+    json::Value config;
+
+    void fail_forge(const char *what) {
+        const char *e = forge_ctx_error(ctx);
+        die(kError, "%s: %s", what, e ? e : forge_backend_error(be));
+    }
+};
+
+void setup_device(Run &r) {
+    const Options &o = r.o;
+    const int n_gpu = forge_cuda_device_count();
+    std::string dev = o.device;
+    std::string why;
+    if (dev.empty()) {
+        dev = n_gpu > 0 ? "cuda" : "cpu";
+        why = n_gpu > 0 ? " (default: " + std::to_string(n_gpu) + " CUDA device(s) found)" : " (default: no CUDA device found)";
+    }
+    if (dev == "cpu") {
+        r.be = forge_backend_cpu_new((int)o.threads);
+        r.device_name = "cpu, " + (o.threads ? std::to_string(o.threads) : std::string("all")) + " threads" + why;
+        r.dtype = o.dtype == "bf16" ? FORGE_TYPE_BF16 : FORGE_TYPE_F32;
+    } else if (dev == "cuda" || dev.compare(0, 5, "cuda:") == 0) {
+        int idx = dev == "cuda" ? 0 : (int)parse_int("--device", dev.c_str() + 5, 0);
+        if (n_gpu == 0) die(kError, "--device %s: no CUDA device is available (forge_cuda_device_count() = 0: no GPU, or a build without CUDA); use --device cpu", dev.c_str());
+        if (idx >= n_gpu) die(kError, "--device %s: only %d CUDA device(s) are available", dev.c_str(), n_gpu);
+        r.be = forge_backend_cuda_new(idx);
+        if (!r.be) die(kError, "--device %s: the CUDA backend could not start", dev.c_str());
+        r.device_name = "cuda:" + std::to_string(idx) + why;
+        r.dtype = o.dtype == "f32" ? FORGE_TYPE_F32 : FORGE_TYPE_BF16;
+    } else {
+        die(kUsage, "--device: '%s' is not cpu, cuda or cuda:N", dev.c_str());
+    }
+}
+
+void setup_data(Run &r) {
+    const Options &o = r.o;
+    DataOptions dopt;
+    dopt.text_split = o.text_split == "line" ? TextSplit::Line : o.text_split == "file" ? TextSplit::File : TextSplit::Paragraph;
+    dopt.chat = r.lm.chat;
+    dopt.skip_bad_lines = o.skip_bad_lines;
+    dopt.use_cache = o.use_cache;
+    std::string err;
+    auto load = [&](const std::string &path, TokenizedData *d) {
+        auto t0 = std::chrono::steady_clock::now();
+        if (!data_load(path, r.lm.tok, dopt, d, &err)) die(kError, "%s", err.c_str());
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        info("data    %s: %s (%s)\n", path.c_str(), d->describe().c_str(),
+             d->from_cache ? "from the token cache" : ("tokenised in " + human_time(s)).c_str());
+        if (d->n_skipped) info("        %lld malformed line(s) skipped\n", (long long)d->n_skipped);
+        for (const std::string &n : d->notes) info("        note: %s\n", n.c_str());
+    };
+    load(o.data, &r.train_data);
+    std::vector<Segment> train = data_segments(r.train_data, o.seq_len), eval;
+    if (!o.eval_data.empty()) {
+        load(o.eval_data, &r.eval_data_own);
+        r.eval_src = &r.eval_data_own;
+        eval = data_segments(r.eval_data_own, o.seq_len);
+    } else if (o.eval_split > 0) {
+        data_split(&train, &eval, o.eval_split, (uint64_t)o.seed);
+        r.eval_src = &r.train_data;
+        if (eval.empty()) info("        note: too little data for an eval split; training without eval\n");
+    }
+    if (train.empty()) die(kError, "%s: nothing left to train on after the eval split (--eval-split %g)", o.data.c_str(), o.eval_split);
+    r.train_rows = data_pack(train, o.seq_len, o.packing, (uint64_t)o.seed);
+    r.eval_rows = data_pack(eval, o.seq_len, o.packing, (uint64_t)o.seed + 1);
+    int64_t used = 0;
+    for (const Row &row : r.train_rows)
+        for (const Segment &s : row) used += s.len;
+    info("        train %zu pieces -> %zu rows of %lld tokens (%s, %.0f%% filled); eval %zu pieces -> %zu rows\n", train.size(),
+         r.train_rows.size(), (long long)o.seq_len, o.packing ? "packed" : "padded",
+         100.0 * (double)used / (double)(r.train_rows.size() * o.seq_len), eval.size(), r.eval_rows.size());
+    std::vector<int32_t> buf(4 * (size_t)o.seq_len);
+    for (const Row &row : r.eval_rows)
+        r.eval_targets += data_fill_row(*r.eval_src, &row, o.seq_len, 0, buf.data(), buf.data() + o.seq_len, buf.data() + 2 * o.seq_len,
+                                        buf.data() + 3 * o.seq_len);
+}
+
+std::string config_json(const Run &r) {
+    const Options &o = r.o;
+    json::Value c = json::Value::object();
+    c.set("model", o.model), c.set("model_path", absolute(r.rm.path)), c.set("arch", r.lm.m.cfg.arch_name);
+    c.set("data", o.data), c.set("data_key", (int64_t)(r.train_data.key >> 1)), c.set("eval_data", o.eval_data);
+    c.set("eval_split", o.eval_split), c.set("text_split", o.text_split), c.set("chat_template", chat_format_name(r.lm.chat));
+    c.set("seq_len", o.seq_len), c.set("packing", o.packing), c.set("skip_bad_lines", o.skip_bad_lines);
+    c.set("lora_r", o.lora_r), c.set("lora_alpha", o.lora_alpha), c.set("rslora", o.rslora);
+    json::Value t = json::Value::array();
+    for (const std::string &m : lora_target_modules(r.lm.m.lora)) t.push(m);
+    c.set("lora_targets", t);
+    c.set("lr", o.lr), c.set("warmup", r.warmup), c.set("schedule", "linear warm-up, cosine to 0");
+    c.set("weight_decay", o.weight_decay), c.set("clip", o.clip), c.set("adam_beta1", 0.9), c.set("adam_beta2", 0.999), c.set("adam_eps", 1e-8);
+    c.set("batch", o.batch), c.set("grad_accum", o.grad_accum), c.set("steps", r.total_steps), c.set("seed", o.seed);
+    c.set("dtype", forge_type_name(r.dtype)), c.set("device", r.device_name);
+    c.set("eval_every", r.eval_every), c.set("save_every", o.save_every), c.set("forge_version", forge_version());
+    return json::write(c, -1);
+}
+
+// The options that must match for --resume to continue a run exactly.
+void check_resume_config(const std::string &ckpt, const std::string &saved, const std::string &now) {
+    json::Value a, b;
+    std::string err;
+    if (!json::parse(saved, &a, &err) || !json::parse(now, &b, &err)) die(kError, "%s: the saved configuration is unreadable: %s", ckpt.c_str(), err.c_str());
+    for (const char *k : {"arch", "data_key", "eval_split", "text_split", "chat_template", "seq_len", "packing", "lora_r", "lora_alpha", "rslora",
+                          "lora_targets", "lr", "warmup", "weight_decay", "clip", "batch", "grad_accum", "steps", "seed", "dtype"})
+        if (a[k] != b[k])
+            die(kError, "--resume %s: the checkpoint was trained with %s = %s, this run has %s = %s; resume with the same options "
+                        "(training_args.json in the run directory lists them)",
+                ckpt.c_str(), k, json::write(a[k], -1).c_str(), k, json::write(b[k], -1).c_str());
+}
+
+std::string find_checkpoint(const std::string &dir) {
+    if (is_file(dir + "/state.safetensors")) return dir;
+    std::string best;
+    long long best_n = -1;
+    for (const std::string &e : list_dir(dir)) {
+        long long n;
+        char tail;
+        if (std::sscanf(e.c_str(), "checkpoint-%lld%c", &n, &tail) == 1 && n > best_n && is_file(dir + "/" + e + "/state.safetensors"))
+            best_n = n, best = dir + "/" + e;
+    }
+    return best;
+}
+
+void build(Run &r) {
+    const Options &o = r.o;
+    std::string err;
+    model_add_lora(r.lm.m, lora_config(o, r.lm.m.cfg.arch_name));
+    if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, true, false, &r.tg, &err)) die(kError, "building the training graph: %s", err.c_str());
+    r.g = forge_graph_new(r.ctx);
+    r.hyper = forge_tensor_set_flags(forge_tensor_set_name(forge_tensor_new_1d(r.ctx, FORGE_TYPE_F32, 8), "adamw.hyper"), FORGE_FLAG_INPUT);
+    if (forge_graph_build_forward(r.g, r.tg.loss) != FORGE_OK || forge_graph_build_backward(r.g, r.tg.loss) != FORGE_OK ||
+        !(r.adam = forge_graph_build_adamw(r.g, r.hyper)))
+        r.fail_forge("building the training graph");
+    forge_tensor_set_flags(r.adam, FORGE_FLAG_OUTPUT);
+    if (!r.eval_rows.empty()) {
+        if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, true, false, &r.eg, &err)) die(kError, "building the eval graph: %s", err.c_str());
+        r.ge = forge_graph_new(r.ctx);
+        if (forge_graph_build_forward(r.ge, r.eg.loss) != FORGE_OK) r.fail_forge("building the eval graph");
+    }
+    for (forge_graph *g : {r.g, r.ge}) {
+        if (!g) continue;
+        forge_status s = forge_backend_alloc_graph(r.be, g);
+        size_t sum = 0;
+        for (int a = 0; a < 3; a++) sum += forge_graph_arena_bytes(g, (forge_arena)a);
+        if (s == FORGE_ERR_OOM) {
+            size_t weights = 0;
+            for (const auto &ws : r.lm.m.sources) weights += forge_tensor_nbytes(ws.first);
+            die(kOom, "out of memory on %s: the plan needs about %s of frozen weights and %s of activations for %s batch %lld x %lld "
+                      "tokens (%s). Try a smaller --batch (with --grad-accum to keep the step size) or --seq-len; "
+                      "--recompute is not available yet",
+                r.device_name.c_str(), human_bytes((double)weights).c_str(),
+                human_bytes((double)forge_graph_arena_bytes(g, FORGE_ARENA_ACTIVATIONS)).c_str(), g == r.g ? "the training" : "the eval",
+                (long long)o.batch, (long long)o.seq_len, forge_ctx_error(r.ctx) ? forge_ctx_error(r.ctx) : "");
+        }
+        if (s != FORGE_OK) r.fail_forge("planning memory");
+        r.mem_bytes += sum;
+    }
+    if (!model_upload(r.lm.m, &err)) die(kError, "uploading the weights: %s", err.c_str());
+    info("memory  %s planned: weights %s, trainable %s, activations %s%s\n", human_bytes((double)r.mem_bytes).c_str(),
+         human_bytes((double)forge_graph_arena_bytes(r.g, FORGE_ARENA_WEIGHTS)).c_str(),
+         human_bytes((double)forge_graph_arena_bytes(r.g, FORGE_ARENA_TRAINABLE)).c_str(),
+         human_bytes((double)forge_graph_arena_bytes(r.g, FORGE_ARENA_ACTIVATIONS)).c_str(),
+         r.ge ? (" (+ eval " + human_bytes((double)forge_graph_arena_bytes(r.ge, FORGE_ARENA_ACTIVATIONS)) + ")").c_str() : "");
+}
+
+double evaluate(Run &r) {
+    const int64_t T = r.o.seq_len, B = r.o.batch;
+    HostBatch hb;
+    hb.resize(T * B);
+    double total = 0;
+    for (size_t i = 0; i < r.eval_rows.size(); i += (size_t)B) {
+        for (int64_t b = 0; b < B; b++) {
+            const Row *row = i + (size_t)b < r.eval_rows.size() ? &r.eval_rows[i + (size_t)b] : nullptr;
+            size_t at = (size_t)(b * T);
+            data_fill_row(*r.eval_src, row, T, r.pad_id, &hb.ids[at], &hb.pos[at], &hb.doc[at], &hb.labels[at]);
+        }
+        set_batch(r.eg.in, hb, (float)std::max<int64_t>(1, r.eval_targets));
+        if (forge_backend_compute(r.be, r.ge) != FORGE_OK) r.fail_forge("eval");
+        float l;
+        forge_tensor_get_f32(r.eg.loss, &l, 1);
+        total += l;
+    }
+    return total;
+}
+
+// checkpoint-N/: state.safetensors, the adapter in both formats, metrics.jsonl; written to a
+// temporary directory that is renamed into place.
+void save_checkpoint(Run &r, int64_t step, int64_t rows_done) {
+    std::string err, dir = r.o.out + "/checkpoint-" + std::to_string(step), tmp = r.o.out + "/.checkpoint-" + std::to_string(step) + ".tmp";
+    remove_dir(tmp);
+    if (mkdir(tmp.c_str(), 0755) != 0) die(kError, "%s: cannot create: %s", tmp.c_str(), std::strerror(errno));
+    TrainState st{step, rows_done, (uint64_t)r.o.seed, config_json(r)};
+    if (!checkpoint_save(r.lm.m, r.g, st, tmp + "/state.safetensors", &err) || !adapter_write_peft(r.lm.m, tmp, r.rm.base_name, &err) ||
+        !adapter_write_gguf(r.lm.m, tmp + "/adapter.gguf", &err) || !write_atomic(tmp + "/metrics.jsonl", r.metrics.text(), &err))
+        die(kError, "writing checkpoint %s: %s", dir.c_str(), err.c_str());
+    if (is_dir(dir)) remove_dir(dir);
+    if (std::rename(tmp.c_str(), dir.c_str()) != 0) die(kError, "%s: cannot rename to %s: %s", tmp.c_str(), dir.c_str(), std::strerror(errno));
+    r.last_ckpt = dir;
+}
+
+void write_logits(Run &r) {
+    const int64_t T = std::min<int64_t>(r.o.seq_len, 64);
+    const std::vector<Row> &rows = r.eval_rows.empty() ? r.train_rows : r.eval_rows;
+    const TokenizedData &src = r.eval_rows.empty() ? r.train_data : *r.eval_src;
+    std::vector<int32_t> ids((size_t)r.o.seq_len), pos(ids.size()), doc(ids.size()), labels(ids.size());
+    data_fill_row(src, &rows[0], r.o.seq_len, r.pad_id, ids.data(), pos.data(), doc.data(), labels.data());
+    ids.resize((size_t)T);
+    Graph pg;
+    std::string err;
+    if (!model_build(r.lm.m, T, 1, r.dtype, false, true, &pg, &err)) die(kError, "--logits-out: %s", err.c_str());
+    forge_graph *g = forge_graph_new(r.ctx);
+    if (forge_graph_build_forward(g, pg.logits) != FORGE_OK || forge_backend_alloc_graph(r.be, g) != FORGE_OK) r.fail_forge("--logits-out");
+    std::vector<int32_t> p((size_t)T), d((size_t)T, 0);
+    for (int64_t t = 0; t < T; t++) p[(size_t)t] = (int32_t)t;
+    forge_tensor_set(pg.in.ids, ids.data(), 0, (size_t)T * 4);
+    forge_tensor_set(pg.in.pos, p.data(), 0, (size_t)T * 4);
+    forge_tensor_set(pg.in.doc, d.data(), 0, (size_t)T * 4);
+    if (forge_backend_compute(r.be, g) != FORGE_OK) r.fail_forge("--logits-out");
+    const int64_t V = r.lm.m.cfg.vocab;
+    std::vector<float> logits((size_t)(V * T));
+    forge_tensor_get_f32(pg.logits, logits.data(), (int64_t)logits.size());
+    std::vector<SafetensorsWriteTensor> ts = {{"input_ids", "I32", {1, T}, ids.data(), (uint64_t)T * 4},
+                                              {"logits", "F32", {1, T, V}, logits.data(), (uint64_t)(V * T) * 4}};
+    if (!safetensors_write(r.o.logits_out, ts, {{"format", "pt"}, {"dtype", forge_type_name(r.dtype)}}, &err)) die(kError, "%s", err.c_str());
+    info("wrote   %s (logits of %lld tokens of one %s row)\n", r.o.logits_out.c_str(), (long long)T, r.eval_rows.empty() ? "training" : "eval");
+}
+
+void train(Run &r, int64_t start_step, int64_t rows_done) {
+    const Options &o = r.o;
+    const int64_t T = o.seq_len, B = o.batch, K = o.grad_accum;
+    const bool tty = isatty(2);
+    const int64_t log_every = o.log_every ? o.log_every : std::max<int64_t>(1, r.total_steps / 100);
+    std::vector<HostBatch> mb((size_t)K);
+    for (HostBatch &h : mb) h.resize(T * B);
+    RowStream stream((int64_t)r.train_rows.size(), (uint64_t)o.seed);
+    std::string err, curve_title = "finetune " + o.model + " on " + o.data;
+    auto write_curve = [&]() {
+        if (!write_atomic(o.out + "/loss.svg", loss_svg(r.metrics, curve_title, r.total_steps), &err)) die(kError, "%s", err.c_str());
+    };
+    double last_eval = NAN, elapsed = 0, first_loss = NAN, last_loss = NAN;
+    int64_t timed_steps = 0, tokens_total = 0;
+    char line[512];
+    if (r.ge && start_step == 0) {
+        last_eval = evaluate(r);
+        std::snprintf(line, sizeof line, "{\"step\":0,\"eval_loss\":%.9g}", last_eval);
+        r.metrics.add(line);
+        info("eval    step 0: eval loss %.4f\n", last_eval);
+    } else if (!r.metrics.eval.empty()) {
+        last_eval = r.metrics.eval.back().value;
+    }
+    for (int64_t step = start_step + 1; step <= r.total_steps; step++) {
+        auto t0 = std::chrono::steady_clock::now();
+        int64_t targets = 0, tokens = 0;
+        for (HostBatch &h : mb) {
+            h.targets = h.tokens = 0;
+            for (int64_t b = 0; b < B; b++) {
+                const Row &row = r.train_rows[(size_t)stream.at(rows_done++)];
+                size_t at = (size_t)(b * T);
+                h.targets += data_fill_row(r.train_data, &row, T, r.pad_id, &h.ids[at], &h.pos[at], &h.doc[at], &h.labels[at]);
+                for (const Segment &s : row) h.tokens += s.len;
+            }
+            targets += h.targets, tokens += h.tokens;
+        }
+        const double lr = lr_at(o, step, r.total_steps, r.warmup);
+        double loss = 0;
+        for (int64_t j = 0; j < K; j++) {
+            float hyper[8] = {(float)lr, 0.9f, 0.999f, 1e-8f, (float)o.weight_decay, (float)o.clip, (float)step, j == K - 1 ? 1.0f : 0.0f};
+            forge_tensor_set(r.hyper, hyper, 0, sizeof hyper);
+            set_batch(r.tg.in, mb[(size_t)j], (float)std::max<int64_t>(1, targets));
+            if (forge_backend_compute(r.be, r.g) != FORGE_OK) r.fail_forge(("step " + std::to_string(step)).c_str());
+            float l;
+            forge_tensor_get_f32(r.tg.loss, &l, 1);
+            loss += l;
+        }
+        float gn[2];
+        forge_tensor_get_f32(r.adam, gn, 2);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (!std::isfinite(loss) || !std::isfinite(gn[0])) {
+            if (tty) info("\n");
+            die(kNonFinite, "step %lld: the loss is %g (gradient norm %g); stopping. %s", (long long)step, loss, (double)gn[0],
+                r.last_ckpt.empty() ? "No checkpoint was saved before it (--save-every N saves them); nothing was written."
+                                    : ("The last good checkpoint is " + r.last_ckpt + ": continue from it with --resume " + r.last_ckpt +
+                                       " and a lower --lr").c_str());
+        }
+        if (step > start_step + 1 || r.total_steps == start_step + 1) elapsed += ms / 1000, timed_steps++; // the first step warms up
+        tokens_total += tokens;
+        if (std::isnan(first_loss)) first_loss = loss;
+        last_loss = loss;
+        const double tps = (double)tokens / (ms / 1000);
+        std::snprintf(line, sizeof line,
+                      "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens\":%lld,\"targets\":%lld,\"ms\":%.1f,"
+                      "\"tokens_per_s\":%.1f,\"epoch\":%.4f}",
+                      (long long)step, loss, lr, (double)gn[0], (long long)tokens, (long long)targets, ms, tps,
+                      (double)rows_done / (double)r.train_rows.size());
+        r.metrics.add(line);
+        const bool do_eval = r.ge && ((r.eval_every > 0 && step % r.eval_every == 0) || step == r.total_steps);
+        if (do_eval) {
+            last_eval = evaluate(r);
+            std::snprintf(line, sizeof line, "{\"step\":%lld,\"eval_loss\":%.9g}", (long long)step, last_eval);
+            r.metrics.add(line);
+        }
+        const double eta = timed_steps ? elapsed / (double)timed_steps * (double)(r.total_steps - step) : 0;
+        char eval_s[32] = "-";
+        if (!std::isnan(last_eval)) std::snprintf(eval_s, sizeof eval_s, "%.4f", last_eval);
+        std::snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | eval %s | lr %.3g | %.0f tok/s | %.0f ms/step | mem %s | ETA %s",
+                      (long long)step, (long long)r.total_steps, loss, eval_s, lr, tps, ms, human_bytes((double)r.mem_bytes).c_str(),
+                      human_time(eta).c_str());
+        if (tty) info("\r\x1b[K%s%s", line, do_eval ? "\n" : "");
+        else if (step % log_every == 0 || do_eval || step == r.total_steps) info("%s\n", line);
+        if ((o.save_every > 0 && step % o.save_every == 0) || step == r.total_steps) save_checkpoint(r, step, rows_done);
+        if (do_eval || step == r.total_steps || (o.save_every > 0 && step % o.save_every == 0)) write_curve();
+    }
+    if (tty) info("\n");
+    // the adapter in both formats at the top of the run directory
+    if (!adapter_write_peft(r.lm.m, o.out, r.rm.base_name, &err) || !adapter_write_gguf(r.lm.m, o.out + "/adapter.gguf", &err))
+        die(kError, "writing the adapter: %s", err.c_str());
+    if (!o.logits_out.empty()) write_logits(r);
+    double best = INFINITY;
+    int64_t best_step = 0;
+    for (const Point &p : r.metrics.eval)
+        if (p.value < best) best = p.value, best_step = p.step;
+    const int64_t n = r.total_steps - start_step;
+    info("done    %lld steps in %s (%.0f tokens/s); loss %.4f -> %.4f", (long long)n, human_time(elapsed).c_str(),
+         elapsed > 0 ? (double)tokens_total / elapsed : 0.0, first_loss, last_loss);
+    if (!r.metrics.eval.empty())
+        info("; eval %.4f -> %.4f (best %.4f at step %lld)", r.metrics.eval.front().value, r.metrics.eval.back().value, best, (long long)best_step);
+    info("\nwrote   %s/adapter_config.json + adapter_model.safetensors (PEFT), %s/adapter.gguf (llama.cpp),\n"
+         "        metrics.jsonl, loss.svg, training_args.json, %s\n",
+         o.out.c_str(), o.out.c_str(), r.last_ckpt.c_str());
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    Run r;
+    r.o = parse_args(argc, argv);
+    Options &o = r.o;
+    // --resume's checkpoint, and the run directory (never overwritten without --resume)
+    std::string ckpt;
+    if (o.resume_flag) {
+        std::string where = o.resume.empty() ? o.out : o.resume;
+        if (where.empty()) die(kUsage, "--resume needs a checkpoint directory or --out DIR of the run to continue");
+        ckpt = find_checkpoint(where);
+        if (ckpt.empty()) die(kError, "--resume: no checkpoint in %s (a checkpoint-N directory with state.safetensors)", where.c_str());
+    }
+    r.rm = resolve_model(o.model);
+    if (!o.base_model.empty()) r.rm.base_name = o.base_model;
+    if (o.out.empty()) {
+        std::string base = o.model;
+        while (!base.empty() && base.back() == '/') base.pop_back();
+        base = base.substr(base.rfind('/') + 1);
+        if (ends_with(lower(base), ".gguf")) base.resize(base.size() - 5);
+        o.out = "runs/" + base + "-lora";
+    }
+    if (!o.resume_flag && (is_file(o.out + "/metrics.jsonl") || !find_checkpoint(o.out).empty()))
+        die(kError, "--out %s already holds a run; continue it with --resume or choose another --out", o.out.c_str());
+
+    setup_device(r);
+    r.ctx = forge_ctx_new();
+    auto t0 = std::chrono::steady_clock::now();
+    load_model(r.rm, o, r.ctx, r.dtype, &r.lm);
+    const ModelConfig &c = r.lm.m.cfg;
+    info("finetune (forge %s)\nmodel   %s: %s, %lld layers, hidden %lld, vocab %lld, %s weights; loaded in %s\ndevice  %s\n", forge_version(),
+         r.rm.path.c_str(), c.arch_name.c_str(), (long long)c.n_layer, (long long)c.hidden, (long long)c.vocab, forge_type_name(r.dtype),
+         human_time(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()).c_str(), r.device_name.c_str());
+    if (r.lm.max_positions > 0 && o.seq_len > r.lm.max_positions)
+        die(kError, "--seq-len %lld is larger than the model allows (%lld positions: max_position_embeddings of %s)", (long long)o.seq_len,
+            (long long)r.lm.max_positions, o.model.c_str());
+    lora_config(o, c.arch_name); // reject bad targets before reading the data
+    const TokenizerSpec &ts = r.lm.tok.spec();
+    r.pad_id = ts.pad >= 0 ? ts.pad : ts.eos >= 0 ? ts.eos : 0;
+    setup_data(r);
+
+    const int64_t per_step = o.batch * o.grad_accum, n_rows = (int64_t)r.train_rows.size();
+    r.total_steps = o.steps ? o.steps : std::max<int64_t>(1, (int64_t)std::ceil(o.epochs * (double)n_rows / (double)per_step));
+    r.warmup = o.warmup >= 0 ? std::min(o.warmup, r.total_steps) : (int64_t)std::llround(0.03 * (double)r.total_steps);
+    r.eval_every = o.eval_every >= 0 ? o.eval_every : std::max<int64_t>(1, r.total_steps / 10);
+    build(r);
+    const LoraConfig &lc = r.lm.m.lora;
+    int64_t n_lora = 0;
+    for (const LoraProjection &p : lora_projections(r.lm.m)) n_lora += lc.r * (p.in + p.rows);
+    std::string targets;
+    for (const std::string &t : lora_target_modules(lc)) targets += (targets.empty() ? "" : ",") + t.substr(0, t.size() - 5);
+    info("lora    r %d, alpha %g%s (scale %g) on %s: %.2f M parameters\n", lc.r, (double)lc.alpha, lc.rslora ? ", rsLoRA" : "", (double)lc.scale(),
+         targets.c_str(), (double)n_lora / 1e6);
+    info("train   %lld steps (%.2f epochs of %lld rows), %lld x %lld rows of %lld tokens per step, lr %g, warm-up %lld then cosine, seed %lld\n",
+         (long long)r.total_steps, (double)(r.total_steps * per_step) / (double)n_rows, (long long)n_rows, (long long)o.grad_accum,
+         (long long)o.batch, (long long)o.seq_len, o.lr, (long long)r.warmup, (long long)o.seed);
+
+    int64_t start_step = 0, rows_done = 0;
+    std::string err, cfg = config_json(r);
+    if (!ckpt.empty()) {
+        TrainState st;
+        if (!checkpoint_read_state(ckpt + "/state.safetensors", &st, &err)) die(kError, "%s", err.c_str());
+        check_resume_config(ckpt, st.config, cfg);
+        if (!checkpoint_load(r.lm.m, r.g, ckpt + "/state.safetensors", &st, &err)) die(kError, "%s", err.c_str());
+        start_step = st.step, rows_done = st.rows_done;
+        std::string text;
+        if (!read_text(ckpt + "/metrics.jsonl", &text)) die(kError, "%s/metrics.jsonl: cannot read it", ckpt.c_str());
+        for (size_t p = 0, nl; (nl = text.find('\n', p)) != std::string::npos; p = nl + 1) r.metrics.add(text.substr(p, nl - p));
+        r.last_ckpt = ckpt;
+        info("resume  %s: step %lld, %lld rows consumed\n", ckpt.c_str(), (long long)start_step, (long long)rows_done);
+        if (start_step >= r.total_steps) die(kError, "--resume %s: the run is already complete (%lld of %lld steps)", ckpt.c_str(), (long long)start_step, (long long)r.total_steps);
+    } else {
+        model_init_lora(r.lm.m, (uint64_t)o.seed);
+    }
+    if (!make_dirs(o.out)) die(kError, "--out %s: cannot create the directory: %s", o.out.c_str(), std::strerror(errno));
+    json::Value args;
+    json::parse(cfg, &args, &err);
+    if (!json::write_file(o.out + "/training_args.json", args, &err) || !write_atomic(o.out + "/metrics.jsonl", r.metrics.text(), &err))
+        die(kError, "%s", err.c_str());
+    r.metrics.f = std::fopen((o.out + "/metrics.jsonl").c_str(), "ab");
+    if (!r.metrics.f) die(kError, "%s/metrics.jsonl: %s", o.out.c_str(), std::strerror(errno));
+    train(r, start_step, rows_done);
+    std::fclose(r.metrics.f);
+    forge_backend_free(r.be);
+    forge_ctx_free(r.ctx);
+    return kOk;
+}

@@ -1,0 +1,178 @@
+// examples/generate.cpp - text generation from a GGUF file or an HF model directory, optionally
+// with a PEFT LoRA adapter, on the CPU or a CUDA device:
+//   ./generate -m MODEL(.gguf | HF dir) [--lora DIR] -p PROMPT [-n N] [--temp T] [--top-k K]
+//              [--top-p P] [--seed S] [--chat] [--device cpu|cuda]
+// The continuation streams to stdout; the token counts and speed go to stderr. --chat wraps the
+// prompt as one user turn with the model's chat template (and stops at its end-of-turn token).
+// The CPU runs f32 weights and activations, CUDA bf16.
+#include "../models/config.h"
+#include "../models/generate.h"
+#include "../models/gguf-model.h"
+#include "../models/tokenizer.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <sys/stat.h>
+
+using namespace forge;
+
+namespace {
+
+const char *kUsage =
+    "usage: generate -m MODEL -p PROMPT [options]\n"
+    "  -m MODEL          a .gguf file or an HF model directory (config.json + safetensors + tokenizer.json)\n"
+    "  -p PROMPT         the text to continue\n"
+    "  --lora DIR        a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors)\n"
+    "  -n N              new tokens at most (default 32)\n"
+    "  --temp T          sampling temperature; 0 = greedy (default 0)\n"
+    "  --top-k K         keep the K most likely tokens (default 0 = all)\n"
+    "  --top-p P         keep the smallest set with probability >= P (default 1 = all)\n"
+    "  --seed S          seed of the sampler (default 0)\n"
+    "  --chat            wrap the prompt as a user turn with the model's chat template\n"
+    "  --device cpu|cuda (default cpu)\n";
+
+[[noreturn]] void die(const std::string &msg) {
+    std::fprintf(stderr, "generate: %s\n", msg.c_str());
+    std::exit(1);
+}
+
+double number(const char *opt, const char *v, double lo, double hi) {
+    char *end = nullptr;
+    double x = std::strtod(v, &end);
+    if (!*v || *end || !(x >= lo && x <= hi)) die(std::string(opt) + " expects a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
+    return x;
+}
+
+long long integer(const char *opt, const char *v, long long lo, long long hi) {
+    char *end = nullptr;
+    long long x = std::strtoll(v, &end, 10);
+    if (!*v || *end || x < lo || x > hi) die(std::string(opt) + " expects an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
+    return x;
+}
+
+bool is_dir(const std::string &p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    std::string model_path, lora, prompt, device = "cpu";
+    bool have_prompt = false, chat = false;
+    long long n_new = 32;
+    SamplingParams sp;
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        if (a == "-h" || a == "--help") {
+            std::fputs(kUsage, stdout);
+            return 0;
+        }
+        if (a == "--chat") {
+            chat = true;
+            continue;
+        }
+        static const char *const kWithValue[] = {"-m", "-p", "--lora", "-n", "--temp", "--top-k", "--top-p", "--seed", "--device"};
+        bool known = false;
+        for (const char *k : kWithValue) known = known || a == k;
+        if (!known) die("unknown option '" + a + "'\n" + kUsage);
+        if (i + 1 >= argc) die("option " + a + " needs a value");
+        const char *v = argv[++i];
+        if (a == "-m") model_path = v;
+        else if (a == "-p") prompt = v, have_prompt = true;
+        else if (a == "--lora") lora = v;
+        else if (a == "-n") n_new = integer("-n", v, 1, 1 << 20);
+        else if (a == "--temp") sp.temperature = (float)number("--temp", v, 0, 100);
+        else if (a == "--top-k") sp.top_k = (int)integer("--top-k", v, 0, 1 << 30);
+        else if (a == "--top-p") sp.top_p = (float)number("--top-p", v, 0, 1);
+        else if (a == "--seed") sp.seed = (uint64_t)integer("--seed", v, 0, (1ll << 62));
+        else if (a == "--device") {
+            device = v;
+            if (device != "cpu" && device != "cuda") die("--device expects cpu or cuda, got '" + device + "'");
+        }
+    }
+    if (model_path.empty()) die(std::string("-m MODEL is required\n") + kUsage);
+    if (!have_prompt) die(std::string("-p PROMPT is required\n") + kUsage);
+
+    auto t0 = std::chrono::steady_clock::now();
+    const bool cuda = device == "cuda";
+    const forge_type wtype = cuda ? FORGE_TYPE_BF16 : FORGE_TYPE_F32, act = wtype;
+    forge_backend *be = cuda ? forge_backend_cuda_new(0) : forge_backend_cpu_new(0);
+    if (!be) die(cuda ? "no CUDA device is available (forge_cuda_device_count() = " + std::to_string(forge_cuda_device_count()) + ")" : "no CPU backend");
+
+    // model and tokenizer
+    std::string err, chat_template;
+    forge_ctx *ctx = forge_ctx_new();
+    Model m;
+    TokenizerSpec spec;
+    if (is_dir(model_path)) {
+        if (!model_load_hf(m, model_path, ctx, wtype, &err) || !tokenizer_spec_load_hf(model_path + "/tokenizer.json", &spec, &err)) die(err);
+        json::Value tc;
+        if (json::parse_file(model_path + "/tokenizer_config.json", &tc, &err) && tc["chat_template"].is_string()) chat_template = tc["chat_template"].str();
+    } else {
+        if (!model_load_gguf(m, model_path, ctx, wtype, &err)) die(err);
+        auto f = gguf_file::open(model_path, &err);
+        GgufTokenizerMeta meta;
+        if (!f || !gguf_tokenizer_meta(*f, &meta, &err) || !tokenizer_spec_from_gguf(meta, model_path, &spec, &err)) die(err);
+        chat_template = meta.chat_template;
+    }
+    Tokenizer tok;
+    if (!tok.init(spec, &err)) die(err);
+    if (tok.n_vocab() > m.cfg.vocab) die(model_path + ": the tokenizer has " + std::to_string(tok.n_vocab()) + " tokens, the model's embedding " + std::to_string(m.cfg.vocab));
+    if (!lora.empty()) {
+        LoraConfig lc;
+        if (!lora_config_from_peft(lora, &lc, &err)) die(err);
+        model_add_lora(m, lc);
+    }
+
+    // prompt
+    std::vector<int32_t> ids;
+    std::vector<int32_t> stop;
+    for (int32_t id : {m.cfg.eos, spec.eos, spec.eot})
+        if (id >= 0) stop.push_back(id);
+    if (chat) {
+        ChatFormat fmt;
+        std::vector<uint8_t> mask;
+        ChatOptions co;
+        co.add_generation_prompt = true;
+        if (!chat_format_detect(chat_template, m.cfg.arch_name, &fmt, &err) || !chat_tokenize(tok, fmt, {{"user", prompt, ""}}, co, &ids, &mask, &err))
+            die(err);
+        for (const char *end : {"<|im_end|>", "<end_of_turn>"})
+            if (tok.find(end) >= 0) stop.push_back(tok.find(end));
+    } else if (!tok.encode(prompt, &ids, &err)) {
+        die(err);
+    }
+    if (ids.empty()) die("the prompt has no tokens");
+
+    // run
+    Generator gen;
+    if (!gen.init(m, be, (int64_t)ids.size() + n_new, act, &err) || !model_upload(m, &err) || (!lora.empty() && !model_load_peft(m, lora, &err)))
+        die(err);
+    auto t1 = std::chrono::steady_clock::now();
+    std::vector<int32_t> out;
+    std::string shown;
+    auto t_first = t1;
+    bool first = true;
+    if (!gen.generate(ids, n_new, sp, stop, &out, &err, [&](int32_t) { // out holds the new token already
+            if (first) t_first = std::chrono::steady_clock::now(), first = false;
+            std::string text, e;
+            if (tok.decode(out, &text, &e, true) && text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+                std::fwrite(text.data() + shown.size(), 1, text.size() - shown.size(), stdout);
+                std::fflush(stdout);
+                shown = text;
+            }
+        }))
+        die(err);
+    auto t2 = std::chrono::steady_clock::now();
+    std::printf("\n");
+    auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    std::fprintf(stderr, "generate: %s on %s: load %.2f s, prompt %zu tokens %.2f s, %zu new tokens %.2f s (%.2f tokens/s)\n", m.cfg.arch_name.c_str(),
+                 forge_backend_name(be), sec(t0, t1), ids.size(), sec(t1, t_first), out.size(), sec(t_first, t2),
+                 out.size() > 1 ? (double)(out.size() - 1) / sec(t_first, t2) : 0.0);
+    forge_backend_free(be);
+    forge_ctx_free(ctx);
+    return 0;
+}

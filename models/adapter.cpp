@@ -1,0 +1,371 @@
+// models/adapter.cpp - LoRA adapters out of and into forge's LoRA tensors (see adapter.h): the
+// PEFT directory, the llama.cpp GGUF LoRA with llama.cpp's loader checks, and training checkpoints.
+#include "adapter.h"
+
+#include "gguf.h"
+#include "json.h"
+#include "safetensors.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <sys/stat.h>
+
+namespace forge {
+
+namespace {
+
+bool fail(std::string *err, const std::string &msg) {
+    *err = msg;
+    return false;
+}
+
+std::vector<float> download(const forge_tensor *t) {
+    std::vector<float> v((size_t)forge_tensor_nelements(t));
+    if (forge_tensor_get_f32(t, v.data(), (int64_t)v.size()) != FORGE_OK) v.clear();
+    return v;
+}
+
+// Host copies of the model's LoRA tensors, downloaded once each.
+struct HostLora {
+    std::map<const forge_tensor *, std::vector<float>> data;
+    const float *get(const forge_tensor *t, std::string *err) {
+        auto it = data.find(t);
+        if (it == data.end()) it = data.emplace(t, download(t)).first;
+        if (it->second.empty()) {
+            *err = std::string("LoRA tensor ") + forge_tensor_name(t) + " could not be read from the backend";
+            return nullptr;
+        }
+        return it->second.data();
+    }
+};
+
+bool ensure_dir(const std::string &dir, std::string *err) {
+    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return fail(err, dir + ": cannot create the directory: " + std::strerror(errno));
+    return true;
+}
+
+// The base weight a GGUF LoRA tensor adapts: "blk.N.<proj>.weight" -> layer and projection index.
+const char *const kGgufProj[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+const char *const kHfProj[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+bool parse_base(const std::string &base, int *layer, int *proj) {
+    int l, n = 0;
+    char p[32];
+    if (std::sscanf(base.c_str(), "blk.%d.%31[a-z_].weight%n", &l, p, &n) != 2 || (size_t)n != base.size() || l < 0) return false;
+    for (int i = 0; i < 7; i++)
+        if (!std::strcmp(p, kGgufProj[i])) {
+            *layer = l, *proj = i;
+            return true;
+        }
+    return false;
+}
+
+// in_features and out_features of projection p of a layer of cfg
+void proj_shape(const ModelConfig &c, int p, int64_t *in, int64_t *out) {
+    const int64_t H = c.hidden, q = c.n_head * c.head_dim, kv = c.n_kv_head * c.head_dim;
+    const int64_t ins[7] = {H, H, H, q, H, H, c.ffn}, outs[7] = {q, kv, kv, H, c.ffn, c.ffn, H};
+    *in = ins[p], *out = outs[p];
+}
+
+struct GgufPair {
+    const gguf_tensor_info *a = nullptr, *b = nullptr;
+};
+
+// A parsed and checked GGUF LoRA: (layer, projection) -> its two tensors.
+struct GgufLora {
+    std::unique_ptr<gguf_file> f;
+    std::map<std::pair<int, int>, GgufPair> pairs;
+    LoraConfig lc;
+};
+
+bool gguf_lora_parse(const std::string &path, const ModelConfig &cfg, GgufLora *out, std::string *err) {
+    out->f = gguf_file::open(path, err);
+    if (!out->f) return false;
+    const gguf_file &f = *out->f;
+    std::string s;
+    if (!f.get_str("general.type", &s, err)) return false;
+    if (s != "adapter") return fail(err, path + ": general.type is '" + s + "'; llama.cpp expects general.type to be 'adapter'");
+    if (!f.get_str("adapter.type", &s, err)) return false;
+    if (s != "lora") return fail(err, path + ": adapter.type is '" + s + "', not 'lora'");
+    if (!f.get_str("general.architecture", &s, err)) return false;
+    if (s != cfg.arch_name)
+        return fail(err, path + ": general.architecture is '" + s + "' but the base model is '" + cfg.arch_name +
+                             "' (llama.cpp: model arch and LoRA arch mismatch)");
+    float alpha = 0.0f;
+    if (const gguf_kv *kv = f.find("adapter.lora.alpha")) {
+        if (kv->is_array() || kv->type != GGUF_TYPE_FLOAT32)
+            return fail(err, path + ": adapter.lora.alpha (at byte " + std::to_string(kv->file_offset) + ") is " +
+                                 gguf_type_name(kv->type) + "; llama.cpp requires FLOAT32");
+        std::memcpy(&alpha, kv->raw.data(), 4);
+    }
+    for (const gguf_tensor_info &t : f.tensors()) {
+        auto where = [&]() { return path + ": tensor '" + t.name + "' (info at byte " + std::to_string(t.info_offset) + ")"; };
+        const bool is_a = t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".lora_a") == 0;
+        const bool is_b = t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".lora_b") == 0;
+        if (!is_a && !is_b) {
+            if (t.name.size() > 12 && t.name.compare(t.name.size() - 12, 12, "_norm.weight") == 0) continue; // llama.cpp ignores these
+            return fail(err, where() + " has unexpected suffix (llama.cpp accepts .lora_a and .lora_b)");
+        }
+        int layer, proj;
+        const std::string base = t.name.substr(0, t.name.size() - 7);
+        if (!parse_base(base, &layer, &proj) || layer >= cfg.n_layer)
+            return fail(err, where() + ": '" + base + "' is not a projection of the " + std::to_string(cfg.n_layer) + "-layer " +
+                                 cfg.arch_name + " base that forge adapts (blk.N.attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down.weight)");
+        if (t.n_dims != 2) return fail(err, where() + " has " + std::to_string(t.n_dims) + " dimensions, not 2");
+        if (t.type != 0 && t.type != 1 && t.type != 30 && t.type != 8)
+            return fail(err, where() + " has ggml type " + std::to_string(t.type) + "; LoRA tensors are F32, F16, BF16 or Q8_0");
+        GgufPair &p = out->pairs[{layer, proj}];
+        (is_a ? p.a : p.b) = &t;
+    }
+    if (out->pairs.empty()) return fail(err, path + ": holds no LoRA tensors");
+    int64_t r = -1;
+    for (const auto &kv : out->pairs) {
+        const GgufPair &p = kv.second;
+        const std::string base = "blk." + std::to_string(kv.first.first) + "." + kGgufProj[kv.first.second] + ".weight";
+        if (!p.a || !p.b) return fail(err, path + ": '" + base + "' has only its " + (p.a ? "lora_a" : "lora_b") + " tensor (llama.cpp needs both)");
+        int64_t in, outf;
+        proj_shape(cfg, kv.first.second, &in, &outf);
+        if (p.a->ne[0] != in || p.b->ne[1] != outf)
+            return fail(err, path + ": '" + base + "' has incorrect shape: lora_a ne [" + std::to_string(p.a->ne[0]) + ", " +
+                                 std::to_string(p.a->ne[1]) + "], lora_b ne [" + std::to_string(p.b->ne[0]) + ", " + std::to_string(p.b->ne[1]) +
+                                 "], the base weight ne [" + std::to_string(in) + ", " + std::to_string(outf) + "]");
+        if (p.a->ne[1] != p.b->ne[0])
+            return fail(err, path + ": '" + base + "': lora_a ne[1] " + std::to_string(p.a->ne[1]) + " != lora_b ne[0] " +
+                                 std::to_string(p.b->ne[0]) + " (llama.cpp: lora_a tensor is not transposed)");
+        if (r >= 0 && p.a->ne[1] != r)
+            return fail(err, path + ": '" + base + "' has rank " + std::to_string(p.a->ne[1]) + ", others " + std::to_string(r) +
+                                 "; forge needs one rank for every tensor");
+        r = p.a->ne[1];
+    }
+    // forge's limits: the same projections in every layer, q/k/v together, gate with up
+    bool has[7] = {};
+    for (const auto &kv : out->pairs) has[kv.first.second] = true;
+    for (int l = 0; l < (int)cfg.n_layer; l++)
+        for (int p = 0; p < 7; p++)
+            if (has[p] != (out->pairs.count({l, p}) > 0))
+                return fail(err, path + ": blk." + std::to_string(l) + "." + kGgufProj[p] + ".weight is " + (has[p] ? "not " : "") +
+                                     "adapted but other layers' are" + (has[p] ? "" : " not") + "; forge adapts the same projections in every layer");
+    if ((has[0] || has[1] || has[2]) && !(has[0] && has[1] && has[2]))
+        return fail(err, path + ": adapts some but not all of attn_q, attn_k, attn_v; forge runs them as one GEMM and needs all three");
+    if (has[4] != has[5]) return fail(err, path + ": adapts only one of ffn_gate, ffn_up; forge runs them as one GEMM and needs both");
+    LoraConfig lc;
+    lc.r = (int)r;
+    lc.alpha = alpha != 0.0f ? alpha : (float)r; // llama.cpp: no alpha means scale 1
+    lc.rslora = false;
+    lc.q = lc.k = lc.v = has[0];
+    lc.o = has[3];
+    lc.gate = lc.up = has[4];
+    lc.down = has[6];
+    out->lc = lc;
+    return true;
+}
+
+std::vector<int64_t> hf_shape(const forge_tensor *t) { return {forge_tensor_ne(t, 1), forge_tensor_ne(t, 0)}; }
+
+std::vector<forge_tensor *> lora_tensors(const Model &m) {
+    std::vector<forge_tensor *> out;
+    for (const Layer &y : m.layers)
+        for (forge_tensor *t : {y.a_qkv, y.b_qkv, y.a_o, y.b_o, y.a_gu, y.b_gu, y.a_down, y.b_down})
+            if (t) out.push_back(t);
+    return out;
+}
+
+const std::string *meta(const SafetensorsFile &f, const char *key) {
+    for (const auto &kv : f.metadata())
+        if (kv.first == key) return &kv.second;
+    return nullptr;
+}
+
+} // namespace
+
+std::vector<LoraProjection> lora_projections(const Model &m) {
+    const ModelConfig &c = m.cfg;
+    const int64_t H = c.hidden, q = c.n_head * c.head_dim, kv = c.n_kv_head * c.head_dim;
+    std::vector<LoraProjection> out;
+    for (int l = 0; l < (int)m.layers.size(); l++) {
+        const Layer &y = m.layers[(size_t)l];
+        if (y.a_qkv) {
+            out.push_back({l, kHfProj[0], kGgufProj[0], y.a_qkv, y.b_qkv, 0, 0, q, H});
+            out.push_back({l, kHfProj[1], kGgufProj[1], y.a_qkv, y.b_qkv, 1, q, kv, H});
+            out.push_back({l, kHfProj[2], kGgufProj[2], y.a_qkv, y.b_qkv, 2, q + kv, kv, H});
+        }
+        if (y.a_o) out.push_back({l, kHfProj[3], kGgufProj[3], y.a_o, y.b_o, 0, 0, H, q});
+        if (y.a_gu) {
+            out.push_back({l, kHfProj[4], kGgufProj[4], y.a_gu, y.b_gu, 0, 0, c.ffn, H});
+            out.push_back({l, kHfProj[5], kGgufProj[5], y.a_gu, y.b_gu, 1, c.ffn, c.ffn, H});
+        }
+        if (y.a_down) out.push_back({l, kHfProj[6], kGgufProj[6], y.a_down, y.b_down, 0, 0, H, c.ffn});
+    }
+    return out;
+}
+
+std::vector<std::string> lora_target_modules(const LoraConfig &lc) {
+    std::vector<std::string> out;
+    const bool on[7] = {lc.q, lc.k, lc.v, lc.o, lc.gate, lc.up, lc.down};
+    for (int i = 0; i < 7; i++)
+        if (on[i]) out.push_back(kHfProj[i]);
+    return out;
+}
+
+bool adapter_write_peft(const Model &m, const std::string &dir, const std::string &base_model, std::string *err) {
+    if (!m.has_lora) return fail(err, "adapter_write_peft: the model has no LoRA");
+    if (!ensure_dir(dir, err)) return false;
+    HostLora host;
+    std::vector<SafetensorsWriteTensor> ts;
+    const int64_t r = m.lora.r;
+    for (const LoraProjection &p : lora_projections(m)) {
+        const float *a = host.get(p.a, err), *b = host.get(p.b, err);
+        if (!a || !b) return false;
+        const std::string name = "base_model.model." + peft_name(p.layer, p.hf, true);
+        ts.push_back({name, "F32", {r, p.in}, a + p.block * r * p.in, (uint64_t)(r * p.in * 4)});
+        ts.push_back({"base_model.model." + peft_name(p.layer, p.hf, false), "F32", {p.rows, r}, b + p.row0 * r, (uint64_t)(p.rows * r * 4)});
+    }
+    if (!safetensors_write(dir + "/adapter_model.safetensors", ts, {{"format", "pt"}}, err)) return false;
+
+    json::Value c = json::Value::object(), targets = json::Value::array();
+    for (const std::string &t : lora_target_modules(m.lora)) targets.push(t);
+    c.set("peft_type", "LORA");
+    c.set("task_type", "CAUSAL_LM");
+    c.set("base_model_name_or_path", base_model);
+    c.set("revision", nullptr);
+    c.set("inference_mode", true);
+    c.set("r", (int64_t)m.lora.r);
+    c.set("lora_alpha", (double)m.lora.alpha);
+    c.set("lora_dropout", 0.0);
+    c.set("target_modules", targets);
+    c.set("exclude_modules", nullptr);
+    c.set("bias", "none");
+    c.set("fan_in_fan_out", false);
+    c.set("use_rslora", m.lora.rslora);
+    c.set("use_dora", false);
+    c.set("lora_bias", false);
+    c.set("init_lora_weights", true);
+    c.set("modules_to_save", nullptr);
+    c.set("layers_to_transform", nullptr);
+    c.set("layers_pattern", nullptr);
+    c.set("rank_pattern", json::Value::object());
+    c.set("alpha_pattern", json::Value::object());
+    return json::write_file(dir + "/adapter_config.json", c, err);
+}
+
+bool adapter_write_gguf(const Model &m, const std::string &path, std::string *err) {
+    if (!m.has_lora) return fail(err, "adapter_write_gguf: the model has no LoRA");
+    const int64_t r = m.lora.r;
+    // llama.cpp scales by alpha / rank; rsLoRA's alpha / sqrt(r) needs alpha * sqrt(r)
+    const float alpha = m.lora.rslora ? m.lora.alpha * std::sqrt((float)r) : m.lora.alpha;
+    std::vector<gguf_kv> kvs = {gguf_kv::string("general.architecture", m.cfg.arch_name), gguf_kv::string("general.type", "adapter"),
+                                gguf_kv::string("adapter.type", "lora"), gguf_kv::f32("adapter.lora.alpha", alpha)};
+    HostLora host;
+    std::vector<gguf_tensor_out> ts;
+    for (const LoraProjection &p : lora_projections(m)) {
+        const float *a = host.get(p.a, err), *b = host.get(p.b, err);
+        if (!a || !b) return false;
+        const std::string base = "blk." + std::to_string(p.layer) + "." + p.gguf + ".weight";
+        gguf_tensor_out ta, tb;
+        ta.name = base + ".lora_a", ta.type = 0, ta.n_dims = 2, ta.ne[0] = p.in, ta.ne[1] = r, ta.data = a + p.block * r * p.in;
+        tb.name = base + ".lora_b", tb.type = 0, tb.n_dims = 2, tb.ne[0] = r, tb.ne[1] = p.rows, tb.data = b + p.row0 * r;
+        ts.push_back(ta);
+        ts.push_back(tb);
+    }
+    return gguf_write(path, kvs, ts, err);
+}
+
+bool adapter_gguf_config(const std::string &path, const ModelConfig &cfg, LoraConfig *lc, std::string *err) {
+    GgufLora g;
+    if (!gguf_lora_parse(path, cfg, &g, err)) return false;
+    *lc = g.lc;
+    return true;
+}
+
+bool adapter_load_gguf(Model &m, const std::string &path, std::string *err) {
+    GgufLora g;
+    if (!gguf_lora_parse(path, m.cfg, &g, err)) return false;
+    if (!m.has_lora || g.lc.r != m.lora.r || lora_target_modules(g.lc) != lora_target_modules(m.lora))
+        return fail(err, path + ": the adapter's rank or projections differ from the model's LoRA (build it from adapter_gguf_config)");
+    std::map<forge_tensor *, std::vector<float>> host;
+    const int64_t r = m.lora.r;
+    for (const LoraProjection &p : lora_projections(m)) {
+        int proj = 0;
+        while (std::strcmp(kHfProj[proj], p.hf)) proj++;
+        const GgufPair &pair = g.pairs[{p.layer, proj}];
+        std::vector<float> &a = host[p.a], &b = host[p.b];
+        a.resize((size_t)forge_tensor_nelements(p.a));
+        b.resize((size_t)forge_tensor_nelements(p.b));
+        if (!g.f->load_f32(*pair.a, a.data() + p.block * r * p.in, err) || !g.f->load_f32(*pair.b, b.data() + p.row0 * r, err)) return false;
+    }
+    for (auto &kv : host)
+        if (forge_tensor_set_f32(kv.first, kv.second.data(), (int64_t)kv.second.size()) != FORGE_OK)
+            return fail(err, std::string("LoRA tensor ") + forge_tensor_name(kv.first) + " could not be written (not allocated?)");
+    return true;
+}
+
+// ---- checkpoints -----------------------------------------------------------------------------------
+
+bool checkpoint_save(const Model &m, const forge_graph *g, const TrainState &st, const std::string &path, std::string *err) {
+    std::vector<std::vector<float>> keep;
+    std::vector<SafetensorsWriteTensor> ts;
+    for (forge_tensor *t : lora_tensors(m)) {
+        const forge_tensor *parts[3] = {t, forge_graph_adam_m(g, t), forge_graph_adam_v(g, t)};
+        const char *prefix[3] = {"lora.", "adam_m.", "adam_v."};
+        for (int i = 0; i < 3; i++) {
+            if (!parts[i]) return fail(err, path + ": " + forge_tensor_name(t) + " has no AdamW state in the training graph");
+            keep.push_back(download(parts[i]));
+            if (keep.back().empty()) return fail(err, path + ": " + prefix[i] + forge_tensor_name(t) + " could not be read from the backend");
+            ts.push_back({prefix[i] + std::string(forge_tensor_name(t)), "F32", hf_shape(t), keep.back().data(), keep.back().size() * 4});
+        }
+    }
+    SafetensorsMetadata md = {{"format", "forge-checkpoint"}, {"version", "1"},
+                              {"step", std::to_string(st.step)}, {"rows_done", std::to_string(st.rows_done)},
+                              {"seed", std::to_string(st.seed)}, {"config", st.config}};
+    return safetensors_write(path, ts, md, err);
+}
+
+bool checkpoint_read_state(const std::string &path, TrainState *st, std::string *err) {
+    SafetensorsFile f;
+    if (!f.open(path, err)) return false;
+    const std::string *fmt = meta(f, "format"), *ver = meta(f, "version");
+    if (!fmt || *fmt != "forge-checkpoint" || !ver || *ver != "1") return fail(err, path + ": not a forge checkpoint (version 1)");
+    auto number = [&](const char *key, uint64_t *out) {
+        const std::string *v = meta(f, key);
+        char *end = nullptr;
+        errno = 0;
+        unsigned long long x = v ? std::strtoull(v->c_str(), &end, 10) : 0;
+        if (!v || v->empty() || *end || errno) return fail(err, path + ": metadata \"" + key + "\" is missing or not a number");
+        *out = x;
+        return true;
+    };
+    uint64_t step, rows, seed;
+    if (!number("step", &step) || !number("rows_done", &rows) || !number("seed", &seed)) return false;
+    const std::string *cfg = meta(f, "config");
+    st->step = (int64_t)step, st->rows_done = (int64_t)rows, st->seed = seed;
+    st->config = cfg ? *cfg : "";
+    return true;
+}
+
+bool checkpoint_load(Model &m, const forge_graph *g, const std::string &path, TrainState *st, std::string *err) {
+    if (!checkpoint_read_state(path, st, err)) return false;
+    SafetensorsFile f;
+    if (!f.open(path, err)) return false;
+    std::vector<float> host;
+    for (forge_tensor *t : lora_tensors(m)) {
+        forge_tensor *parts[3] = {t, forge_graph_adam_m(g, t), forge_graph_adam_v(g, t)};
+        const char *prefix[3] = {"lora.", "adam_m.", "adam_v."};
+        for (int i = 0; i < 3; i++) {
+            const std::string name = prefix[i] + std::string(forge_tensor_name(t));
+            const SafetensorsTensor *s = f.find(name);
+            if (!s) return fail(err, path + ": tensor '" + name + "' is missing (a checkpoint of another LoRA configuration?)");
+            if (s->shape != hf_shape(t) || s->dtype != "F32") return fail(err, path + ": tensor '" + name + "' has the wrong shape or dtype for this LoRA");
+            if (!parts[i]) return fail(err, path + ": " + name + " has no place in the training graph");
+            host.resize((size_t)s->numel());
+            if (!safetensors_read_f32(*s, host.data(), s->numel(), err)) return false;
+            if (forge_tensor_set_f32(parts[i], host.data(), (int64_t)host.size()) != FORGE_OK)
+                return fail(err, path + ": " + name + " could not be written to the backend");
+        }
+    }
+    return true;
+}
+
+} // namespace forge

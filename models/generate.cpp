@@ -1,0 +1,261 @@
+// models/generate.cpp - the KV-cached step graphs, the sampler and the generation loop
+// (design in generate.h). A step graph repeats the layer of model_build (models/model.cpp)
+// with the same ops in the same order; only the attention differs, running over the cache.
+#include "generate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "../forge-impl.h"
+
+namespace forge {
+
+// ---- sampling ---------------------------------------------------------------------------------
+
+int32_t Sampler::sample(const float *logits, int64_t n) {
+    if (p_.temperature <= 0.0f || p_.top_k == 1) return (int32_t)(std::max_element(logits, logits + n) - logits);
+    cand_.resize((size_t)n);
+    for (int64_t i = 0; i < n; i++) cand_[(size_t)i] = {logits[i] / p_.temperature, (int32_t)i};
+    auto by_logit = [](const std::pair<float, int32_t> &a, const std::pair<float, int32_t> &b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    size_t k = p_.top_k > 0 && p_.top_k < n ? (size_t)p_.top_k : (size_t)n;
+    std::partial_sort(cand_.begin(), cand_.begin() + (long)k, cand_.end(), by_logit);
+    cand_.resize(k);
+    std::vector<double> prob(k);
+    double sum = 0;
+    for (size_t i = 0; i < k; i++) sum += prob[i] = std::exp((double)cand_[i].first - cand_[0].first);
+    size_t keep = k;
+    if (p_.top_p < 1.0f) {
+        double acc = 0;
+        for (size_t i = 0; i < k; i++) {
+            acc += prob[i] / sum;
+            if (acc >= p_.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        sum = 0;
+        for (size_t i = 0; i < keep; i++) sum += prob[i];
+    }
+    const double u = (double)(rng_() >> 11) * 0x1.0p-53 * sum;
+    double acc = 0;
+    for (size_t i = 0; i < keep; i++) {
+        acc += prob[i];
+        if (u < acc) return cand_[i].second;
+    }
+    return cand_[keep - 1].second;
+}
+
+// ---- the step graphs -------------------------------------------------------------------------
+
+namespace {
+
+forge_tensor *project(Model &m, forge_tensor *x, forge_tensor *w, forge_tensor *b, forge_tensor *la, forge_tensor *lb, int blocks,
+                      const int64_t *rows) {
+    if (!la) return forge_linear(m.ctx, x, w, b);
+    return forge_lora(m.ctx, x, w, b, la, lb, m.lora.scale(), blocks, rows);
+}
+
+forge_tensor *norm(Model &m, forge_tensor *x, forge_tensor *w) {
+    const bool gemma = m.cfg.norm_offset != 0.0f || m.cfg.arch == Arch::Gemma || m.cfg.arch == Arch::Gemma2;
+    return forge_rmsnorm(m.ctx, x, w, m.cfg.rms_eps, m.cfg.norm_offset, gemma ? FORGE_NORM_CAST_AFTER_WEIGHT : FORGE_NORM_CAST_BEFORE_WEIGHT);
+}
+
+forge_tensor *input(forge_ctx *ctx, forge_type type, int64_t ne0, int64_t ne1, const char *name) {
+    return forge_tensor_set_flags(forge_tensor_set_name(forge_tensor_new_2d(ctx, type, ne0, ne1), name), FORGE_FLAG_INPUT);
+}
+
+std::string ctx_err(forge_ctx *ctx, const char *what) {
+    return std::string(what) + ": " + (forge_ctx_error(ctx) ? forge_ctx_error(ctx) : "failed");
+}
+
+} // namespace
+
+bool Generator::build(int64_t T, Step *s, std::string *err) {
+    Model &m = *m_;
+    forge_ctx *ctx = m.ctx;
+    const ModelConfig &c = m.cfg;
+    const int64_t D = c.head_dim, Hq = c.n_head, Hkv = c.n_kv_head, Mqkv = (Hq + 2 * Hkv) * D, L = max_len_;
+    const int64_t qkv_rows[3] = {Hq * D, Hkv * D, Hkv * D}, gu_rows[2] = {c.ffn, c.ffn};
+    const size_t es = forge_type_size(act_);
+    s->ids = input(ctx, FORGE_TYPE_I32, T, 1, "gen.ids");
+    s->pos = input(ctx, FORGE_TYPE_I32, T, 1, "gen.pos");
+    s->sel = input(ctx, FORGE_TYPE_F32, T, L, "gen.sel"); // L rows of T: row j is one-hot at t when j = p + t
+    float scale = c.embed_scale ? forge_round_to(act_, std::sqrt((float)c.hidden)) : 1.0f;
+    forge_tensor *h = forge_embedding(ctx, m.tok_embd, s->ids, scale);
+    if (h && forge_tensor_type(h) != act_) h = forge_cast(ctx, h, act_);
+    // rows of T tokens spread over the L slots, and back
+    auto spread = [&](forge_tensor *x, int64_t heads) {
+        return forge_reshape_4d(ctx, forge_matmul(ctx, s->sel, forge_reshape_2d(ctx, x, D * heads, T), 0, 0, act_), D, heads, L, 1);
+    };
+    s->k_new.clear(), s->v_new.clear();
+    for (int l = 0; l < (int)c.n_layer; l++) {
+        Layer &y = m.layers[(size_t)l];
+        forge_tensor *x = norm(m, h, y.attn_norm);
+        forge_tensor *qkv = forge_reshape_4d(ctx, project(m, x, y.wqkv, y.bqkv, y.a_qkv, y.b_qkv, 3, qkv_rows), D, Hq + 2 * Hkv, T, 1);
+        size_t nb[4] = {es, (size_t)D * es, (size_t)Mqkv * es, (size_t)(Mqkv * T) * es};
+        int64_t qne[4] = {D, Hq, T, 1}, kne[4] = {D, Hkv, T, 1};
+        forge_tensor *q = forge_view(ctx, qkv, 4, qne, nb, 0);
+        forge_tensor *k = forge_view(ctx, qkv, 4, kne, nb, (size_t)(Hq * D) * es);
+        forge_tensor *v = forge_cont(ctx, forge_view(ctx, qkv, 4, kne, nb, (size_t)((Hq + Hkv) * D) * es));
+        if (c.qk_norm) {
+            q = norm(m, q, y.q_norm);
+            k = norm(m, k, y.k_norm);
+        }
+        q = forge_rope(ctx, q, s->pos, (int)D, c.rope_theta);
+        k = forge_rope(ctx, k, s->pos, (int)D, c.rope_theta);
+        s->k_new.push_back(k);
+        s->v_new.push_back(v);
+        forge_tensor *kc = forge_reshape_4d(ctx, k_cache_[(size_t)l], D, Hkv, L, 1);
+        forge_tensor *vc = forge_reshape_4d(ctx, v_cache_[(size_t)l], D, Hkv, L, 1);
+        int window = (c.sliding_window > 0 && l % 2 == 0) ? c.sliding_window : 0;
+        forge_tensor *o = forge_attention(ctx, spread(q, Hq), forge_add(ctx, kc, spread(k, Hkv)), forge_add(ctx, vc, spread(v, Hkv)),
+                                          nullptr, c.attn_scale, c.attn_softcap, window);
+        o = forge_matmul(ctx, s->sel, forge_reshape_2d(ctx, o, Hq * D, L), 1, 0, act_); // [Hq*D, T]
+        int64_t one[3] = {Hq * D, T, 1};
+        o = project(m, forge_reshape(ctx, o, 3, one), y.wo, nullptr, y.a_o, y.b_o, 1, nullptr);
+        if (c.sandwich_norms) o = norm(m, o, y.post_attn_norm);
+        h = forge_add(ctx, h, o);
+        x = norm(m, h, y.ffn_norm);
+        forge_tensor *f = forge_glu(ctx, project(m, x, y.wgu, nullptr, y.a_gu, y.b_gu, 2, gu_rows), c.act);
+        f = project(m, f, y.wdown, nullptr, y.a_down, y.b_down, 1, nullptr);
+        if (c.sandwich_norms) f = norm(m, f, y.post_ffn_norm);
+        h = forge_add(ctx, h, f);
+    }
+    if (h) { // the last token only
+        int64_t ne[2] = {c.hidden, 1};
+        size_t nb[2] = {es, (size_t)c.hidden * es};
+        h = forge_view(ctx, h, 2, ne, nb, (size_t)((T - 1) * c.hidden) * es);
+    }
+    h = norm(m, h, m.output_norm);
+    forge_tensor *z = forge_linear(ctx, h, m.lm_head, nullptr);
+    if (z && forge_tensor_type(z) != FORGE_TYPE_F32) z = forge_cast(ctx, z, FORGE_TYPE_F32);
+    if (z && c.final_softcap > 0) z = forge_softcap(ctx, z, c.final_softcap);
+    s->logits = z;
+    s->g = forge_graph_new(ctx);
+    if (!z || forge_graph_build_forward(s->g, z) != FORGE_OK) {
+        *err = ctx_err(ctx, "generation step graph");
+        return false;
+    }
+    for (int l = 0; l < (int)c.n_layer; l++)
+        if (forge_graph_build_forward(s->g, s->k_new[(size_t)l]) != FORGE_OK || forge_graph_build_forward(s->g, s->v_new[(size_t)l]) != FORGE_OK) {
+            *err = ctx_err(ctx, "generation step graph");
+            return false;
+        }
+    if (forge_backend_alloc_graph(be_, s->g) != FORGE_OK) {
+        *err = ctx_err(ctx, "generation step graph: allocation");
+        return false;
+    }
+    return true;
+}
+
+bool Generator::init(Model &m, forge_backend *be, int64_t max_len, forge_type act, std::string *err) {
+    if (max_len <= 0) {
+        *err = "generator: max_len must be positive";
+        return false;
+    }
+    m_ = &m, be_ = be, act_ = act, max_len_ = max_len, pos_ = 0;
+    steps_.clear();
+    k_cache_.clear(), v_cache_.clear();
+    const int64_t row = m.cfg.n_kv_head * m.cfg.head_dim;
+    for (int l = 0; l < (int)m.cfg.n_layer; l++) {
+        std::string kn = "gen.k_cache." + std::to_string(l), vn = "gen.v_cache." + std::to_string(l);
+        k_cache_.push_back(forge_tensor_set_name(forge_tensor_new_2d(m.ctx, act, row, max_len), kn.c_str()));
+        v_cache_.push_back(forge_tensor_set_name(forge_tensor_new_2d(m.ctx, act, row, max_len), vn.c_str()));
+    }
+    if (!build(1, &steps_[1], err)) return false;
+    reset();
+    return true;
+}
+
+void Generator::reset() {
+    pos_ = 0;
+    for (forge_tensor *t : k_cache_) forge_tensor_fill(t, 0.0f);
+    for (forge_tensor *t : v_cache_) forge_tensor_fill(t, 0.0f);
+}
+
+bool Generator::feed(const std::vector<int32_t> &ids, std::vector<float> *logits, std::string *err) {
+    const int64_t T = (int64_t)ids.size();
+    if (!m_) {
+        *err = "generator: init was not called";
+        return false;
+    }
+    if (T == 0) {
+        *err = "generator: no tokens to run";
+        return false;
+    }
+    if (pos_ + T > max_len_) {
+        *err = "generator: " + std::to_string(pos_) + " + " + std::to_string(T) + " tokens exceed the cache of " + std::to_string(max_len_) +
+               " positions";
+        return false;
+    }
+    for (int32_t id : ids)
+        if (id < 0 || id >= m_->cfg.vocab) {
+            *err = "generator: token id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(m_->cfg.vocab);
+            return false;
+        }
+    auto it = steps_.find(T);
+    if (it == steps_.end()) {
+        it = steps_.emplace(T, Step()).first;
+        if (!build(T, &it->second, err)) {
+            steps_.erase(it);
+            return false;
+        }
+    }
+    Step &s = it->second;
+    i32_.resize((size_t)T);
+    for (int64_t t = 0; t < T; t++) i32_[(size_t)t] = (int32_t)(pos_ + t);
+    sel_.assign((size_t)(T * max_len_), 0.0f);
+    for (int64_t t = 0; t < T; t++) sel_[(size_t)(t + T * (pos_ + t))] = 1.0f;
+    forge_ctx *ctx = m_->ctx;
+    if (forge_tensor_set(s.ids, ids.data(), 0, ids.size() * 4) != FORGE_OK || forge_tensor_set(s.pos, i32_.data(), 0, i32_.size() * 4) != FORGE_OK ||
+        forge_tensor_set_f32(s.sel, sel_.data(), (int64_t)sel_.size()) != FORGE_OK || forge_backend_compute(be_, s.g) != FORGE_OK) {
+        *err = ctx_err(ctx, "generation step");
+        return false;
+    }
+    // the new rows of k and v into the cache, at slots pos_ .. pos_ + T - 1
+    const size_t rows = (size_t)forge_tensor_nbytes(s.k_new[0]), at = (size_t)pos_ * (rows / (size_t)T);
+    bytes_.resize(rows);
+    for (size_t l = 0; l < k_cache_.size(); l++)
+        for (auto kv : {std::make_pair(s.k_new[l], k_cache_[l]), std::make_pair(s.v_new[l], v_cache_[l])})
+            if (forge_tensor_get(kv.first, bytes_.data(), 0, rows) != FORGE_OK || forge_tensor_set(kv.second, bytes_.data(), at, rows) != FORGE_OK) {
+                *err = ctx_err(ctx, "generation step: cache update");
+                return false;
+            }
+    pos_ += T;
+    logits->resize((size_t)m_->cfg.vocab);
+    if (forge_tensor_get_f32(s.logits, logits->data(), m_->cfg.vocab) != FORGE_OK) {
+        *err = ctx_err(ctx, "generation step: logits");
+        return false;
+    }
+    return true;
+}
+
+bool Generator::generate(const std::vector<int32_t> &prompt, int64_t max_new, const SamplingParams &sp, const std::vector<int32_t> &stop,
+                         std::vector<int32_t> *out, std::string *err, const std::function<void(int32_t)> &on_token) {
+    out->clear();
+    reset();
+    if (prompt.empty()) {
+        *err = "generator: the prompt is empty";
+        return false;
+    }
+    if ((int64_t)prompt.size() + max_new > max_len_ + 1) {
+        *err = "generator: a prompt of " + std::to_string(prompt.size()) + " tokens and " + std::to_string(max_new) +
+               " new ones do not fit the cache of " + std::to_string(max_len_) + " positions";
+        return false;
+    }
+    Sampler sampler(sp);
+    std::vector<float> logits;
+    if (!feed(prompt, &logits, err)) return false;
+    for (int64_t i = 0; i < max_new; i++) {
+        int32_t tok = sampler.sample(logits.data(), (int64_t)logits.size());
+        if (std::find(stop.begin(), stop.end(), tok) != stop.end()) break;
+        out->push_back(tok);
+        if (on_token) on_token(tok);
+        if (i + 1 < max_new && !feed({tok}, &logits, err)) return false;
+    }
+    return true;
+}
+
+} // namespace forge
