@@ -1339,10 +1339,9 @@ forge_status forge_backend_compute(forge_backend *be, forge_graph *g) {
             return FORGE_ERR_INVALID_ARG;
         }
     if (be->guard_bytes) guards_fill(be, g);
-    uint64_t allocs = be->n_allocs;
+    [[maybe_unused]] const uint64_t allocs = be->n_allocs;
     forge_status s = be->compute(g);
     assert(be->n_allocs == allocs && "a backend allocated memory inside a step");
-    (void)allocs;
     if (s != FORGE_OK) {
         forge_ctx_set_error(g->ctx, s, "%s", be->error.c_str());
         return s;

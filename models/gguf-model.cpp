@@ -159,7 +159,7 @@ bool model_load_gguf(Model &m, std::shared_ptr<const gguf_file> f, forge_ctx *ct
     // Every tensor first: its presence and shape against the metadata, before anything is created.
     auto key_hint = [&](const std::string &name) {
         const std::string p = c.arch_name + ".";
-        if (name == "token_embd.weight" || name == "output.weight") return p + "embedding_length and token_embd.weight";
+        if (name == "output.weight") return p + "embedding_length, the vocabulary of token_embd.weight";
         if (name.find("ffn_") != std::string::npos && name.find("norm") == std::string::npos)
             return p + "embedding_length, " + p + "feed_forward_length";
         if (name.find("attn_") != std::string::npos && name.find("attn_norm") == std::string::npos)
@@ -187,7 +187,7 @@ bool model_load_gguf(Model &m, std::shared_ptr<const gguf_file> f, forge_ctx *ct
         infos.push_back(t);
         return true;
     };
-    // (forge tensor slot, GGUF names concatenated into it, shape of each)
+    // per decoder tensor: the GGUF tensors concatenated into it, and the ne0, ne1 of each (0: 1-D)
     std::vector<std::pair<std::vector<std::string>, std::vector<std::pair<int64_t, int64_t>>>> plan;
     auto add = [&](std::vector<std::string> names, std::vector<std::pair<int64_t, int64_t>> ne) { plan.push_back({names, ne}); };
     add({"token_embd.weight"}, {{H, c.vocab}});

@@ -7,14 +7,17 @@
 //         rows that are not whole blocks fall back to F16, as llama.cpp's converter does).
 // Then variants of a good file rewritten with one defect each must fail with a message naming the
 // file and the tensor or key: a missing tensor, a shape that contradicts the metadata, an unknown
-// or unsupported architecture, a missing key; and an untied output.weight must be used.
+// or unsupported architecture, a missing key; and an untied output.weight must be used. Tiny
+// byte-level BPE and SentencePiece tokenizer.json files must survive the conversion.
 #include "test-util.h"
 #include "../models/config.h"
 #include "../models/gguf-model.h"
+#include "../models/json.h"
 #include "../models/quants.h"
 
 #include <cstring>
 #include <map>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef FORGE_SOURCE_DIR
@@ -226,12 +229,89 @@ static void test_errors() {
     unlink(untied_path.c_str());
 }
 
+// ---- tokenizer keys ----------------------------------------------------------------------
+
+static std::string utf8(uint32_t cp) {
+    std::string s;
+    if (cp < 0x80) s += (char)cp;
+    else if (cp < 0x800) s += (char)(0xC0 | (cp >> 6)), s += (char)(0x80 | (cp & 0x3F));
+    else s += (char)(0xE0 | (cp >> 12)), s += (char)(0x80 | ((cp >> 6) & 0x3F)), s += (char)(0x80 | (cp & 0x3F));
+    return s;
+}
+
+static std::string write_text(const std::string &path, const std::string &text) {
+    FILE *f = std::fopen(path.c_str(), "wb");
+    if (f) std::fwrite(text.data(), 1, text.size(), f), std::fclose(f);
+    return path;
+}
+
+// A tiny Qwen-style (byte-level BPE: the 256 byte symbols + 3 merges + 2 specials) and a tiny
+// Gemma-style (SentencePiece BPE with byte fallback) tokenizer.json next to the qwen2 fixture's
+// weights: the converted file's tokenizer must encode and decode as the tokenizer.json does.
+static void test_tokenizer_keys() {
+    const std::string fx = std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/models/qwen2", dir = g_tmp + "/hf";
+    mkdir(dir.c_str(), 0755);
+    for (const char *f : {"config.json", "model.safetensors"}) {
+        std::string src = fx + "/" + f, dst = dir + "/" + f;
+        unlink(dst.c_str());
+        CHECK(symlink(src.c_str(), dst.c_str()) == 0, "symlink %s", dst.c_str());
+    }
+    std::string qwen = R"({"added_tokens":[{"id":259,"content":"<|endoftext|>","special":true},{"id":260,"content":"<|im_end|>","special":true}],)"
+                       R"("normalizer":{"type":"NFC"},"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":)" +
+                       json::write(json::Value(kQwen2PretokenizerRegex), -1) +
+                       R"(},"behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]},)"
+                       R"("model":{"type":"BPE","vocab":{)";
+    for (uint32_t b = 0, extra = 0; b < 256; b++) {
+        bool direct = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+        qwen += (b ? "," : "") + json::write(json::Value(utf8(direct ? b : 256 + extra++)), -1) + ":" + std::to_string(b);
+    }
+    qwen += R"(,"ab":256,"abc":257,"Ġab":258},"merges":["a b","ab c","Ġ ab"]}})";
+    std::string gemma = R"({"added_tokens":[{"id":0,"content":"<pad>","special":true},{"id":1,"content":"<eos>","special":true},)"
+                        R"({"id":2,"content":"<bos>","special":true}],"normalizer":{"type":"Replace","pattern":{"String":" "},"content":"▁"},)"
+                        R"("post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<bos>","type_id":0}},)"
+                        R"({"Sequence":{"id":"A","type_id":0}}],"special_tokens":{"<bos>":{"id":"<bos>","ids":[2],"tokens":["<bos>"]}}},)"
+                        R"("model":{"type":"BPE","byte_fallback":true,"unk_token":"<unk>","vocab":{"<unk>":3,"a":4,"b":5,"▁":6,"ab":7,"▁ab":8,"▁a":9)";
+    for (int b = 0; b < 256; b++) {
+        char piece[8];
+        std::snprintf(piece, sizeof piece, "<0x%02X>", b);
+        gemma += std::string(",\"") + piece + "\":" + std::to_string(10 + b);
+    }
+    gemma += R"(},"merges":["a b","▁ ab","▁ a"]}})";
+    const std::string chat = R"({"chat_template": "{{ messages }}"})";
+    for (auto &t : {std::make_pair("gpt2", qwen), std::make_pair("llama", gemma)}) {
+        write_text(dir + "/tokenizer.json", t.second);
+        write_text(dir + "/tokenizer_config.json", chat);
+        std::string err, path = g_tmp + "/tok.gguf";
+        TokenizerSpec hf, gs;
+        GgufTokenizerMeta meta;
+        bool ok = tokenizer_spec_load_hf(dir + "/tokenizer.json", &hf, &err) && gguf_from_hf(dir, path, GGML_TYPE_F32, &err);
+        auto f = ok ? gguf_file::open(path, &err) : nullptr;
+        ok = f && gguf_tokenizer_meta(*f, &meta, &err) && tokenizer_spec_from_gguf(meta, path, &gs, &err);
+        Tokenizer a, b;
+        ok = ok && a.init(hf, &err) && b.init(gs, &err);
+        CHECK(ok && meta.model == t.first && meta.chat_template == "{{ messages }}", "%s tokenizer keys: %s", t.first, err.c_str());
+        if (!ok) continue;
+        for (const std::string text : {"ab abc ab", " ab ab  aab\xc3\xa9 xyz", "ab<|im_end|>ab"}) {
+            std::vector<int32_t> x, y;
+            std::string dx, dy;
+            ok = a.encode(text, &x, &err) && b.encode(text, &y, &err) && a.decode(x, &dx, &err) && b.decode(y, &dy, &err);
+            CHECK(ok && x == y && !x.empty() && dx == dy, "%s tokenizer from GGUF vs tokenizer.json on '%s': %zu vs %zu tokens", t.first,
+                  text.c_str(), x.size(), y.size());
+        }
+        std::printf("  %s tokenizer: the converted file encodes and decodes as tokenizer.json\n", t.first);
+        unlink(path.c_str());
+    }
+    for (const char *f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}) unlink((dir + "/" + f).c_str());
+    rmdir(dir.c_str());
+}
+
 int main() {
     char tmpl[] = "/tmp/forge-gguf-model-XXXXXX";
     if (!mkdtemp(tmpl)) return 1;
     g_tmp = tmpl;
     for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2"}) test_arch(arch);
     test_errors();
+    test_tokenizer_keys();
     for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2"})
         for (const char *t : {"F32", "Q8_0"}) unlink((g_tmp + "/" + arch + "-" + t + ".gguf").c_str());
     rmdir(g_tmp.c_str());

@@ -6,9 +6,9 @@
 // margin between the two best logits at each step and the first step's top 8 logits. Here, on the
 // CPU in f32 (weights dequantized from the file): our tokenizer must give the prompt ids (the
 // chat prompt through the file's chat template), the first step's top logits must agree within
-// 2e-3 of max(1, |logit|), and the greedy tokens must equal the reference; a difference is only
-// accepted at a step whose reference margin is below 0.05 (a near tie that float32 summation
-// order may flip), and the comparison of that prompt ends there.
+// 1e-4 of max(1, |logit|) (measured: 1.3e-6), and the greedy tokens must equal the reference; a
+// difference is only accepted at a step whose reference margin is below 0.05 (a near tie that
+// float32 summation order may flip), and the comparison of that prompt ends there.
 #include "test-util.h"
 #include "../models/generate.h"
 #include "../models/gguf-model.h"
@@ -100,7 +100,7 @@ int main() {
             double v = top.at(i).at(1).get_double(), ours = logits[(size_t)top.at(i).at(0).get_int()];
             worst = std::max(worst, std::fabs(ours - v) / std::max(1.0, std::fabs(v)));
         }
-        CHECK(ok && worst <= 2e-3, "prompt %zu: first-step top-8 logits differ by %.3g (relative): %s", pi, worst, err.c_str());
+        CHECK(ok && worst <= 1e-4, "prompt %zu: first-step top-8 logits differ by %.3g (relative): %s", pi, worst, err.c_str());
         size_t agree = 0;
         bool tie = false;
         for (int64_t s = 0; ok && s < n_new; s++) {
