@@ -3,8 +3,9 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
+PREFIX ?= /usr/local
 
-.PHONY: all test sanitize clean
+.PHONY: all test sanitize clean install
 
 all:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
@@ -22,3 +23,7 @@ sanitize:
 
 clean:
 	rm -rf $(BUILD) build-san
+
+# forge.h, libforge.a/.so, forge.pc, the CMake package and the tools under PREFIX
+install: all
+	cmake --install $(BUILD) --prefix $(PREFIX)

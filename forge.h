@@ -346,6 +346,78 @@ FORGE_API forge_status forge_graph_check_plan(const forge_graph *g);
 /* Number of nodes that the plan runs in place (a result sharing its source's memory). */
 FORGE_API int forge_graph_n_inplace(const forge_graph *g);
 
+/* ---- models: the API for programs that embed forge (models/capi.cpp) ----------------------
+ *
+ * A forge_model is a Qwen2/2.5/3, Gemma or Gemma2 decoder loaded from an HF directory or a GGUF
+ * file, with its tokenizer, its own backend and at most one LoRA adapter, which trains on strings
+ * and saves as a PEFT directory. docs/api.md walks through examples/simple.c.
+ *
+ * Ownership: the model owns everything it creates (backend, tensors, graphs, tokenizer);
+ * forge_model_free releases all of it. A string it returns belongs to it and stays valid until
+ * the next call on the same model. Threads: a model must be used from one thread at a time;
+ * different models are independent and may be used from different threads at once.
+ * Errors: every function returns FORGE_OK or an error code, and forge_model_error then says what
+ * failed, naming the file, tensor or argument.
+ */
+typedef struct forge_model forge_model;
+
+typedef struct {
+    int n_ctx;              /* longest sequence in tokens: prompt + generated ones, or one training row (256) */
+    int n_threads;          /* threads of the CPU backend (0: all cores) */
+    forge_type weight_type; /* frozen weights on the backend: FORGE_TYPE_F32 (the default) or FORGE_TYPE_BF16 */
+    forge_type act_type;    /* activations: FORGE_TYPE_F32 (the default) or FORGE_TYPE_BF16 */
+    uint64_t seed;          /* the LoRA initialisation (0) */
+} forge_model_params;
+
+/* The default parameters (the values in parentheses above). */
+FORGE_API forge_model_params forge_model_default_params(void);
+/* Loads the model at path: an HF directory (config.json + safetensors; tokenizer.json for text)
+   or a GGUF file. backend: "cpu", "cuda", "cuda:N", or NULL for CUDA device 0 when there is one,
+   else the CPU. params NULL: the defaults. On success *out is the model; on failure *out is NULL
+   and forge_model_error(NULL) gives the message (kept per thread). */
+FORGE_API forge_status forge_model_load(const char *path, const char *backend, const forge_model_params *params, forge_model **out);
+/* Frees the model and everything it owns. NULL is allowed. */
+FORGE_API void forge_model_free(forge_model *model);
+/* The message of the model's last failed call ("" after a success); with NULL, the message of
+   the calling thread's last failed forge_model_load (valid until its next forge_model_load). */
+FORGE_API const char *forge_model_error(const forge_model *model);
+
+/* LoRA targets, or-ed. q, k and v go together, and so do gate and up (each group is one GEMM). */
+enum {
+    FORGE_LORA_Q = 1,
+    FORGE_LORA_K = 2,
+    FORGE_LORA_V = 4,
+    FORGE_LORA_O = 8,
+    FORGE_LORA_GATE = 16,
+    FORGE_LORA_UP = 32,
+    FORGE_LORA_DOWN = 64,
+    FORGE_LORA_ALL = 127
+};
+/* Adds a LoRA adapter of rank r and scale alpha / r to the targeted projections of every layer.
+   A gets PEFT's random initialisation (params.seed), B zeros: outputs change only once trained. */
+FORGE_API forge_status forge_model_add_lora(forge_model *model, int r, float alpha, unsigned targets);
+
+typedef struct {
+    float temperature; /* <= 0: greedy (the most likely token) */
+    int top_k;         /* keep the k most likely tokens (0: all) */
+    float top_p;       /* then the fewest whose probability reaches top_p (1: all) */
+    uint64_t seed;     /* the same seed gives the same text */
+} forge_sampling;
+
+/* Continues prompt by up to n_tokens tokens (fewer when the model ends the text) and writes the
+   new text to out, NUL-terminated (cut to out_size - 1 bytes at a character boundary). Special
+   tokens written in the prompt ("<|im_start|>") count as such. sampling NULL: greedy. The
+   prompt's tokens plus n_tokens must fit in n_ctx. */
+FORGE_API forge_status forge_model_generate(forge_model *model, const char *prompt, int n_tokens, const forge_sampling *sampling,
+                                            char *out, size_t out_size);
+/* One AdamW step (betas 0.9/0.999, no weight decay, gradient norm clipped to 1) of the adapter
+   at learning rate lr on text: tokenised with EOS, cut into rows of n_ctx tokens, accumulated
+   over the rows. *loss (may be NULL) gets the mean cross-entropy per token before the step. */
+FORGE_API forge_status forge_model_train_step(forge_model *model, const char *text, float lr, float *loss);
+/* Writes the adapter as a PEFT directory (adapter_config.json, adapter_model.safetensors),
+   creating dir if needed. */
+FORGE_API forge_status forge_model_save_adapter(forge_model *model, const char *dir);
+
 #ifdef __cplusplus
 }
 #endif

@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <dirent.h>
+#include <memory>
 #include <string>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -373,13 +374,16 @@ ResolvedModel resolve_model(const std::string &m) {
         else return false;
         return true;
     };
-    const char *env = std::getenv("FORGE_MODELS");
-    if (env && *env && try_dir(env)) return r;
-    if (!env || !*env) looked.push_back("$FORGE_MODELS (not set)");
+    auto env = [](const char *name) -> const char * {
+        const char *v = std::getenv(name);
+        return v && *v ? v : nullptr;
+    };
+    if (env("FORGE_MODELS") && try_dir(env("FORGE_MODELS"))) return r;
+    if (!env("FORGE_MODELS")) looked.push_back("$FORGE_MODELS (not set)");
     std::string hub;
-    if (const char *h = std::getenv("HF_HUB_CACHE")) hub = h;
-    else if (const char *h = std::getenv("HF_HOME")) hub = std::string(h) + "/hub";
-    else if (const char *h = std::getenv("HOME")) hub = std::string(h) + "/.cache/huggingface/hub";
+    if (env("HF_HUB_CACHE")) hub = env("HF_HUB_CACHE");
+    else if (env("HF_HOME")) hub = std::string(env("HF_HOME")) + "/hub";
+    else if (env("HOME")) hub = std::string(env("HOME")) + "/.cache/huggingface/hub";
     if (!hub.empty()) {
         looked.push_back(hub + "/models--*--" + m + "/snapshots/* (any case)");
         const std::string want = lower(m), want_id = lower(hf_repo_guess(m));
@@ -420,9 +424,10 @@ struct LoadedModel {
     Tokenizer tok;
     ChatFormat chat = ChatFormat::Qwen25;
     int64_t max_positions = 0; // 0: unknown
+    std::string max_positions_key;
 };
 
-void load_model(const ResolvedModel &rm, const Options &o, forge_ctx *ctx, forge_type wtype, LoadedModel *lm) {
+void load_model(ResolvedModel &rm, const Options &o, forge_ctx *ctx, forge_type wtype, LoadedModel *lm) {
     std::string err, jinja;
     TokenizerSpec spec;
     if (rm.gguf) {
@@ -432,13 +437,22 @@ void load_model(const ResolvedModel &rm, const Options &o, forge_ctx *ctx, forge
             !model_load_gguf(lm->m, rm.path, ctx, wtype, &err))
             die(kError, "%s", err.c_str());
         jinja = meta.chat_template;
+        // PEFT needs an HF id or directory for the base: the GGUF's source repository when it names one
+        std::string url;
+        if (o.base_model.empty() && f->has("general.base_model.0.repo_url") && f->get_str("general.base_model.0.repo_url", &url, &err)) {
+            const std::string hub = "https://huggingface.co/";
+            rm.base_name = url.compare(0, hub.size(), hub) == 0 ? url.substr(hub.size()) : url;
+        } else if (o.base_model.empty()) {
+            info("note    %s names no source repository: adapter_config.json will point PEFT at the .gguf file; pass --base-model "
+                 "HF_ID_OR_DIR for an adapter that PEFT loads\n", rm.path.c_str());
+        }
         uint32_t ctx_len = 0;
         if (f->has(lm->m.cfg.arch_name + ".context_length") && f->get_u32(lm->m.cfg.arch_name + ".context_length", &ctx_len, &err))
-            lm->max_positions = ctx_len;
+            lm->max_positions = ctx_len, lm->max_positions_key = lm->m.cfg.arch_name + ".context_length";
     } else {
         json::Value cfg;
         if (!model_load_hf(lm->m, rm.path, ctx, wtype, &err) || !load_hf_config(rm.path, &cfg, &err)) die(kError, "%s", err.c_str());
-        lm->max_positions = cfg["max_position_embeddings"].get_int(0);
+        lm->max_positions = cfg["max_position_embeddings"].get_int(0), lm->max_positions_key = "max_position_embeddings";
         if (!tokenizer_spec_load_hf(rm.path, &spec, &err)) die(kError, "%s (the tokenizer of -m %s)", err.c_str(), o.model.c_str());
         jinja = hf_chat_template(rm.path);
     }
@@ -513,8 +527,15 @@ std::string loss_svg(const Metrics &mt, const std::string &title, int64_t total_
         for (const Point &p : *s) lo = std::min(lo, p.value), hi = std::max(hi, p.value);
     if (!(lo <= hi)) lo = 0, hi = 1;
     if (hi - lo < 1e-6) hi = lo + 1e-3;
-    const double pad = 0.05 * (hi - lo);
-    lo -= pad, hi += pad;
+    // round the value axis to a "nice" tick: 1, 2 or 5 times a power of ten
+    double tick = std::pow(10.0, std::floor(std::log10((hi - lo) / 5)));
+    for (double m : {1.0, 2.0, 5.0, 10.0})
+        if ((hi - lo) / (m * tick) <= 6) {
+            tick *= m;
+            break;
+        }
+    lo = std::floor(lo / tick) * tick, hi = std::ceil(hi / tick) * tick;
+    const int n_ticks = (int)std::lround((hi - lo) / tick);
     const double xmax = (double)std::max<int64_t>(total_steps, 1);
     auto X = [&](double s) { return L + (W - L - R) * s / xmax; };
     auto Y = [&](double v) { return T + (H - T - B) * (hi - v) / (hi - lo); };
@@ -528,13 +549,20 @@ std::string loss_svg(const Metrics &mt, const std::string &title, int64_t total_
     std::string t;
     for (char c : title) t += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : std::string(1, c);
     s += "<text x=\"" + std::to_string((int)L) + "\" y=\"22\" font-size=\"14\">" + t + "</text>\n";
-    for (int i = 0; i <= 5; i++) { // grid and tick labels
-        double v = lo + (hi - lo) * i / 5, x = xmax * i / 5;
+    for (int i = 0; i <= n_ticks; i++) { // value grid and labels
+        double v = lo + tick * i;
         std::snprintf(buf, sizeof buf,
                       "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%.1f\" "
-                      "text-anchor=\"end\">%.3g</text>\n<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                      "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n",
-                      L, Y(v), W - R, Y(v), L - 6, Y(v) + 4, v, X(x), T, X(x), H - B, X(x), H - B + 16, x);
+                      "text-anchor=\"end\">%.4g</text>\n",
+                      L, Y(v), W - R, Y(v), L - 6, Y(v) + 4, v);
+        s += buf;
+    }
+    for (int i = 0; i <= 5; i++) { // step grid and labels
+        double x = std::round(xmax * i / 5);
+        std::snprintf(buf, sizeof buf,
+                      "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%.1f\" "
+                      "text-anchor=\"middle\">%.0f</text>\n",
+                      X(x), T, X(x), H - B, X(x), H - B + 16, x);
         s += buf;
     }
     std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step</text>\n", (L + W - R) / 2, H - 12);
@@ -551,14 +579,16 @@ std::string loss_svg(const Metrics &mt, const std::string &title, int64_t total_
                       W - R - 150, 14 + 14 * legend, color, W - R - 130, 19 + 14 * legend, label);
         s += buf;
     };
+    // bias-corrected exponential moving average over about a twentieth of the run
     std::vector<Point> smooth;
-    double ema = 0;
-    for (size_t i = 0; i < mt.train.size(); i++) {
-        ema = i ? 0.9 * ema + 0.1 * mt.train[i].value : mt.train[i].value;
-        smooth.push_back({mt.train[i].step, ema});
+    const double beta = 1.0 - 1.0 / std::max(2.0, (double)total_steps / 20);
+    double ema = 0, weight = 0;
+    for (const Point &p : mt.train) {
+        ema = beta * ema + (1 - beta) * p.value, weight = beta * weight + (1 - beta);
+        smooth.push_back({p.step, ema / weight});
     }
     line(mt.train, "#9ecae1", 1, "train loss", 0);
-    line(smooth, "#08519c", 2, "train (running mean)", 1);
+    line(smooth, "#08519c", 2, "train (smoothed)", 1);
     line(mt.eval, "#e6550d", 2, "eval loss", 2);
     for (const Point &p : mt.eval) {
         std::snprintf(buf, sizeof buf, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#e6550d\"/>\n", X((double)p.step), Y(p.value));
@@ -610,7 +640,6 @@ struct Run {
     Metrics metrics;
     std::string last_ckpt;
     size_t mem_bytes = 0;
-    json::Value config;
 
     void fail_forge(const char *what) {
         const char *e = forge_ctx_error(ctx);
@@ -712,11 +741,15 @@ void check_resume_config(const std::string &ckpt, const std::string &saved, cons
     std::string err;
     if (!json::parse(saved, &a, &err) || !json::parse(now, &b, &err)) die(kError, "%s: the saved configuration is unreadable: %s", ckpt.c_str(), err.c_str());
     for (const char *k : {"arch", "data_key", "eval_split", "text_split", "chat_template", "seq_len", "packing", "lora_r", "lora_alpha", "rslora",
-                          "lora_targets", "lr", "warmup", "weight_decay", "clip", "batch", "grad_accum", "steps", "seed", "dtype"})
-        if (a[k] != b[k])
-            die(kError, "--resume %s: the checkpoint was trained with %s = %s, this run has %s = %s; resume with the same options "
-                        "(training_args.json in the run directory lists them)",
-                ckpt.c_str(), k, json::write(a[k], -1).c_str(), k, json::write(b[k], -1).c_str());
+                          "lora_targets", "lr", "warmup", "weight_decay", "clip", "batch", "grad_accum", "steps", "seed", "dtype"}) {
+        if (a[k] == b[k]) continue;
+        if (!std::strcmp(k, "data_key"))
+            die(kError, "--resume %s: the training data (or the tokenizer) differs from the checkpoint's run; resume on the same data",
+                ckpt.c_str());
+        die(kError, "--resume %s: the checkpoint was trained with %s = %s, this run has %s = %s; resume with the same options "
+                    "(training_args.json in the run directory lists them)",
+            ckpt.c_str(), k, json::write(a[k], -1).c_str(), k, json::write(b[k], -1).c_str());
+    }
 }
 
 std::string find_checkpoint(const std::string &dir) {
@@ -836,6 +869,28 @@ void write_logits(Run &r) {
     info("wrote   %s (logits of %lld tokens of one %s row)\n", r.o.logits_out.c_str(), (long long)T, r.eval_rows.empty() ? "training" : "eval");
 }
 
+bool lora_finite(const Model &m) {
+    for (const Layer &y : m.layers)
+        for (const forge_tensor *t : {y.a_qkv, y.b_qkv, y.a_o, y.b_o, y.a_gu, y.b_gu, y.a_down, y.b_down}) {
+            if (!t) continue;
+            std::vector<float> v((size_t)forge_tensor_nelements(t));
+            forge_tensor_get_f32(t, v.data(), (int64_t)v.size());
+            for (float x : v)
+                if (!std::isfinite(x)) return false;
+        }
+    return true;
+}
+
+// A NaN or infinity: stop, name the step, point at the last checkpoint saved before it (whose
+// weights were checked finite); the adapter files of the run directory are not written.
+[[noreturn]] void stop_non_finite(const Run &r, int64_t step, const char *what, bool open_line) {
+    if (open_line) info("\n");
+    die(kNonFinite, "step %lld: %s; stopping. %s", (long long)step, what,
+        r.last_ckpt.empty() ? "No checkpoint was saved before it (--save-every N saves them); no adapter was written."
+                            : ("The last good checkpoint is " + r.last_ckpt + ": continue from it with --resume " + r.last_ckpt +
+                               " (the run's options are in its state; lower --lr in a new run if it diverges again)").c_str());
+}
+
 void train(Run &r, int64_t start_step, int64_t rows_done) {
     const Options &o = r.o;
     const int64_t T = o.seq_len, B = o.batch, K = o.grad_accum;
@@ -850,6 +905,7 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
     };
     double last_eval = NAN, elapsed = 0, first_loss = NAN, last_loss = NAN;
     int64_t timed_steps = 0, tokens_total = 0;
+    bool open_line = false; // a live progress line without its newline yet
     char line[512];
     if (r.ge && start_step == 0) {
         last_eval = evaluate(r);
@@ -887,11 +943,8 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
         forge_tensor_get_f32(r.adam, gn, 2);
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (!std::isfinite(loss) || !std::isfinite(gn[0])) {
-            if (tty) info("\n");
-            die(kNonFinite, "step %lld: the loss is %g (gradient norm %g); stopping. %s", (long long)step, loss, (double)gn[0],
-                r.last_ckpt.empty() ? "No checkpoint was saved before it (--save-every N saves them); nothing was written."
-                                    : ("The last good checkpoint is " + r.last_ckpt + ": continue from it with --resume " + r.last_ckpt +
-                                       " and a lower --lr").c_str());
+            std::snprintf(line, sizeof line, "the loss is %g (gradient norm %g)", loss, (double)gn[0]);
+            stop_non_finite(r, step, line, open_line);
         }
         if (step > start_step + 1 || r.total_steps == start_step + 1) elapsed += ms / 1000, timed_steps++; // the first step warms up
         tokens_total += tokens;
@@ -907,6 +960,10 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
         const bool do_eval = r.ge && ((r.eval_every > 0 && step % r.eval_every == 0) || step == r.total_steps);
         if (do_eval) {
             last_eval = evaluate(r);
+            if (!std::isfinite(last_eval)) {
+                std::snprintf(line, sizeof line, "the eval loss after the update is %g", last_eval);
+                stop_non_finite(r, step, line, open_line);
+            }
             std::snprintf(line, sizeof line, "{\"step\":%lld,\"eval_loss\":%.9g}", (long long)step, last_eval);
             r.metrics.add(line);
         }
@@ -916,12 +973,15 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
         std::snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | eval %s | lr %.3g | %.0f tok/s | %.0f ms/step | mem %s | ETA %s",
                       (long long)step, (long long)r.total_steps, loss, eval_s, lr, tps, ms, human_bytes((double)r.mem_bytes).c_str(),
                       human_time(eta).c_str());
-        if (tty) info("\r\x1b[K%s%s", line, do_eval ? "\n" : "");
+        if (tty) info("\r\x1b[K%s%s", line, do_eval ? "\n" : ""), open_line = !do_eval;
         else if (step % log_every == 0 || do_eval || step == r.total_steps) info("%s\n", line);
-        if ((o.save_every > 0 && step % o.save_every == 0) || step == r.total_steps) save_checkpoint(r, step, rows_done);
+        if ((o.save_every > 0 && step % o.save_every == 0) || step == r.total_steps) {
+            if (!lora_finite(r.lm.m)) stop_non_finite(r, step, "the LoRA weights are no longer finite after the update", open_line);
+            save_checkpoint(r, step, rows_done);
+        }
         if (do_eval || step == r.total_steps || (o.save_every > 0 && step % o.save_every == 0)) write_curve();
     }
-    if (tty) info("\n");
+    if (open_line) info("\n");
     // the adapter in both formats at the top of the run directory
     if (!adapter_write_peft(r.lm.m, o.out, r.rm.base_name, &err) || !adapter_write_gguf(r.lm.m, o.out + "/adapter.gguf", &err))
         die(kError, "writing the adapter: %s", err.c_str());
@@ -946,25 +1006,28 @@ int main(int argc, char **argv) {
     Run r;
     r.o = parse_args(argc, argv);
     Options &o = r.o;
-    // --resume's checkpoint, and the run directory (never overwritten without --resume)
-    std::string ckpt;
-    if (o.resume_flag) {
-        std::string where = o.resume.empty() ? o.out : o.resume;
-        if (where.empty()) die(kUsage, "--resume needs a checkpoint directory or --out DIR of the run to continue");
-        ckpt = find_checkpoint(where);
-        if (ckpt.empty()) die(kError, "--resume: no checkpoint in %s (a checkpoint-N directory with state.safetensors)", where.c_str());
-    }
+    // the run directory (a resumed checkpoint's own run by default) and --resume's checkpoint
     r.rm = resolve_model(o.model);
     if (!o.base_model.empty()) r.rm.base_name = o.base_model;
-    if (o.out.empty()) {
+    if (o.out.empty() && !o.resume.empty()) {
+        std::string d = o.resume;
+        while (d.size() > 1 && d.back() == '/') d.pop_back();
+        o.out = !is_file(d + "/state.safetensors") ? d : d.find('/') == std::string::npos ? "." : d.substr(0, d.rfind('/'));
+    } else if (o.out.empty()) {
         std::string base = o.model;
         while (!base.empty() && base.back() == '/') base.pop_back();
         base = base.substr(base.rfind('/') + 1);
         if (ends_with(lower(base), ".gguf")) base.resize(base.size() - 5);
         o.out = "runs/" + base + "-lora";
     }
-    if (!o.resume_flag && (is_file(o.out + "/metrics.jsonl") || !find_checkpoint(o.out).empty()))
+    std::string ckpt;
+    if (o.resume_flag) {
+        const std::string where = o.resume.empty() ? o.out : o.resume;
+        ckpt = find_checkpoint(where);
+        if (ckpt.empty()) die(kError, "--resume: no checkpoint in %s (a checkpoint-N directory with state.safetensors)", where.c_str());
+    } else if (is_file(o.out + "/metrics.jsonl") || !find_checkpoint(o.out).empty()) {
         die(kError, "--out %s already holds a run; continue it with --resume or choose another --out", o.out.c_str());
+    }
 
     setup_device(r);
     r.ctx = forge_ctx_new();
@@ -975,8 +1038,8 @@ int main(int argc, char **argv) {
          r.rm.path.c_str(), c.arch_name.c_str(), (long long)c.n_layer, (long long)c.hidden, (long long)c.vocab, forge_type_name(r.dtype),
          human_time(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()).c_str(), r.device_name.c_str());
     if (r.lm.max_positions > 0 && o.seq_len > r.lm.max_positions)
-        die(kError, "--seq-len %lld is larger than the model allows (%lld positions: max_position_embeddings of %s)", (long long)o.seq_len,
-            (long long)r.lm.max_positions, o.model.c_str());
+        die(kError, "--seq-len %lld is larger than the model allows (%lld positions: %s of %s)", (long long)o.seq_len,
+            (long long)r.lm.max_positions, r.lm.max_positions_key.c_str(), o.model.c_str());
     lora_config(o, c.arch_name); // reject bad targets before reading the data
     const TokenizerSpec &ts = r.lm.tok.spec();
     r.pad_id = ts.pad >= 0 ? ts.pad : ts.eos >= 0 ? ts.eos : 0;

@@ -3,37 +3,44 @@
 //
 // Tensor-core path (q, k, v, dO, O bf16 with contiguous rows 16-byte aligned, head_dim 64/128/256,
 // scale > 0; q/k/v may be strided views of one qkv tensor): FlashAttention-2 on mma.sync m16n8k16
-// bf16 with fp32 accumulation, ldmatrix fragments from XOR-swizzled shared memory (conflict-free),
-// cp.async double buffering (the next tile streams in while the current one is computed).
-//   forward  attn_rows<D, false>: a block owns BM = 128 query rows of one (head, batch), each warp
-//            16 or 32 of them (rows_cfg); it streams the K/V tiles its rows may see: S = Q K^T,
-//            online softmax in the log2 domain (one FFMA + one ex2 per score: the scale rides in
-//            the FFMA), O += P V; writes O (bf16) and LSE (fp32).
-//   backward attn_rows<D, true> (dq): same grid and loop; first D_i = dO_i . O_i and LSE*log2e of
-//            its rows (to scratch, for attn_cols), then per key tile P = exp2(S*scale*log2e - L),
-//            dP = dO V^T, dS = P (dP - D_i) softcap', dq += dS K.
-//            attn_cols<D> (dk, dv): a block owns 16 key rows per warp of one kv head (and a slice
-//            of head_dim for D = 256); it loops over the query heads of its group (all, or one of
+// bf16 with fp32 accumulation, ldmatrix fragments from XOR-swizzled shared memory (conflict-free;
+// per-lane offset tables make each address one add to an immediate), cp.async double buffering
+// (the next tile streams in while the current one is computed).
+//   forward  attn_rows<D, false>: a block owns 128 query rows of one (head, batch), 32 per warp at
+//            D = 64/128 (each K/V fragment feeds two m16 tiles: half the ldmatrix traffic per mma),
+//            16 at D = 256; it streams the K/V tiles its rows may see: S = Q K^T, online softmax in
+//            the log2 domain (one FFMA + one ex2 per score, the scale riding in the FFMA; O is
+//            rescaled only when some row max moved), O += P V; writes O (bf16) and LSE (fp32).
+//   backward attn_rows<D, true> (dq): the same loop over 64 (D <= 128) or 128 query rows; first
+//            D_i = dO_i . O_i and LSE*log2e of its rows (also to scratch, padded to Tp rows, for
+//            attn_cols), then per key tile P = exp2(S scale log2e - L), dP = dO V^T,
+//            dS = P (dP - D_i) softcap', dq += dS K.
+//            attn_cols<D> (dk, dv): a block owns 16 key rows per warp of one kv head (and half of
+//            head_dim at D = 256); it loops over the query heads of its group (all, or one of
 //            `hsplit` parts when there are too few key blocks to fill the GPU) and the query tiles
 //            that see its keys: S^T = K Q^T, dP^T = V dO^T, dv += P^T dO, dk += dS^T Q, all in
-//            registers (P^T and dS^T go from accumulators straight to A fragments). With hsplit = 1
-//            it writes dk (times scale) and dv; else fp32 partials, which attn_dkdv_sum adds in a
+//            registers (P^T and dS^T go from accumulators straight to A fragments). hsplit = 1:
+//            it writes dk (times scale) and dv; else fp32 partials that attn_dkdv_sum adds in a
 //            fixed order.
 //   Every value is written by exactly one thread: no atomics, bit-for-bit deterministic.
-// Launch shape: 1-D grids ordered so that the longest blocks (the last query tiles, the first key
-// tiles under a causal mask) are dispatched first. Masked work is skipped: causal and window
-// bounds give the tile range, a table of per-16-token min/max document ids (attn_doc_table)
-// skips tiles whose documents cannot meet, and each warp classifies each tile for its own rows
-// (nothing to do / every pair allowed / test each pair): only boundary tiles pay for the element
-// tests, in a separately compiled variant of the tile step; softcap is a compile-time variant too.
+// Launch shape: 1-D grids ordered so that the longest blocks (the last query tiles; the first key
+// tiles under a causal mask) are dispatched first; 2 blocks of 4 warps per SM (8 warps of one
+// block at D = 256), register-bound (~250 registers, no spills in the D = 64 kernels, a few
+// bytes around the tile bookkeeping elsewhere). Masked work is skipped: causal and window bounds
+// give the tile range, a table of per-16-token min/max document ids (attn_doc_table) skips tiles
+// whose documents cannot meet, and each warp classifies each tile for its own rows (nothing to
+// do / every pair allowed / test each pair): only boundary tiles run the element tests, in a
+// separately compiled variant of the tile step; softcap is a compile-time variant too.
 // Work per (query, key) pair: forward 4D flop, backward 14D (FA2's 10D plus one recomputation of S
 // and dP for dq, the price of determinism without atomics). Traffic: each K/V (or Q/dO) tile is
-// read once per block from L2 and reused by every warp (128 query rows: ~128 flop per byte of
-// L2 traffic); shared-memory reads are one ldmatrix.x4 per 2-4 mma, so the kernels are bound by
-// mma.sync issue and ldmatrix bandwidth, not DRAM. Tuning knobs: rows_cfg and cols_cfg below.
+// read once per block from L2 and reused by every warp (~100-250 flop per byte of L2 traffic);
+// shared memory gives one ldmatrix.x4 per 2.7-3.2 mma (D = 64/128 forward) or per 1.6-2 mma
+// (backward), so the kernels are bound by mma.sync issue and ldmatrix bandwidth, not DRAM.
+// Tuning knobs: rows_cfg and cols_cfg below.
 //
-// Generic path (any float types, any strides, any head_dim): one warp per query row (forward,
-// dq) or key row (dk/dv), lanes over head_dim, fp32 throughout, online softmax; correct, slow.
+// Generic path (any float types, any strides, any head_dim, scale <= 0): one warp per query row
+// (forward, dq) or key row (dk/dv), lanes over head_dim, fp32 throughout, online softmax; correct,
+// slow.
 #include "cuda.cuh"
 
 #include <algorithm>
@@ -451,10 +458,10 @@ __device__ __forceinline__ void warp_store_rows(const float (&c)[DO / 8][4], con
 // per warp (MT = 2) halve the ldmatrix traffic per mma (each K/V fragment feeds both); D = 256
 // and dq keep MT = 1 for the accumulators to fit in registers.
 template <int D, bool DQ> struct rows_cfg;
-template <> struct rows_cfg<64, false> { static constexpr int NW = 4, MT = 2, BN = 64, MINB = 2; static constexpr bool QREG = true; };
-template <> struct rows_cfg<128, false> { static constexpr int NW = 4, MT = 2, BN = 64, MINB = 2; static constexpr bool QREG = false; };
-template <> struct rows_cfg<256, false> { static constexpr int NW = 8, MT = 1, BN = 64, MINB = 1; static constexpr bool QREG = false; };
-template <> struct rows_cfg<64, true> { static constexpr int NW = 4, MT = 1, BN = 64, MINB = 3; static constexpr bool QREG = true; };
+template <> struct rows_cfg<64, false> { static constexpr int NW = 4, MT = 2, BN = 64, MINB = 2; static constexpr bool QREG = false; };
+template <> struct rows_cfg<128, false> { static constexpr int NW = 4, MT = 2, BN = 32, MINB = 2; static constexpr bool QREG = false; };
+template <> struct rows_cfg<256, false> { static constexpr int NW = 8, MT = 1, BN = 32, MINB = 1; static constexpr bool QREG = false; };
+template <> struct rows_cfg<64, true> { static constexpr int NW = 4, MT = 1, BN = 64, MINB = 2; static constexpr bool QREG = true; };
 template <> struct rows_cfg<128, true> { static constexpr int NW = 4, MT = 1, BN = 64, MINB = 2; static constexpr bool QREG = false; };
 template <> struct rows_cfg<256, true> { static constexpr int NW = 8, MT = 1, BN = 32, MINB = 1; static constexpr bool QREG = false; };
 
@@ -512,6 +519,19 @@ __global__ void __launch_bounds__(32 * rows_cfg<D, DQ>::NW, rows_cfg<D, DQ>::MIN
             rows[mt][e] = i0 + w0 + mt * 16 + gq + 8 * e;
             rdoc[mt][e] = rows[mt][e] < a.T ? a.doc_id(rows[mt][e], b) : 0;
         }
+    // dq: D_i = dO_i . O_i and LSE*log2e of the warp's rows; a row of CH 16-byte chunks is summed
+    // by CH lanes. The O and LSE loads are issued before waiting for the tiles.
+    constexpr int CH = D / 8, RPP = 32 / CH, NO = DQ ? WM / RPP : 1;
+    uint4 orow[NO];
+    float lrow[NO];
+    if constexpr (DQ) {
+#pragma unroll
+        for (int k = 0; k < NO; k++) {
+            const int i = i0 + w0 + k * RPP + lane / CH;
+            orow[k] = i < a.T ? *(const uint4 *)(a.row(a.o, h, i, b) + lane % CH * 16) : make_uint4(0, 0, 0, 0);
+            lrow[k] = i < a.T && lane % CH == 0 ? a.lse2(h, i, b) : 0.0f;
+        }
+    }
     cp_async_wait<1>(); // the q (and dO) rows
     __syncthreads();
     const lane_offs<D> lo(lane);
@@ -522,18 +542,15 @@ __global__ void __launch_bounds__(32 * rows_cfg<D, DQ>::NW, rows_cfg<D, DQ>::MIN
     float rs[MT][2][2]; // forward: running max (score units) and partial sum of each row; dq: LSE*log2e and D_i
     if constexpr (DQ) {
         fdo.init(udO + w0 * 2 * D, lo);
-        // D_i = dO_i . O_i and LSE*log2e of the warp's rows, also to scratch for attn_cols (rows
-        // [T, Tp) get zeros); a row of CH 16-byte chunks is summed by CH lanes
-        constexpr int CH = D / 8, RPP = 32 / CH;
+        // both also go to scratch for attn_cols (rows [T, Tp) get zeros)
 #pragma unroll
-        for (int k = 0; k < WM / RPP; k++) {
+        for (int k = 0; k < NO; k++) {
             const int row = w0 + k * RPP + lane / CH, c = lane % CH, i = i0 + row;
-            float s = 0.0f;
-            if (i < a.T) s = dot8(*(const uint4 *)(a.row(a.o, h, i, b) + c * 16), *(const uint4 *)(sdO + swz<D>(row, c * 8)));
+            float s = dot8(orow[k], *(const uint4 *)(sdO + swz<D>(row, c * 8)));
 #pragma unroll
             for (int o = CH / 2; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             if (c == 0) {
-                const float l2 = i < a.T ? a.lse2(h, i, b) : 0.0f;
+                const float l2 = lrow[k];
                 sStat[row] = l2;
                 sStat[BM + row] = s;
                 if (i < a.Tp) {

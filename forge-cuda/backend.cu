@@ -1,7 +1,8 @@
 // forge-cuda/backend.cu - the CUDA backend: device buffers for the allocator's arenas, one
 // stream, one cuBLASLt handle and workspace, one scratch buffer sized before the first run, and
 // the step runner. The first compute of a graph captures every node's launches into a CUDA
-// graph; later computes replay it with one cudaGraphLaunch. Inputs live at fixed addresses in
+// graph; later computes replay it with one cudaGraphLaunch. One pattern of nodes is fused at
+// launch: a residual ADD followed by the RMSNORM of its result. Inputs live at fixed addresses in
 // the activation arena (the allocator never moves them), so the host copies new inputs there
 // before a replay. The only host synchronisation is at the end of a step, to read the device
 // error word (a bad token id or label) - never inside the step.
@@ -116,9 +117,18 @@ struct CudaBackend final : forge_backend {
         return FORGE_OK;
     }
 
-    // Enqueues every node on the stream.
+    // Enqueues every node on the stream; an ADD directly followed by the RMSNORM of its result
+    // (the residual stream of every layer) runs as one fused kernel.
     void launch_nodes(forge_graph *g) {
-        for (forge_tensor *t : g->nodes) forge_cuda_launch_node(t, &params);
+        const size_t n = g->nodes.size();
+        for (size_t i = 0; i < n; i++) {
+            forge_tensor *t = g->nodes[i];
+            if (t->op == FORGE_OP_ADD && i + 1 < n && forge_cuda_add_rmsnorm(t, g->nodes[i + 1], &params)) {
+                i++;
+                continue;
+            }
+            forge_cuda_launch_node(t, &params);
+        }
     }
 
     forge_status fail(const std::string &what, cudaError_t e) {

@@ -97,6 +97,11 @@ FORGE_CUDA_FAMILY(attention)   // ATTENTION ATTENTION_BACK
 FORGE_CUDA_FAMILY(cross_entropy) // CROSS_ENTROPY
 FORGE_CUDA_FAMILY(adamw)       // ADAMW
 
+// The fused residual add + RMSNorm (in rmsnorm.cu): an ADD node and the RMSNORM node that reads
+// it, run as one kernel writing both results, bitwise equal to running them one after the other.
+// Returns false, enqueueing nothing, when the pair does not match.
+bool forge_cuda_add_rmsnorm(forge_tensor *add, forge_tensor *norm, const forge_cuda_params *p);
+
 // The launch parameters of a CUDA backend (stream, cuBLASLt handle, scratch), so that benchmarks
 // can enqueue a single node's kernels with forge_cuda_<family>(node, params) and time them.
 // NULL for a backend that is not a CUDA backend.

@@ -1,332 +1,557 @@
-// forge-cuda/rmsnorm.cu - RMSNORM and RMSNORM_BACK on the GPU, over rows of ne0 elements (a
-// [head_dim, n_head, ...] input with a [head_dim] weight is Qwen3's per-head q/k norm).
+// forge-cuda/rmsnorm.cu - RMSNORM and RMSNORM_BACK on the GPU, over rows of ne0 = C elements (a
+// [head_dim, n_head, ...] input with a [head_dim] weight is Qwen3's per-head q/k norm), and the
+// residual add fused in front of a forward norm:
 //
-// One kernel, rmsnorm_kernel<V, mode> (forward; forward behind a fused residual add, see
-// forge_cuda_add_rmsnorm; backward). Each row belongs to a group of G lanes of one warp (G a power
-// of two, about 4 vectors of 8 elements per lane: G = 4 for a 128-wide head, 32 for a hidden
-// row), a block holds 256 / G rows (fewer when rows are long) and walks its tiles of rows
-// grid-stride. A group reads its row once from global memory (128-bit loads of 8 elements when
-// the rows are dense and 16-byte aligned, else element by element through the strides) into a
-// fp32 row cache in shared memory, summing squares in double; lane shuffles give
-// r = rsqrt(mean(x^2) + eps) (computed in double like the CPU); the output pass reads the cache
-// and writes the row with 128-bit stores. w + offset is staged in shared memory once per block.
-// Traffic: forward reads x and writes y; backward reads x and dy and writes dx - each once, the
-// memory roofline; the second and third passes over a row hit shared memory only.
+//     bool forge_cuda_add_rmsnorm(forge_tensor *add_node, forge_tensor *norm_node, const forge_cuda_params *p);
 //
-// Backward: g = dy * w', x_hat = x * r, dx = r * (g - x_hat * mean(g * x_hat)). When the weight
-// trains (res[1] != NULL), dw = sum over rows of dy * x_hat is accumulated deterministically:
-// after each tile the block adds, per column and in row order, the tile's dy * x_hat (both still
-// in shared memory) into a per-block fp64 partial in shared memory; at the end each block writes
-// its partial to p->work, and dw_reduce_kernel adds the partials of the (shape-determined,
-// at most 1024) blocks in order. No float atomics anywhere: repeated runs agree bit for bit.
+// runs an ADD node h = a + b and the RMSNORM node y = rmsnorm(h) that reads it in one kernel: each
+// row reads a and b once and writes h (rounded to h's type) and y, with y computed from the
+// rounded h exactly as the RMSNORM kernel computes it from h in memory, so both outputs are bit
+// for bit those of forge_cuda_elementwise(add_node) followed by forge_cuda_rmsnorm(norm_node).
+// It returns false and enqueues nothing (the caller then launches the two nodes) unless:
+// add_node->op == ADD, norm_node->op == RMSNORM, norm_node->src[0] == add_node (the node itself,
+// not a view of it); a, b and h have one shape; the rows of a, b, h and y have the chunk width
+// the norm alone would use on h (all dense, 16-byte aligned and of one element size, or all on
+// the element path); h and y are contiguous, as the engine creates them; y's memory overlaps
+// none of a, b, h (a planner that lets y take over a dying a or b defeats the fusion); h is
+// disjoint from a and b or exactly one of them (in place). h stays a normal node output: the
+// residual stream reads it later.
+//
+// One kernel, rmsnorm_kernel<V, MODE, OVF> (MODE: forward, fused add + forward, backward,
+// backward with the weight gradient), rows held in registers. A row is cut into chunks of 16
+// bytes - V = 8 elements of BF16/F16 or 4 of F32 - when all its tensors are dense, 16-byte aligned
+// and of one element size (else V = 1, one element of any type per chunk), and belongs to a
+// group of T threads: T a power of two up to 32 (sub-warps or one warp; 128-thread blocks hold
+// 128 / T rows) or a multiple of 32 up to 512 (warps combined through shared memory), the fewest
+// that give each thread at most NV chunks (NV = 4: a bf16 row of 896 or 1024 is one warp, 2304 is
+// 3 warps, 4096 is 4 warps, a 128-wide head 4 lanes). Thread t of a group owns chunks t, t + T,
+// ...: it issues all of their 128-bit loads at once, keeps them in registers as loaded (4
+// registers per 16 bytes), sums x^2 (and g*x backward) in double; lane shuffles (and shared
+// memory across warps) give the row's sums, identical in every lane; r = 1 / sqrt(mean(x^2) +
+// eps) in double like the CPU; the output pass unpacks the registers again and leaves with
+// 128-bit stores, reading w' (L1 hits) only after the sums. Rows longer than T * NV chunks
+// (OVF: C > 16384 bf16, 8192 f32 or on the element path; half that with dw) read their later
+// chunks again (from L2) in the output pass.
+// Traffic: the forward reads x and writes y, the backward reads x and dy and writes dx, the fused
+// add reads a and b and writes h and y - each exactly once, the memory roofline; w (C elements)
+// comes from L1/L2. Each thread has NV x 16 bytes per source in flight: at 63 / 79 / 91 registers
+// (bf16 forward / fused add / backward) that is 64 / 96 / 80 KB of loads in flight per SM, well
+// above what the H200's bandwidth-latency product asks (~30 KB per SM).
+//
+// Backward: g = dy * w', x_hat = x * r, dx = r * (g - x_hat * m) with m = mean(g * x_hat), taken
+// as r * sum(g * x) / C from the same pass as sum(x^2). When the weight trains (res[1] != NULL),
+// dw = sum over rows of dy * x_hat, deterministically: a fixed grid (a function of the shape)
+// walks the row tiles; each thread adds dy * x_hat of its chunks, row after row, into fp64
+// registers (NV = 2 in this mode), then stores them into its group's slot of fp64 partials
+// [slot][C] in p->work (chunks past the registers add straight into the slot); dw_reduce_kernel
+// adds the slots in order per column. No float atomics: repeated runs agree bit for bit.
 #include "cuda.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace {
 
-constexpr int VEC = 8;
-constexpr int MAX_THREADS = 256;
-constexpr int MAX_BLOCKS = 1024;         // the grid of the backward fixes the dw partition
-constexpr size_t SMEM_BUDGET = 100 << 10; // shared memory per block we aim for
+constexpr int BLOCK = 128;        // threads of a block of sub-warp / one-warp rows
+constexpr int MAX_T = 512;        // threads of one row at most
+constexpr int64_t DW_MAX_SLOTS = 1024;
+constexpr size_t DW_SLOT_BYTES = 16u << 20; // fp64 partials of dw at most (then fewer slots)
 
-// ---- 8-element vectors (16-byte aligned addresses) -----------------------------------------
-__device__ inline void load8(forge_type t, const char *p, float *v) {
-    if (t == FORGE_TYPE_F32) {
-        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-        return;
-    }
-    const uint4 u = *(const uint4 *)p;
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 f;
-        if (t == FORGE_TYPE_BF16) f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-        else f = __half22float2(*(const __half2 *)&w[k]);
-        v[2 * k] = f.x;
-        v[2 * k + 1] = f.y;
-    }
-}
-__device__ inline void store8(forge_type t, char *p, const float *v) {
-    if (t == FORGE_TYPE_F32) {
-        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-        return;
-    }
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        if (t == FORGE_TYPE_BF16) { __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
-        else { __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
-    }
-    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
-}
+enum rms_mode { RMS_FWD, RMS_ADD_FWD, RMS_BACK, RMS_BACK_DW };
 
-// V elements of a global row (V == 1: one element, stride ignored) <-> floats.
-template <int V> __device__ inline void gload(forge_type t, const char *p, float *v) {
-    if constexpr (V == VEC) load8(t, p, v);
-    else v[0] = forge_cuda_load(t, p);
-}
-template <int V> __device__ inline void gstore(forge_type t, char *p, const float *v) {
-    if constexpr (V == VEC) store8(t, p, v);
-    else forge_cuda_store(t, p, v[0]);
-}
-// V floats of a shared-memory row (16-byte aligned when V == 8).
-template <int V> __device__ inline void sload(const float *s, float *v) {
+// Chunks a thread keeps in registers (the forward and the fused add must agree: same partition,
+// same sums, same bits).
+__host__ __device__ constexpr int nv_of(int V, int mode) { return V > 1 ? (mode == RMS_BACK_DW ? 2 : 4) : (mode == RMS_BACK_DW ? 8 : 16); }
+
+// A chunk as loaded: 16 bytes (V = 8 BF16/F16 or 4 F32 elements), or one element as a float.
+template <int V> struct chunk {
+    uint4 u;
+};
+template <> struct chunk<1> {
+    float f;
+};
+
+// 2k 16-bit values <-> floats; the type test once per call.
+template <int K> __device__ inline void unpack16(forge_type t, const uint32_t *w, float *v) {
+    if (t == FORGE_TYPE_BF16) {
 #pragma unroll
-    for (int k = 0; k < V; k += 4) {
-        if constexpr (V == VEC) {
-            const float4 q = *(const float4 *)(s + k);
-            v[k] = q.x; v[k + 1] = q.y; v[k + 2] = q.z; v[k + 3] = q.w;
-        } else {
-            v[k] = s[k];
+        for (int k = 0; k < K; k++) {
+            const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+            v[2 * k] = f.x;
+            v[2 * k + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const float2 f = __half22float2(*(const __half2 *)&w[k]);
+            v[2 * k] = f.x;
+            v[2 * k + 1] = f.y;
         }
     }
 }
-template <int V> __device__ inline void sstore(float *s, const float *v) {
+template <int K> __device__ inline void pack16(forge_type t, const float *v, uint32_t *w) {
+    if (t == FORGE_TYPE_BF16) {
 #pragma unroll
-    for (int k = 0; k < V; k += 4) {
-        if constexpr (V == VEC) *(float4 *)(s + k) = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
-        else s[k] = v[k];
+        for (int k = 0; k < K; k++) {
+            const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+            w[k] = *(const uint32_t *)&h;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+            w[k] = *(const uint32_t *)&h;
+        }
+    }
+}
+// V values rounded to type t (to nearest even).
+template <int V> __device__ inline void round_to(forge_type t, float *v) {
+    if (t == FORGE_TYPE_BF16) {
+#pragma unroll
+        for (int e = 0; e < V; e++) v[e] = __bfloat162float(__float2bfloat16_rn(v[e]));
+    } else if (t == FORGE_TYPE_F16) {
+#pragma unroll
+        for (int e = 0; e < V; e++) v[e] = __half2float(__float2half_rn(v[e]));
+    }
+}
+template <int V> __device__ inline void unpack(forge_type t, const chunk<V> &c, float *v) {
+    if constexpr (V == 1) {
+        v[0] = c.f;
+    } else if constexpr (V == 4) {
+        v[0] = __uint_as_float(c.u.x); v[1] = __uint_as_float(c.u.y); v[2] = __uint_as_float(c.u.z); v[3] = __uint_as_float(c.u.w);
+    } else {
+        const uint32_t w[4] = {c.u.x, c.u.y, c.u.z, c.u.w};
+        unpack16<4>(t, w, v);
+    }
+}
+// Packing rounds to the type, so unpack(pack(v)) is v as stored.
+template <int V> __device__ inline chunk<V> pack(forge_type t, const float *v) {
+    chunk<V> c;
+    if constexpr (V == 1) {
+        c.f = v[0];
+        round_to<1>(t, &c.f);
+    } else if constexpr (V == 4) {
+        c.u = make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+    } else {
+        uint32_t w[4];
+        pack16<4>(t, v, w);
+        c.u = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    return c;
+}
+
+// Hides a chunk's value from the compiler, so that the output pass unpacks the 16 bytes again
+// instead of keeping the floats of the first pass alive (twice the registers) across the sums.
+template <int V> __device__ inline void opaque(chunk<V> &c) {
+    if constexpr (V == 1) asm volatile("" : "+f"(c.f));
+    else asm volatile("" : "+r"(c.u.x), "+r"(c.u.y), "+r"(c.u.z), "+r"(c.u.w));
+}
+
+// q = a / b, r = a % b for non-negative a, b (32-bit division when both fit).
+__device__ inline void divmod(int64_t a, int64_t b, int64_t &q, int64_t &r) {
+    if (((uint64_t)a | (uint64_t)b) >> 32 == 0) {
+        const uint32_t q32 = (uint32_t)a / (uint32_t)b;
+        q = q32;
+        r = (int64_t)((uint32_t)a - q32 * (uint32_t)b);
+    } else {
+        q = a / b;
+        r = a - q * b;
     }
 }
 
-__device__ inline float round_to(forge_type t, float v) {
-    if (t == FORGE_TYPE_BF16) return __bfloat162float(__float2bfloat16_rn(v));
-    if (t == FORGE_TYPE_F16) return __half2float(__float2half_rn(v));
-    return v;
-}
-
-// Sum over the G lanes of a group (every lane of the warp must call it; all get the same value).
-__device__ inline double group_sum(double v, int G) {
-    for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// A row source: row r sits at data + i1*nb[1] + i2*nb[2] + i3*nb[3] (r = i1 + ne1*(i2 + ne2*i3)).
-struct row_src {
-    const char *data;
+// A tensor of rows: row (i1, i2, i3) starts at data + i1*nb[1] + i2*nb[2] + i3*nb[3]; elements
+// nb[0] apart (16-byte chunks are dense when V > 1). Destinations are contiguous rows of C.
+struct rows_t {
+    char *data;
     forge_type type;
     int64_t nb[4];
 };
 
+template <int V> __device__ inline chunk<V> load_chunk(const rows_t &s, const char *row, int64_t k) {
+    chunk<V> c;
+    if constexpr (V == 1) c.f = forge_cuda_load(s.type, row + k * s.nb[0]);
+    else c.u = *(const uint4 *)(row + k * 16);
+    return c;
+}
+template <int V> __device__ inline void store_chunk(const rows_t &d, char *row, int64_t k, const chunk<V> &c) {
+    if constexpr (V == 1) forge_cuda_store(d.type, row + k * d.nb[0], c.f);
+    else *(uint4 *)(row + k * 16) = c.u;
+}
+
 struct rms_args {
-    row_src x, dy;          // dy: backward only
-    row_src res;            // fused ADD: the row is round(x + res), written to h first (else data NULL)
-    char *h;                // contiguous rows of C, of type htype
-    forge_type htype;
-    int64_t hes;
-    row_src w;              // [C]
-    int64_t C, Cp, rows, ne1, ne2; // Cp: C rounded up to 4 (shared-memory row pitch)
-    char *dst;              // contiguous rows of C
-    forge_type dtype;
-    int64_t des;            // dst element size
+    rows_t x;           // the norm's input (fused add: h, read back for chunks past the registers)
+    rows_t dy;          // backward
+    rows_t a, b;        // the fused add's sources
+    rows_t dst;         // y or dx
+    rows_t h;           // the fused add's result
+    const char *w;      // [C], elements w_nb apart
+    forge_type wtype;
+    int64_t w_nb;
+    bool w_vec;         // w dense and 16-byte aligned (V > 1)
+    int64_t C, nch, rows, ne1, ne2; // nch = C / V
+    int T, R;           // threads per row, rows per block
     float eps, offset;
     bool cast_before;
-    int G;                  // lanes per row
-    double *part;           // backward with dw: [gridDim.x][C] partials, else NULL
+    double *part;       // backward with dw: [gridDim.x * R][C] fp64 partials
 };
 
-__device__ inline const char *row_ptr(const row_src &s, const rms_args &a, int64_t r) {
-    const int64_t i1 = r % a.ne1, q = r / a.ne1;
-    return s.data + i1 * s.nb[1] + (q % a.ne2) * s.nb[2] + (q / a.ne2) * s.nb[3];
-}
-
-enum rms_mode { RMS_FWD, RMS_ADD_FWD, RMS_BACK }; // RMS_ADD_FWD: the fused residual add in front
-
-template <int V, int MODE> __global__ void __launch_bounds__(MAX_THREADS) rmsnorm_kernel(rms_args a) {
-    constexpr bool BACK = MODE == RMS_BACK;
-    extern __shared__ double smem[];
-    const bool dw = BACK && a.part;
-    const int64_t C = a.C, nv = C / V;
-    double *part = smem;                                     // [C] (dw only)
-    float *wp = (float *)(smem + (dw ? C : 0));              // [C] w + offset
-    const int G = a.G, lane = threadIdx.x % G, grp = threadIdx.x / G, rpb = blockDim.x / G;
-    float *xs = wp + a.Cp + (int64_t)grp * (BACK ? 2 : 1) * a.Cp, *gs = xs + a.Cp; // this group's row cache
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-        wp[c] = forge_cuda_load(a.w.type, a.w.data + c * a.w.nb[0]) + a.offset;
-        if (dw) part[c] = 0.0;
-    }
-    __syncthreads();
-    for (int64_t tile = blockIdx.x; tile * rpb < a.rows; tile += gridDim.x) {
-        const int64_t r = tile * rpb + grp, nvr = r < a.rows ? nv : 0;
-        // pass 1: the row (and dy) into shared memory, sum of squares
-        double ss = 0;
-        if (nvr) {
-            const char *xr = row_ptr(a.x, a, r), *dyr = BACK ? row_ptr(a.dy, a, r) : nullptr;
-            const char *qr = MODE == RMS_ADD_FWD ? row_ptr(a.res, a, r) : nullptr;
-#pragma unroll 4
-            for (int64_t v = lane; v < nvr; v += G) {
-                float t[V];
-                gload<V>(a.x.type, xr + v * V * a.x.nb[0], t);
-                if constexpr (MODE == RMS_ADD_FWD) { // h = round(x + res), normalised from h
-                    float q[V];
-                    gload<V>(a.res.type, qr + v * V * a.res.nb[0], q);
+// w + offset for chunk k (w: a.w, see the output pass).
+template <int V> __device__ inline void weight(const rms_args &a, const char *w, int64_t k, float *v) {
+    const char *p = w + k * V * a.w_nb;
+    if constexpr (V > 1) {
+        if (a.w_vec && a.wtype == FORGE_TYPE_F32) {
 #pragma unroll
-                    for (int k = 0; k < V; k++) t[k] = round_to(a.htype, t[k] + q[k]);
-                    gstore<V>(a.htype, a.h + (r * C + v * V) * a.hes, t);
-                }
-                sstore<V>(xs + v * V, t);
-#pragma unroll
-                for (int k = 0; k < V; k++) ss += (double)t[k] * t[k];
-                if constexpr (BACK) {
-                    gload<V>(a.dy.type, dyr + v * V * a.dy.nb[0], t);
-                    sstore<V>(gs + v * V, t);
-                }
+            for (int i = 0; i < V; i += 4) {
+                const float4 f = *(const float4 *)(p + i * 4);
+                v[i] = f.x; v[i + 1] = f.y; v[i + 2] = f.z; v[i + 3] = f.w;
             }
-        }
-        ss = group_sum(ss, G);
-        const float rs = (float)(1.0 / sqrt(ss / (double)C + (double)a.eps));
-        char *dr = a.dst + r * C * a.des;
-        if constexpr (!BACK) {
-            for (int64_t v = lane; v < nvr; v += G) {
-                float t[V], w[V];
-                sload<V>(xs + v * V, t);
-                sload<V>(wp + v * V, w);
-#pragma unroll
-                for (int k = 0; k < V; k++) {
-                    const float xh = t[k] * rs;
-                    t[k] = (a.cast_before ? round_to(a.dtype, xh) : xh) * w[k];
-                }
-                gstore<V>(a.dtype, dr + v * V * a.des, t);
-            }
+        } else if (a.w_vec) { // 16-bit: 16 or 8 bytes
+            uint32_t u[V / 2];
+            if constexpr (V == 8) { const uint4 q = *(const uint4 *)p; u[0] = q.x; u[1] = q.y; u[2] = q.z; u[3] = q.w; }
+            else { const uint2 q = *(const uint2 *)p; u[0] = q.x; u[1] = q.y; }
+            unpack16<V / 2>(a.wtype, u, v);
         } else {
-            // pass 2: x_hat into the cache, dot = sum g * x_hat
-            double dot = 0;
-            for (int64_t v = lane; v < nvr; v += G) {
-                float t[V], d[V], w[V];
-                sload<V>(xs + v * V, t);
-                sload<V>(gs + v * V, d);
-                sload<V>(wp + v * V, w);
 #pragma unroll
-                for (int k = 0; k < V; k++) {
-                    t[k] *= rs;
-                    dot += (double)(d[k] * w[k]) * t[k];
-                }
-                sstore<V>(xs + v * V, t);
-            }
-            const float m = (float)(group_sum(dot, G) / (double)C);
-            // pass 3: dx = r * (g - x_hat * m)
-            for (int64_t v = lane; v < nvr; v += G) {
-                float t[V], d[V], w[V];
-                sload<V>(xs + v * V, t);
-                sload<V>(gs + v * V, d);
-                sload<V>(wp + v * V, w);
-#pragma unroll
-                for (int k = 0; k < V; k++) d[k] = rs * (d[k] * w[k] - t[k] * m);
-                gstore<V>(a.dtype, dr + v * V * a.des, d);
-            }
-            if (dw) { // the tile's dy * x_hat into the block's partial, rows in order
-                __syncthreads();
-                const int n = (int)min((int64_t)rpb, a.rows - tile * rpb);
-                for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-                    double s = part[c];
-                    for (int g = 0; g < n; g++) {
-                        const float *row = wp + a.Cp + (int64_t)g * 2 * a.Cp;
-                        s += (double)row[a.Cp + c] * row[c];
-                    }
-                    part[c] = s;
-                }
-                __syncthreads();
-            }
+            for (int e = 0; e < V; e++) v[e] = forge_cuda_load(a.wtype, p + e * a.w_nb);
         }
+    } else {
+        v[0] = forge_cuda_load(a.wtype, p);
     }
-    if (dw)
-        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) a.part[blockIdx.x * C + c] = part[c];
+#pragma unroll
+    for (int e = 0; e < V; e++) v[e] += a.offset;
 }
 
-// dw[c] = sum over the n_part block partials, in order.
-__global__ void dw_reduce_kernel(const double *part, int64_t n_part, int64_t C, float *dw) {
-    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+// Sums over a group of T threads (every thread of the block calls it); all get the same bits.
+template <int N> __device__ inline void group_sum(double (&v)[N], int T, double (*red)[2]) {
+    const int lanes = T < 32 ? T : 32;
+    for (int o = lanes / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+    if (T <= 32) return;
+    const int warp = threadIdx.x / 32, first = warp / (T / 32) * (T / 32);
+    if (threadIdx.x % 32 == 0)
+#pragma unroll
+        for (int i = 0; i < N; i++) red[warp][i] = v[i];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        v[i] = red[first][i];
+        for (int w = first + 1; w < first + T / 32; w++) v[i] += red[w][i];
+    }
+    __syncthreads(); // red is reused by the next row
+}
+
+template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1) rmsnorm_kernel(rms_args a) {
+    constexpr int NV = nv_of(V, MODE);
+    constexpr bool BACK = MODE == RMS_BACK || MODE == RMS_BACK_DW, DW = MODE == RMS_BACK_DW, ADD = MODE == RMS_ADD_FWD;
+    constexpr int NS = BACK ? 2 : 1; // sums per row
+    __shared__ double red[MAX_T / 32][2];
+    const int T = a.T, lt = threadIdx.x % T, grp = threadIdx.x / T;
+    const int64_t C = a.C, nch = a.nch;
+    double acc[DW ? NV : 1][V]; // dw: this thread's chunks summed over its rows
+    double *slot = DW ? a.part + ((int64_t)blockIdx.x * a.R + grp) * C : nullptr;
+    if constexpr (DW) {
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+#pragma unroll
+            for (int e = 0; e < V; e++) acc[i][e] = 0.0;
+        for (int64_t k = lt + (int64_t)T * NV; OVF && k < nch; k += T)
+#pragma unroll
+            for (int e = 0; e < V; e++) slot[k * V + e] = 0.0;
+    }
+    for (int64_t tile = blockIdx.x; tile * a.R < a.rows; tile += gridDim.x) {
+        const int64_t r = tile * a.R + grp;
+        const bool live = r < a.rows;
+        int64_t q, i1, i2, i3;
+        divmod(live ? r : 0, a.ne1, q, i1);
+        divmod(q, a.ne2, i3, i2);
+        auto row = [&](const rows_t &s) { return s.data + i1 * s.nb[1] + i2 * s.nb[2] + i3 * s.nb[3]; };
+        const char *xr = row(a.x), *dyr = BACK ? row(a.dy) : nullptr;
+        char *dr = a.dst.data + r * C * a.dst.nb[0], *hr = ADD ? a.h.data + r * C * a.h.nb[0] : nullptr;
+        auto has = [&](int i) { return live && lt + (int64_t)T * i < nch; };
+        // pass 1: the thread's chunks into registers (fused add: h = a + b, rounded and stored)
+        chunk<V> xv[NV], dv[BACK || ADD ? NV : 1]; // the fused add: dv holds b
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int64_t k = lt + (int64_t)T * i;
+            if (!has(i)) continue;
+            if constexpr (ADD) {
+                xv[i] = load_chunk<V>(a.a, row(a.a), k);
+                dv[i] = load_chunk<V>(a.b, row(a.b), k);
+            } else {
+                xv[i] = load_chunk<V>(a.x, xr, k);
+                if constexpr (BACK) dv[i] = load_chunk<V>(a.dy, dyr, k);
+            }
+        }
+        if constexpr (ADD) // (every load above is in flight before the first store: h may be a)
+#pragma unroll
+            for (int i = 0; i < NV; i++) {
+                if (!has(i)) continue;
+                float s[V], t[V];
+                unpack<V>(a.a.type, xv[i], s);
+                unpack<V>(a.b.type, dv[i], t);
+#pragma unroll
+                for (int e = 0; e < V; e++) s[e] += t[e];
+                xv[i] = pack<V>(a.h.type, s);
+                store_chunk<V>(a.h, hr, lt + (int64_t)T * i, xv[i]);
+            }
+        double sums[NS] = {};
+        auto accumulate = [&](const float *x, const float *dy, const float *w) {
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                sums[0] += (double)x[e] * x[e];
+                if constexpr (BACK) sums[NS - 1] += (double)(dy[e] * w[e]) * x[e];
+            }
+        };
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            if (!has(i)) continue;
+            float x[V], d[V] = {}, w[V] = {};
+            unpack<V>(a.x.type, xv[i], x);
+            if constexpr (BACK) {
+                unpack<V>(a.dy.type, dv[i], d);
+                weight<V>(a, a.w, lt + (int64_t)T * i, w);
+            }
+            accumulate(x, d, w);
+        }
+        for (int64_t k = lt + (int64_t)T * NV; OVF && live && k < nch; k += T) { // chunks past the registers
+            chunk<V> c;
+            float x[V], d[V] = {}, w[V] = {};
+            if constexpr (ADD) {
+                unpack<V>(a.a.type, load_chunk<V>(a.a, row(a.a), k), x);
+                unpack<V>(a.b.type, load_chunk<V>(a.b, row(a.b), k), d);
+#pragma unroll
+                for (int e = 0; e < V; e++) x[e] += d[e];
+                c = pack<V>(a.h.type, x);
+                store_chunk<V>(a.h, hr, k, c);
+            } else {
+                c = load_chunk<V>(a.x, xr, k);
+            }
+            unpack<V>(a.x.type, c, x);
+            if constexpr (BACK) {
+                unpack<V>(a.dy.type, load_chunk<V>(a.dy, dyr, k), d);
+                weight<V>(a, a.w, k, w);
+            }
+            accumulate(x, d, w);
+        }
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            opaque(xv[i]);
+            if constexpr (BACK) opaque(dv[i]);
+        }
+        group_sum<NS>(sums, T, red);
+        const float rs = (float)(1.0 / sqrt(sums[0] / (double)C + (double)a.eps));
+        const float m = BACK ? (float)((double)rs * sums[NS - 1] / (double)C) : 0.0f;
+        // w is read again after the sums (an L1 hit): tied to rs, its loads cannot be hoisted
+        // above the sums, where their floats would double the registers of the row
+        const char *w_out = a.w;
+        asm volatile("" : "+l"(w_out) : "f"(rs));
+        // pass 2: the output chunks
+        auto out = [&](int64_t k, const chunk<V> &xc, const chunk<V> &dc, double *dw) {
+            float x[V], d[V], w[V], o[V];
+            unpack<V>(a.x.type, xc, x);
+            if constexpr (BACK) unpack<V>(a.dy.type, dc, d);
+            weight<V>(a, w_out, k, w);
+            float xh[V];
+#pragma unroll
+            for (int e = 0; e < V; e++) xh[e] = x[e] * rs;
+            if (!BACK && a.cast_before) round_to<V>(a.dst.type, xh);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                if constexpr (BACK) {
+                    o[e] = rs * (d[e] * w[e] - xh[e] * m);
+                    if constexpr (DW) dw[e] += (double)d[e] * xh[e];
+                } else {
+                    o[e] = xh[e] * w[e];
+                }
+            }
+            store_chunk<V>(a.dst, dr, k, pack<V>(a.dst.type, o));
+        };
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            if (has(i)) out(lt + (int64_t)T * i, xv[i], dv[BACK ? i : 0], acc[DW ? i : 0]);
+        for (int64_t k = lt + (int64_t)T * NV; OVF && live && k < nch; k += T) {
+            const chunk<V> xc = load_chunk<V>(a.x, xr, k); // the fused add: h as this thread stored it
+            out(k, xc, BACK ? load_chunk<V>(a.dy, dyr, k) : xc, DW ? slot + k * V : nullptr);
+        }
+    }
+    if constexpr (DW)
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int64_t k = lt + (int64_t)T * i;
+            if (k < nch)
+#pragma unroll
+                for (int e = 0; e < V; e++) slot[k * V + e] = acc[i][e];
+        }
+}
+
+// dw[c] = sum over the n_slot partials, in order: 32 columns x 32 slot lanes per block, each lane
+// sums every 32nd slot, the lanes are added in order.
+__global__ void __launch_bounds__(1024) dw_reduce_kernel(const double *part, int64_t n_slot, int64_t C, float *dw) {
+    __shared__ double red[32][33];
+    const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
     double s = 0;
-    for (int64_t i = 0; i < n_part; i++) s += part[i * C + c];
+    if (c < C)
+#pragma unroll 8
+        for (int64_t i = threadIdx.y; i < n_slot; i += 32) s += part[i * C + c];
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= C) return;
+    s = red[0][threadIdx.x];
+    for (int l = 1; l < 32; l++) s += red[l][threadIdx.x];
     dw[c] = (float)s;
 }
 
-// The launch shape of a node (a function of the shapes only, so the dw partition is fixed).
+// The launch shape: a function of V, the shape and the mode only (so the dw partition is fixed,
+// and a fused add + norm splits rows exactly like the norm alone).
 struct rms_plan {
-    bool vec, dw;
-    int G, threads, grid;
-    size_t smem;
+    int T, R, threads, grid;
+    int64_t slots; // dw partials
 };
 
-bool rows_vectorisable(const forge_tensor *t) {
-    bool ok = t->ne[0] % VEC == 0 && t->nb[0] == forge_type_size(t->type) && (uintptr_t)t->data % 16 == 0;
-    for (int i = 1; i < 4; i++) ok = ok && (t->ne[i] == 1 || t->nb[i] % 16 == 0);
-    return ok;
-}
-
-// vec: whether the rows move 8 elements at a time (rows_vectorisable of x and dy).
-rms_plan plan_of(const forge_tensor *node, bool vec) {
-    const bool back = node->op == FORGE_OP_RMSNORM_BACK;
-    const forge_tensor *x = node->src[back ? 1 : 0];
-    const int64_t C = x->ne[0], Cp = (C + 3) / 4 * 4, rows = x->ne[1] * x->ne[2] * x->ne[3];
+rms_plan plan_of(int V, int64_t C, int64_t rows, int mode) {
     rms_plan pl;
-    pl.dw = back && node->res[1];
-    pl.vec = vec;
-    const int64_t nv = pl.vec ? C / VEC : C;
-    pl.G = 1;
-    while (pl.G < 32 && pl.G * 4 < nv) pl.G *= 2;
-    const size_t fixed = (pl.dw ? (size_t)C * 8 : 0) + (size_t)Cp * 4, per_row = (size_t)(back ? 2 : 1) * Cp * 4;
-    const int step = 32 / pl.G; // rows per warp: blocks are whole warps
-    int rpb = (int)std::min<size_t>(MAX_THREADS / pl.G, SMEM_BUDGET > fixed + per_row ? (SMEM_BUDGET - fixed) / per_row : 1);
-    rpb = std::max(step, rpb / step * step);
-    pl.threads = rpb * pl.G;
-    pl.smem = fixed + (size_t)rpb * per_row;
-    pl.grid = (int)std::min<int64_t>((rows + rpb - 1) / rpb, MAX_BLOCKS);
+    const int64_t nch = C / V, need = (nch + nv_of(V, mode) - 1) / nv_of(V, mode);
+    if (need <= 32) {
+        pl.T = 1;
+        while (pl.T < need) pl.T *= 2;
+        pl.threads = BLOCK;
+    } else {
+        pl.T = (int)std::min<int64_t>(MAX_T, (need + 31) / 32 * 32);
+        pl.threads = std::max(pl.T, BLOCK / pl.T * pl.T);
+    }
+    pl.R = pl.threads / pl.T;
+    const int64_t tiles = std::max<int64_t>(1, (rows + pl.R - 1) / pl.R);
+    int64_t grid = tiles;
+    if (mode == RMS_BACK_DW) {
+        const int64_t slots = std::max<int64_t>(pl.R, std::min<int64_t>(DW_MAX_SLOTS, (int64_t)(DW_SLOT_BYTES / (8 * (size_t)C))));
+        grid = std::min(tiles, slots / pl.R);
+    }
+    pl.grid = (int)std::min<int64_t>(grid, INT32_MAX);
+    pl.slots = (int64_t)pl.grid * pl.R;
     return pl;
 }
 
-} // namespace
+// The chunk width a row tensor allows: 8 (BF16/F16) or 4 (F32) elements as 16 dense, aligned
+// bytes, else 1.
+int chunk_width(const forge_tensor *t) {
+    const int es = (int)forge_type_size(t->type), V = 16 / es;
+    bool ok = (es == 2 || es == 4) && t->ne[0] % V == 0 && t->nb[0] == (size_t)es && (uintptr_t)t->data % 16 == 0;
+    for (int i = 1; i < 4; i++) ok = ok && (t->ne[i] == 1 || t->nb[i] % 16 == 0);
+    return ok ? V : 1;
+}
+// The chunk width of a kernel over these row tensors: theirs if they all agree, else 1.
+int common_width(std::initializer_list<const forge_tensor *> ts) {
+    int V = 0;
+    for (const forge_tensor *t : ts) {
+        if (!t) continue;
+        const int v = chunk_width(t);
+        if (V && v != V) return 1;
+        V = v;
+    }
+    return V;
+}
 
-namespace {
-
-row_src src_of(const forge_tensor *t) {
-    row_src s{t ? (const char *)t->data : nullptr, t ? t->type : FORGE_TYPE_F32, {0, 0, 0, 0}};
+rows_t rows_of(const forge_tensor *t) {
+    rows_t s{t ? (char *)t->data : nullptr, t ? t->type : FORGE_TYPE_F32, {0, 0, 0, 0}};
     for (int i = 0; t && i < 4; i++) s.nb[i] = (int64_t)t->nb[i];
     return s;
 }
 
-// Runs an RMSNORM or RMSNORM_BACK node; add: an ADD node to fuse in front of a forward (its
+int mode_of(const forge_tensor *node, const forge_tensor *add) {
+    if (node->op == FORGE_OP_RMSNORM_BACK) return node->res[1] ? RMS_BACK_DW : RMS_BACK;
+    return add ? RMS_ADD_FWD : RMS_FWD;
+}
+// The chunk width of a node (with the fused add: of the whole pair).
+int width_of(const forge_tensor *node, const forge_tensor *add) {
+    if (node->op == FORGE_OP_RMSNORM_BACK) return common_width({node->src[1], node->src[0], node});
+    if (add) return common_width({add, add->src[0], add->src[1], node});
+    return common_width({node->src[0], node});
+}
+
+// Runs an RMSNORM or RMSNORM_BACK node; add: the ADD node in front of a forward to fuse (its
 // sources are read instead of node->src[0], and its result is written too).
 void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p) {
     const bool back = node->op == FORGE_OP_RMSNORM_BACK;
-    const forge_tensor *x = add ? add->src[0] : node->src[back ? 1 : 0], *dy = back ? node->src[0] : nullptr;
-    const forge_tensor *res = add ? add->src[1] : nullptr, *w = node->src[back ? 2 : 1];
-    const bool vec = rows_vectorisable(x) && (!dy || rows_vectorisable(dy)) && (!res || (rows_vectorisable(res) && rows_vectorisable(add)));
-    const rms_plan pl = plan_of(node, vec);
+    const forge_tensor *x = node->src[back ? 1 : 0], *w = node->src[back ? 2 : 1];
+    const int mode = mode_of(node, add), V = width_of(node, add);
+    const int64_t C = x->ne[0], rows = x->ne[1] * x->ne[2] * x->ne[3];
+    if (C == 0 || rows == 0) return;
+    const rms_plan pl = plan_of(V, C, rows, mode);
     rms_args a;
-    a.x = src_of(x);
-    a.dy = src_of(dy);
-    a.res = src_of(res);
-    a.h = add ? (char *)add->data : nullptr;
-    a.htype = add ? add->type : FORGE_TYPE_F32;
-    a.hes = (int64_t)forge_type_size(a.htype);
-    a.w = src_of(w);
-    a.C = x->ne[0];
-    a.Cp = (a.C + 3) / 4 * 4;
-    a.rows = x->ne[1] * x->ne[2] * x->ne[3];
+    a.x = rows_of(x);
+    a.dy = rows_of(back ? node->src[0] : nullptr);
+    a.a = rows_of(add ? add->src[0] : nullptr);
+    a.b = rows_of(add ? add->src[1] : nullptr);
+    a.dst = rows_of(node);
+    a.h = rows_of(add);
+    a.w = (const char *)w->data;
+    a.wtype = w->type;
+    a.w_nb = (int64_t)w->nb[0];
+    a.w_vec = V > 1 && w->nb[0] == forge_type_size(w->type) && (uintptr_t)w->data % 16 == 0;
+    a.C = C;
+    a.nch = C / V;
+    a.rows = rows;
     a.ne1 = x->ne[1];
     a.ne2 = x->ne[2];
-    a.dst = (char *)node->data;
-    a.dtype = node->type;
-    a.des = (int64_t)forge_type_size(node->type);
+    a.T = pl.T;
+    a.R = pl.R;
     a.eps = node->op_f[0];
     a.offset = node->op_f[1];
     a.cast_before = node->op_i[0] == FORGE_NORM_CAST_BEFORE_WEIGHT;
-    a.G = pl.G;
-    a.part = pl.dw ? (double *)p->work : nullptr;
-    auto launch = [&](auto kernel) {
-        if (pl.smem > (48u << 10)) FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
-        kernel<<<pl.grid, pl.threads, pl.smem, p->stream>>>(a);
+    a.part = mode == RMS_BACK_DW ? (double *)p->work : nullptr;
+    const bool ovf = a.nch > (int64_t)pl.T * nv_of(V, mode);
+    auto launch = [&](auto m) {
+        constexpr int M = decltype(m)::value;
+        auto kernel = V == 8 ? (ovf ? rmsnorm_kernel<8, M, true> : rmsnorm_kernel<8, M, false>)
+                    : V == 4 ? (ovf ? rmsnorm_kernel<4, M, true> : rmsnorm_kernel<4, M, false>)
+                             : (ovf ? rmsnorm_kernel<1, M, true> : rmsnorm_kernel<1, M, false>);
+        kernel<<<pl.grid, pl.threads, 0, p->stream>>>(a);
     };
-    if (back) pl.vec ? launch(rmsnorm_kernel<VEC, RMS_BACK>) : launch(rmsnorm_kernel<1, RMS_BACK>);
-    else if (add) pl.vec ? launch(rmsnorm_kernel<VEC, RMS_ADD_FWD>) : launch(rmsnorm_kernel<1, RMS_ADD_FWD>);
-    else pl.vec ? launch(rmsnorm_kernel<VEC, RMS_FWD>) : launch(rmsnorm_kernel<1, RMS_FWD>);
-    if (pl.dw)
-        dw_reduce_kernel<<<(unsigned)((a.C + 255) / 256), 256, 0, p->stream>>>(a.part, pl.grid, a.C, (float *)node->res[1]->data);
+    switch (mode) {
+    case RMS_FWD: launch(std::integral_constant<int, RMS_FWD>()); break;
+    case RMS_ADD_FWD: launch(std::integral_constant<int, RMS_ADD_FWD>()); break;
+    case RMS_BACK: launch(std::integral_constant<int, RMS_BACK>()); break;
+    default: launch(std::integral_constant<int, RMS_BACK_DW>()); break;
+    }
+    if (mode == RMS_BACK_DW)
+        dw_reduce_kernel<<<(unsigned)((C + 31) / 32), dim3(32, 32), 0, p->stream>>>(a.part, pl.slots, C, (float *)node->res[1]->data);
+}
+
+// The bytes from the first to one past the last element of t.
+void span_of(const forge_tensor *t, uintptr_t &lo, uintptr_t &hi) {
+    lo = (uintptr_t)t->data;
+    hi = lo + forge_type_size(t->type);
+    for (int i = 0; i < 4; i++) hi += (uintptr_t)((t->ne[i] - 1) * (int64_t)t->nb[i]);
+}
+bool disjoint(const forge_tensor *s, const forge_tensor *t) {
+    uintptr_t s0, s1, t0, t1;
+    span_of(s, s0, s1);
+    span_of(t, t0, t1);
+    return s1 <= t0 || t1 <= s0;
+}
+bool contiguous(const forge_tensor *t) {
+    size_t nb = forge_type_size(t->type);
+    for (int i = 0; i < 4; i++) {
+        if (t->ne[i] > 1 && t->nb[i] != nb) return false;
+        nb *= (size_t)t->ne[i];
+    }
+    return true;
+}
+
+// Whether the pair can run as one kernel (see the top of the file).
+bool fusable(const forge_tensor *add, const forge_tensor *norm) {
+    if (!add || !norm || add->op != FORGE_OP_ADD || norm->op != FORGE_OP_RMSNORM || norm->src[0] != add) return false;
+    const forge_tensor *a = add->src[0], *b = add->src[1];
+    if (!a || !b || !contiguous(add) || !contiguous(norm)) return false;
+    for (int i = 0; i < 4; i++)
+        if (a->ne[i] != add->ne[i] || b->ne[i] != add->ne[i]) return false;
+    if (width_of(norm, add) != width_of(norm, nullptr)) return false; // the norm alone would cut rows differently
+    for (const forge_tensor *s : {a, b}) {
+        const bool in_place = s->data == add->data && s->type == add->type && contiguous(s);
+        if (!(in_place || disjoint(s, add)) || !disjoint(s, norm)) return false;
+    }
+    return disjoint(add, norm);
 }
 
 } // namespace
@@ -335,18 +560,20 @@ void forge_cuda_rmsnorm(forge_tensor *node, const forge_cuda_params *p) {
     if (node->op == FORGE_OP_RMSNORM || node->op == FORGE_OP_RMSNORM_BACK) run(node, nullptr, p);
 }
 
-// The fused residual add + norm of design.md: add (an ADD node) and norm (an RMSNORM whose src[0]
-// is add) in one kernel that writes both results; a row costs one read of each add source and
-// one write of each result. Returns false (and enqueues nothing) when the pair does not match.
-bool forge_cuda_add_rmsnorm(forge_tensor *add, forge_tensor *norm, const forge_cuda_params *p) {
-    if (!add || !norm || add->op != FORGE_OP_ADD || norm->op != FORGE_OP_RMSNORM || norm->src[0] != add) return false;
-    run(norm, add, p);
+bool forge_cuda_add_rmsnorm(forge_tensor *add_node, forge_tensor *norm_node, const forge_cuda_params *p) {
+    if (!fusable(add_node, norm_node)) return false;
+    run(norm_node, add_node, p);
     return true;
 }
 
 size_t forge_cuda_rmsnorm_work(const forge_tensor *node) {
     if (node->op != FORGE_OP_RMSNORM_BACK || !node->res[1]) return 0;
-    // the data pointers (and so the 8-wide path) may not be known yet: room for either plan
-    const int grid = std::max(plan_of(node, false).grid, plan_of(node, true).grid);
-    return (size_t)grid * (size_t)node->src[1]->ne[0] * sizeof(double);
+    const forge_tensor *x = node->src[1];
+    const int64_t C = x->ne[0], rows = x->ne[1] * x->ne[2] * x->ne[3];
+    if (C == 0) return 0;
+    // the data pointers (and so the chunk width) may not be known yet: room for either plan
+    const int V = 16 / (int)forge_type_size(x->type);
+    int64_t slots = plan_of(1, C, rows, RMS_BACK_DW).slots;
+    if (C % V == 0) slots = std::max(slots, plan_of(V, C, rows, RMS_BACK_DW).slots);
+    return (size_t)slots * (size_t)C * sizeof(double);
 }

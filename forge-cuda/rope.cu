@@ -3,67 +3,116 @@
 // position per token, strided sources (q and k are views of the fused q/k/v projection) and
 // in-place use.
 //
-// One kernel, rope_kernel<V>. A block owns a group of consecutive tokens at a time (enough that
-// the group holds ~512 pairs of work) and walks the groups grid-stride. Per block, the
-// frequencies f_j = theta^(-2j/n_rot) are computed once like the CPU (pow in double, rounded to
-// fp32); per token group, the block computes cos and sin of a = pos * f_j (fp32 product, then
-// sincosf at full precision) once per (token, j) into shared memory, shared by every head. Then
-// each thread rotates V pairs of one (token, head): x[j..j+V) and x[j+h..j+h+V) with two 128-bit
-// loads and two 128-bit stores when V = 8 (rows dense and 16-byte aligned, n_rot/2 a multiple of
-// 8), element by element otherwise; dims from n_rot on are copied the same way (skipped in
-// place). A thread reads both halves of its pairs before writing either, so dst == x is safe.
-// Traffic: one read and one write of x (the roofline); the trigonometry costs one sincosf per
-// (token, j), amortised over all heads.
+// One kernel, rope_kernel<V>, no barrier after the first: a thread owns one vector of V pair
+// indices j..j+V of one token (16 bytes: V = 8 BF16/F16 or 4 F32 elements, when x's rows are
+// dense and 16-byte aligned, x and dst have one element size and n_rot/2 and head_dim are
+// multiples of V; else V = 1) for a run of HPT heads of that token. It computes its V angles
+// a = pos * f_j once (f_j = theta^(-2j/n_rot) from a per-block shared-memory table filled like the
+// CPU: pow in double, rounded to fp32; the product in fp32; then sincosf at full precision) and
+// keeps cos and sin in registers for all its heads, so the trigonometry costs V sincosf per HPT
+// heads. The heads go in batches of HB = 4: the batch's 2 * HB 128-bit loads (x[j..j+V) and
+// x[j+h..j+h+V) of each head) are all issued before the first use and kept as loaded, then each
+// head is unpacked, rotated and stored with two 128-bit stores. Threads past the rotated pairs
+// of a token copy the dims >= n_rot (skipped in place). Consecutive threads take consecutive
+// vectors of one head row, so every warp access is whole 32-byte sectors. HPT is the fewest heads
+// per thread (a multiple of HB, or all) that still gives about a thousand threads per SM: more
+// heads per thread amortise the angles, fewer give parallelism. At 96 registers, 640 threads per
+// SM keep about 80 KB of loads in flight.
+// Traffic: one read and one write of x plus one position per token (the roofline).
+// In place (dst == x) is safe: a thread reads both halves of its pairs before writing either,
+// and no other thread touches them.
 #include "cuda.cuh"
 
 #include <algorithm>
 
 namespace {
 
-constexpr int VEC = 8;
-constexpr int THREADS = 256;
-constexpr int WORK_PER_GROUP = 512; // vector-pairs a token group aims for
-constexpr int MAX_TABLE = 4096;     // cos/sin entries of a token group (32 KB of shared memory)
+constexpr int THREADS = 128;
+constexpr int HB = 4;               // heads per batch of loads
+constexpr int THREADS_PER_SM = 1024; // parallelism the head split aims for
 
-// ---- 8-element vectors (16-byte aligned addresses) -----------------------------------------
-__device__ inline void load8(forge_type t, const char *p, float *v) {
-    if (t == FORGE_TYPE_F32) {
-        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-        return;
-    }
-    const uint4 u = *(const uint4 *)p;
+// ---- 16-byte vectors: V = 8 BF16/F16 or 4 F32 elements ------------------------------------
+template <int V> __device__ inline void unpack16(forge_type t, const uint4 &u, float *v) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    if constexpr (V == 4) {
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 f;
-        if (t == FORGE_TYPE_BF16) f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-        else f = __half22float2(*(const __half2 *)&w[k]);
-        v[2 * k] = f.x;
-        v[2 * k + 1] = f.y;
+        for (int k = 0; k < 4; k++) v[k] = __uint_as_float(w[k]);
+    } else if (t == FORGE_TYPE_BF16) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+            v[2 * k] = f.x;
+            v[2 * k + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 f = __half22float2(*(const __half2 *)&w[k]);
+            v[2 * k] = f.x;
+            v[2 * k + 1] = f.y;
+        }
     }
 }
-__device__ inline void store8(forge_type t, char *p, const float *v) {
-    if (t == FORGE_TYPE_F32) {
-        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-        return;
-    }
+template <int V> __device__ inline uint4 pack16(forge_type t, const float *v) {
     uint32_t w[4];
+    if constexpr (V == 4) {
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        if (t == FORGE_TYPE_BF16) { __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
-        else { __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
+        for (int k = 0; k < 4; k++) w[k] = __float_as_uint(v[k]);
+    } else if (t == FORGE_TYPE_BF16) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+            w[k] = *(const uint32_t *)&h;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+            w[k] = *(const uint32_t *)&h;
+        }
     }
-    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+    return make_uint4(w[0], w[1], w[2], w[3]);
 }
-template <int V> __device__ inline void gload(forge_type t, const char *p, float *v) {
-    if constexpr (V == VEC) load8(t, p, v);
-    else v[0] = forge_cuda_load(t, p);
+
+// A vector of V elements as loaded: 16 bytes (V = 8 or 4), or one element as a float (V = 1).
+template <int V> struct vec_t {
+    uint4 u;
+};
+template <> struct vec_t<1> {
+    float f;
+};
+template <int V> __device__ inline vec_t<V> vload(forge_type t, const char *p) {
+    vec_t<V> r;
+    if constexpr (V == 1) r.f = forge_cuda_load(t, p);
+    else r.u = *(const uint4 *)p;
+    return r;
 }
-template <int V> __device__ inline void gstore(forge_type t, char *p, const float *v) {
-    if constexpr (V == VEC) store8(t, p, v);
-    else forge_cuda_store(t, p, v[0]);
+template <int V> __device__ inline void unpack(forge_type t, const vec_t<V> &r, float *v) {
+    if constexpr (V == 1) v[0] = r.f;
+    else unpack16<V>(t, r.u, v);
+}
+// Makes r's value depend on dep as far as the compiler knows: the unpacking of the next head waits
+// for the previous head's results instead of all heads unpacking at once (floats of every head
+// alive together would double the registers).
+template <int V> __device__ inline void tie(vec_t<V> &r, float dep) {
+    if constexpr (V == 1) asm volatile("" : "+f"(r.f) : "f"(dep));
+    else asm volatile("" : "+r"(r.u.x), "+r"(r.u.y), "+r"(r.u.z), "+r"(r.u.w) : "f"(dep));
+}
+template <int V> __device__ inline void vstore(forge_type t, char *p, const float *v) {
+    if constexpr (V == 1) forge_cuda_store(t, p, v[0]);
+    else *(uint4 *)p = pack16<V>(t, v);
+}
+
+// q = a / b, r = a % b for non-negative a, b (32-bit division when both fit).
+__device__ inline void divmod(int64_t a, int64_t b, int64_t &q, int64_t &r) {
+    if (((uint64_t)a | (uint64_t)b) >> 32 == 0) {
+        const uint32_t q32 = (uint32_t)a / (uint32_t)b;
+        q = q32;
+        r = (int64_t)((uint32_t)a - q32 * (uint32_t)b);
+    } else {
+        q = a / b;
+        r = a - q * b;
+    }
 }
 
 struct rope_args {
@@ -77,60 +126,76 @@ struct rope_args {
     int64_t des;
     int64_t D, H, T, n_tok;
     int half;               // n_rot / 2
+    int per_head;           // vectors a head's thread set covers: half / V rotated, then copied ones
+    int hpt, n_hc;          // heads per thread, head chunks per token (n_hc * hpt >= H)
     float theta, sign;      // sign: +1 forward, -1 backward
-    int tpg;                // tokens per group
-    bool copy;              // copy dims >= n_rot (false in place)
 };
 
 __device__ inline int32_t pos_at(const rope_args &a, int64_t n) {
-    const int64_t i0 = n % a.pne0, q = n / a.pne0;
-    return *(const int32_t *)(a.pos + i0 * a.pnb0 + (q % a.pne1) * a.pnb1 + (q / a.pne1) * a.pnb2);
+    int64_t q, i0, i1, i2;
+    divmod(n, a.pne0, q, i0);
+    divmod(q, a.pne1, i2, i1);
+    return *(const int32_t *)(a.pos + i0 * a.pnb0 + i1 * a.pnb1 + i2 * a.pnb2);
 }
 
-template <int V> __global__ void __launch_bounds__(THREADS) rope_kernel(rope_args a) {
-    extern __shared__ int64_t smem[];
+template <int V> __global__ void __launch_bounds__(THREADS, 5) rope_kernel(rope_args a) {
+    extern __shared__ float freq[]; // [half]
     const int half = a.half;
-    int64_t *xoff = smem;                                   // [tpg] byte offset of each token's x
-    float *freq = (float *)(xoff + a.tpg), *cs = freq + half, *sn = cs + a.tpg * half;
     for (int j = threadIdx.x; j < half; j += blockDim.x) freq[j] = (float)pow((double)a.theta, -2.0 * j / (2 * half));
-    const int pairs = half / V, per_head = pairs + (a.copy ? (int)(a.D - 2 * half) / V : 0), per_tok = (int)a.H * per_head;
-    const int64_t n_groups = (a.n_tok + a.tpg - 1) / a.tpg;
-    for (int64_t grp = blockIdx.x; grp < n_groups; grp += gridDim.x) {
-        const int64_t n0 = grp * a.tpg;
-        const int n_here = (int)min((int64_t)a.tpg, a.n_tok - n0);
-        __syncthreads(); // freq ready; the previous group's tables are no longer read
-        for (int i = threadIdx.x; i < n_here * half; i += blockDim.x) {
-            const int tl = i / half, j = i - tl * half;
-            float s, c;
-            sincosf((float)pos_at(a, n0 + tl) * freq[j], &s, &c);
-            cs[i] = c;
-            sn[i] = a.sign * s;
-            if (j == 0) xoff[tl] = ((n0 + tl) % a.T) * a.xnb[2] + ((n0 + tl) / a.T) * a.xnb[3];
+    __syncthreads();
+    const int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t q, k, n, hc;
+    divmod(u, a.per_head, q, k);
+    divmod(q, a.n_hc, n, hc);
+    if (n >= a.n_tok) return;
+    const int pairs = half / V;
+    const bool rot = k < pairs;
+    const int64_t d0 = rot ? k * V : 2 * (int64_t)half + (k - pairs) * V; // first dim of the vector
+    float c[V], s[V];
+    if (rot) {
+        const float ps = (float)pos_at(a, n);
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            sincosf(ps * freq[d0 + e], &s[e], &c[e]);
+            s[e] *= a.sign;
         }
-        __syncthreads();
-        for (int it = threadIdx.x; it < n_here * per_tok; it += blockDim.x) {
-            const int tl = it / per_tok, rem = it - tl * per_tok, h = rem / per_head, k = rem - h * per_head;
-            const char *xr = a.x + xoff[tl] + h * a.xnb[1];
-            char *dr = a.dst + ((n0 + tl) * a.H + h) * a.D * a.des;
-            float x0[V], x1[V];
-            if (k < pairs) {
-                const int j = k * V;
-                gload<V>(a.xtype, xr + j * a.xnb[0], x0);
-                gload<V>(a.xtype, xr + (j + half) * a.xnb[0], x1);
-                const float *c = cs + tl * half + j, *s = sn + tl * half + j;
+    }
+    int64_t t, b;
+    divmod(n, a.T, b, t);
+    const char *xt = a.x + t * a.xnb[2] + b * a.xnb[3] + d0 * a.xnb[0];
+    char *dt = a.dst + (n * a.H * a.D + d0) * a.des;
+    const int64_t h0 = hc * a.hpt, h1 = min(a.H, h0 + a.hpt);
+    for (int64_t hb = h0; hb < h1; hb += HB) {
+        vec_t<V> x0[HB], x1[HB]; // as loaded: all 2 * HB loads in flight before the first use
+#pragma unroll
+        for (int i = 0; i < HB; i++) {
+            const char *xr = xt + (hb + i) * a.xnb[1];
+            if (hb + i < h1) {
+                x0[i] = vload<V>(a.xtype, xr);
+                if (rot) x1[i] = vload<V>(a.xtype, xr + half * a.xnb[0]);
+            }
+        }
+        float dep = 0.0f;
+#pragma unroll
+        for (int i = 0; i < HB; i++) {
+            if (hb + i >= h1) continue;
+            char *dr = dt + (hb + i) * a.D * a.des;
+            float y0[V], y1[V];
+            tie(x0[i], dep);
+            unpack<V>(a.xtype, x0[i], y0);
+            if (rot) {
+                tie(x1[i], dep);
+                unpack<V>(a.xtype, x1[i], y1);
 #pragma unroll
                 for (int e = 0; e < V; e++) {
-                    const float y0 = x0[e] * c[e] - x1[e] * s[e], y1 = x1[e] * c[e] + x0[e] * s[e];
-                    x0[e] = y0;
-                    x1[e] = y1;
+                    const float r0 = y0[e] * c[e] - y1[e] * s[e], r1 = y1[e] * c[e] + y0[e] * s[e];
+                    y0[e] = r0;
+                    y1[e] = r1;
                 }
-                gstore<V>(a.dtype, dr + j * a.des, x0);
-                gstore<V>(a.dtype, dr + (j + half) * a.des, x1);
-            } else {
-                const int64_t d = 2 * half + (int64_t)(k - pairs) * V;
-                gload<V>(a.xtype, xr + d * a.xnb[0], x0);
-                gstore<V>(a.dtype, dr + d * a.des, x0);
+                vstore<V>(a.dtype, dr + half * a.des, y1);
             }
+            vstore<V>(a.dtype, dr, y0);
+            dep = y0[0];
         }
     }
 }
@@ -160,21 +225,27 @@ void forge_cuda_rope(forge_tensor *node, const forge_cuda_params *p) {
     a.half = node->op_i[0] / 2;
     a.theta = node->op_f[0];
     a.sign = node->op == FORGE_OP_ROPE ? 1.0f : -1.0f;
-    a.copy = node->data != x->data;
-    bool vec = a.half % VEC == 0 && a.D % VEC == 0 && x->nb[0] == forge_type_size(x->type) && (uintptr_t)x->data % 16 == 0;
+    const bool copy = node->data != x->data; // in place, the dims >= n_rot are already there
+    // 16-byte vectors when x's rows are dense and aligned and x and dst have one element size
+    const int es = (int)forge_type_size(x->type), VV = 16 / es;
+    bool vec = (es == 2 || es == 4) && forge_type_size(node->type) == (size_t)es && a.half % VV == 0 && a.D % VV == 0 &&
+               x->nb[0] == (size_t)es && (uintptr_t)x->data % 16 == 0 && (uintptr_t)node->data % 16 == 0;
     for (int i = 1; i < 4; i++) vec = vec && (x->ne[i] == 1 || x->nb[i] % 16 == 0);
-    const int V = vec ? VEC : 1;
-    const int64_t per_tok = a.H * (a.half + (a.copy ? a.D - 2 * a.half : 0)) / V;
-    a.tpg = (int)std::max<int64_t>(1, std::min<int64_t>({WORK_PER_GROUP / std::max<int64_t>(per_tok, 1), MAX_TABLE / a.half, a.n_tok}));
-    const int64_t n_groups = (a.n_tok + a.tpg - 1) / a.tpg;
-    const int grid = (int)std::min<int64_t>(n_groups, (int64_t)p->sm_count * 8);
-    const size_t smem = sizeof(int64_t) * (size_t)a.tpg + sizeof(float) * (size_t)a.half * (1 + 2 * (size_t)a.tpg);
-    if (smem > (48u << 10)) { // a very long rotation: more than 48 KB of table even for one token
-        auto kernel = vec ? rope_kernel<VEC> : rope_kernel<1>;
-        FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    }
-    if (vec) rope_kernel<VEC><<<grid, THREADS, smem, p->stream>>>(a);
-    else rope_kernel<1><<<grid, THREADS, smem, p->stream>>>(a);
+    const int V = vec ? VV : 1;
+    a.per_head = (int)((a.half + (copy ? a.D - 2 * a.half : 0)) / V);
+    if (a.per_head == 0 || a.n_tok == 0) return;
+    // heads per thread: the fewest (a multiple of HB, or all H) that still fill the GPU
+    const int64_t items = a.n_tok * a.per_head, want = (int64_t)p->sm_count * THREADS_PER_SM;
+    const int64_t max_chunks = (a.H + HB - 1) / HB;
+    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(max_chunks, (want + items - 1) / items));
+    a.hpt = (int)std::min<int64_t>(a.H, ((a.H + chunks - 1) / chunks + HB - 1) / HB * HB);
+    a.n_hc = (int)((a.H + a.hpt - 1) / a.hpt);
+    const int64_t threads = items * a.n_hc;
+    const unsigned grid = (unsigned)((threads + THREADS - 1) / THREADS);
+    const size_t smem = sizeof(float) * (size_t)a.half;
+    auto kernel = V == 8 ? rope_kernel<8> : V == 4 ? rope_kernel<4> : rope_kernel<1>;
+    if (smem > (48u << 10)) FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<grid, THREADS, smem, p->stream>>>(a);
 }
 
 size_t forge_cuda_rope_work(const forge_tensor *node) {

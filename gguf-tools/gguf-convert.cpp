@@ -86,6 +86,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     std::string err;
+    json::Value config;
+    if (!load_hf_config(in, &config, &err)) { // the first thing a model directory must have
+        std::fprintf(stderr, "gguf-convert: %s\n", err.c_str());
+        return 1;
+    }
     uint32_t type = 0;
     if (type_name == "auto" ? !auto_type(in, &type, &err) : (type = types.at(type_name), false)) {
         std::fprintf(stderr, "gguf-convert: %s\n", err.c_str());

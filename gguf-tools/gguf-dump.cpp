@@ -26,7 +26,9 @@ using namespace forge;
 
 namespace {
 
-constexpr uint64_t kSummary = 8; // array elements shown without --full
+constexpr uint64_t kSummary = 8;      // array elements shown without --full
+constexpr size_t kLongString = 160;   // text mode without --full: longer strings are cut...
+constexpr size_t kStringHead = 120;   // ...to about this many bytes
 
 struct Options {
     bool full = false, hash = false, json = false, strict = false;
@@ -36,11 +38,11 @@ struct Options {
 void usage(FILE *f) {
     std::fprintf(f,
                  "usage: gguf-dump [--full] [--hash] [--json] [--strict] FILE.gguf\n"
-                 "  --full    print every element of array values (default: the first %d)\n"
+                 "  --full    print array values and long strings whole (default: %d elements, %d bytes)\n"
                  "  --hash    add a 64-bit FNV-1a checksum of each tensor's data\n"
                  "  --json    write one JSON document instead of text\n"
                  "  --strict  fail (exit 1) on what llama.cpp's reader would reject, not just warn\n",
-                 (int)kSummary);
+                 (int)kSummary, (int)kStringHead);
 }
 
 // 64-bit FNV-1a over the bytes, eight bytes per loop step.
@@ -151,9 +153,15 @@ json::Value element(const gguf_kv &kv, uint64_t i) {
     }
 }
 
-// Element i as text.
-std::string element_text(const gguf_kv &kv, uint64_t i) {
-    if (kv.elem == GGUF_TYPE_STRING) return quoted(kv.str[(size_t)i]);
+// Element i as text; a long string is cut (at a character boundary) unless full.
+std::string element_text(const gguf_kv &kv, uint64_t i, bool full) {
+    if (kv.elem == GGUF_TYPE_STRING) {
+        const std::string &s = kv.str[(size_t)i];
+        if (full || s.size() <= kLongString) return quoted(s);
+        size_t n = kStringHead;
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+        return quoted(s.substr(0, n)) + "... (" + std::to_string(s.size()) + " bytes)";
+    }
     const uint8_t *p = kv.raw.data() + i * gguf_type_size(kv.elem);
     if (kv.elem == GGUF_TYPE_FLOAT32) {
         float f;
@@ -180,10 +188,10 @@ std::string type_text(const gguf_kv &kv) {
 }
 
 std::string value_text(const gguf_kv &kv, bool full) {
-    if (!kv.is_array()) return element_text(kv, 0);
+    if (!kv.is_array()) return element_text(kv, 0, full);
     const uint64_t shown = full ? kv.n : std::min(kv.n, kSummary);
     std::string r = "[";
-    for (uint64_t i = 0; i < shown; i++) r += (i ? ", " : "") + element_text(kv, i);
+    for (uint64_t i = 0; i < shown; i++) r += (i ? ", " : "") + element_text(kv, i, full);
     if (shown < kv.n) r += ", ... (" + std::to_string(kv.n - shown) + " more)";
     return r + "]";
 }
@@ -205,7 +213,7 @@ std::vector<std::string> strict_checks(const gguf_file &f) {
             w.push_back(f.name() + ": tensor '" + t.name + "' (info at byte " + std::to_string(t.info_offset) + "): data offset " +
                         std::to_string(t.offset) + ", expected " + std::to_string(expect) +
                         " (ggml's reader requires the data packed in tensor-info order)");
-            break; // the rest are off by the same amount: one message is enough
+            break; // later offsets follow from this one: one message is enough
         }
         expect += t.nbytes + (f.alignment() - t.nbytes % f.alignment()) % f.alignment();
     }
@@ -216,11 +224,13 @@ std::vector<std::string> strict_checks(const gguf_file &f) {
                      t.type != GGML_TYPE_I16 && t.type != GGML_TYPE_I32 && t.type != GGML_TYPE_I64 && t.type != GGML_TYPE_F64;
     }
     std::sort(by_off.begin(), by_off.end(), [](auto *a, auto *b) { return a->offset < b->offset; });
-    for (size_t i = 1; i < by_off.size(); i++)
-        if (by_off[i - 1]->nbytes > 0 && by_off[i]->offset < by_off[i - 1]->offset + by_off[i - 1]->nbytes)
-            w.push_back(f.name() + ": tensor '" + by_off[i]->name + "' (data at offset " + std::to_string(by_off[i]->offset) +
-                        ") overlaps tensor '" + by_off[i - 1]->name + "' (offset " + std::to_string(by_off[i - 1]->offset) + ", " +
-                        std::to_string(by_off[i - 1]->nbytes) + " bytes)");
+    const gguf_tensor_info *reach = nullptr; // of the tensors so far, the one whose data ends last
+    for (const gguf_tensor_info *t : by_off) {
+        if (reach && t->nbytes > 0 && t->offset < reach->offset + reach->nbytes)
+            w.push_back(f.name() + ": tensor '" + t->name + "' (data at offset " + std::to_string(t->offset) + ") overlaps tensor '" +
+                        reach->name + "' (offset " + std::to_string(reach->offset) + ", " + std::to_string(reach->nbytes) + " bytes)");
+        if (!reach || t->offset + t->nbytes > reach->offset + reach->nbytes) reach = t;
+    }
     if (quantized && !f.has("general.quantization_version"))
         w.push_back(f.name() + ": quantized tensors but no key 'general.quantization_version' (llama.cpp's loader needs it)");
     if (!f.has("general.architecture")) w.push_back(f.name() + ": no key 'general.architecture' (llama.cpp needs it)");
@@ -275,7 +285,7 @@ void print_json(const gguf_file &f, const Options &o, const std::vector<std::str
         e.set("type", gguf_type_name(kv.type));
         if (!kv.is_array()) {
             // a UINT64 above INT64_MAX would lose digits as a JSON number: it is written as a string
-            if (kv.type == GGUF_TYPE_UINT64 && element(kv, 0).get_int(-1) < 0) e.set("value", element_text(kv, 0));
+            if (kv.type == GGUF_TYPE_UINT64 && element(kv, 0).get_int(-1) < 0) e.set("value", element_text(kv, 0, true));
             else e.set("value", element(kv, 0));
             continue;
         }

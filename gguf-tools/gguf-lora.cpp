@@ -361,14 +361,14 @@ bool peft_arch(const Adapter &ad, std::string *arch, std::string *err) {
                                                         {"Gemma2ForCausalLM", "gemma2"}, {"Gemma3ForCausalLM", "gemma3"}};
     if (classes.count(cls)) return *arch = classes.at(cls), true;
     const std::string base = ad.config["base_model_name_or_path"].get_string();
-    json::Value cfg;
     std::string e;
-    if (!base.empty() && load_hf_config(base, &cfg, &e) && cfg["model_type"].is_string()) {
-        *arch = cfg["model_type"].get_string() == "gemma3_text" ? "gemma3" : cfg["model_type"].get_string();
-        return true;
+    struct stat st;
+    if (!base.empty() && stat(base.c_str(), &st) == 0) { // a local model: an HF directory or a GGUF file
+        BaseShapes b;
+        if (read_base(base, &b, &e)) return *arch = b.arch, true;
     }
     return fail(err, ad.source + "/adapter_config.json: cannot tell the base model's architecture (no known auto_mapping.base_model_class, "
-                                 "base_model_name_or_path is not a local model directory); pass --arch qwen2|qwen3|gemma|gemma2 or --base MODEL");
+                                 "base_model_name_or_path is not a local model); pass --arch qwen2|qwen3|gemma|gemma2 or --base MODEL");
 }
 
 // ---- GGUF out ------------------------------------------------------------------------------------
@@ -654,6 +654,15 @@ int main(int argc, char **argv) {
             return usage(stderr), 2;
         } else pos.push_back(a);
     }
+    const std::map<std::string, std::set<std::string>> allowed = {{"to-gguf", {"-o", "--arch", "--base", "--type"}},
+                                                                  {"to-peft", {"-o", "--base-model"}},
+                                                                  {"merge", {"-o", "--base", "--adapter", "--type"}}};
+    if (allowed.count(cmd))
+        for (const auto &o : opt)
+            if (!allowed.at(cmd).count(o.first)) {
+                std::fprintf(stderr, "gguf-lora: option %s does not apply to %s\n", o.first.c_str(), cmd.c_str());
+                return 2;
+            }
     auto get = [&](const char *k, const char *def) { return opt.count(k) ? opt[k] : std::string(def); };
     const std::string out = get("-o", "");
     std::string err;

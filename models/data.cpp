@@ -64,7 +64,7 @@ std::string TokenizedData::describe() const {
 namespace {
 
 constexpr char kCacheMagic[8] = {'F', 'O', 'R', 'G', 'E', 'T', 'O', 'K'};
-constexpr uint32_t kCacheVersion = 1;
+constexpr uint32_t kCacheVersion = 2;
 
 bool fail(std::string *err, const std::string &msg) {
     *err = msg;
@@ -255,7 +255,7 @@ struct CacheHeader {
     char magic[8];
     uint32_t version, pad;
     uint64_t key;
-    int64_t n_docs, n_tokens, n_lines, n_skipped, n_text, n_chat, n_prompt;
+    int64_t n_docs, n_tokens, n_lines, n_skipped, n_text, n_chat, n_prompt, n_note; // n_note: bytes of the first skipped line's message
 };
 
 bool cache_read(const std::string &path, uint64_t key, int32_t n_vocab, TokenizedData *d, std::string *why) {
@@ -265,9 +265,10 @@ bool cache_read(const std::string &path, uint64_t key, int32_t n_vocab, Tokenize
     if (buf.size() < sizeof h + 8) return fail(why, "shorter than its header");
     std::memcpy(&h, buf.data(), sizeof h);
     if (std::memcmp(h.magic, kCacheMagic, 8) || h.version != kCacheVersion || h.key != key) return fail(why, "not a cache of this data");
-    if (h.n_docs < 0 || h.n_tokens < 0 || h.n_docs > h.n_tokens || h.n_tokens > (int64_t)buf.size())
+    if (h.n_docs < 0 || h.n_tokens < 0 || h.n_docs > h.n_tokens || h.n_tokens > (int64_t)buf.size() || h.n_note < 0 ||
+        h.n_note > (int64_t)buf.size())
         return fail(why, "bad counts");
-    const uint64_t need = sizeof h + 8 * (uint64_t)(h.n_docs + 1) + 5 * (uint64_t)h.n_tokens + 8;
+    const uint64_t need = sizeof h + 8 * (uint64_t)(h.n_docs + 1) + 5 * (uint64_t)h.n_tokens + (uint64_t)h.n_note + 8;
     if (need != buf.size()) return fail(why, "size " + std::to_string(buf.size()) + " instead of " + std::to_string(need));
     uint64_t sum;
     std::memcpy(&sum, buf.data() + buf.size() - 8, 8);
@@ -279,6 +280,7 @@ bool cache_read(const std::string &path, uint64_t key, int32_t n_vocab, Tokenize
     std::memcpy(d->start.data(), p, d->start.size() * 8);
     std::memcpy(d->ids.data(), p + d->start.size() * 8, d->ids.size() * 4);
     std::memcpy(d->mask.data(), p + d->start.size() * 8 + d->ids.size() * 4, d->mask.size());
+    if (h.n_note) d->notes.emplace_back(p + d->start.size() * 8 + d->ids.size() * 5, (size_t)h.n_note);
     if (d->start.front() != 0 || d->start.back() != h.n_tokens) return fail(why, "bad document offsets");
     for (size_t i = 1; i < d->start.size(); i++)
         if (d->start[i] <= d->start[i - 1]) return fail(why, "bad document offsets");
@@ -295,10 +297,15 @@ bool cache_write(const std::string &path, const TokenizedData &d, std::string *w
     h.key = d.key;
     h.n_docs = d.n_docs(), h.n_tokens = (int64_t)d.ids.size(), h.n_lines = d.n_lines, h.n_skipped = d.n_skipped;
     h.n_text = d.n_text, h.n_chat = d.n_chat, h.n_prompt = d.n_prompt;
+    std::string note; // the first skipped line's message, so that a cached load still shows it
+    for (const std::string &n : d.notes)
+        if (n.compare(0, 8, "skipped ") == 0) note = n;
+    h.n_note = (int64_t)note.size();
     std::string buf((const char *)&h, sizeof h);
     buf.append((const char *)d.start.data(), d.start.size() * 8);
     buf.append((const char *)d.ids.data(), d.ids.size() * 4);
     buf.append((const char *)d.mask.data(), d.mask.size());
+    buf += note;
     uint64_t sum = data_hash(buf.data(), buf.size(), d.key);
     buf.append((const char *)&sum, 8);
     std::string dir = path.substr(0, path.rfind('/'));

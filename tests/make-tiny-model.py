@@ -4,8 +4,10 @@
 A byte-level BPE of about 400 tokens trained on examples/data with the Qwen2 pre-tokenizer (the
 regex Split + ByteLevel, NFC, <|endoftext|> <|im_start|> <|im_end|> added at the end as Qwen does,
 the Qwen2.5 chat template), and a randomly initialised 2-layer Qwen2ForCausalLM (hidden 64, 4 heads
-/ 2 KV heads, ffn 128, tied embeddings, max_position_embeddings 256) saved with save_pretrained in
-fp32. Deterministic (fixed seeds); needs torch, transformers and tokenizers (CPU is enough).
+/ 2 KV heads, ffn 128, tied embeddings, max_position_embeddings 256), briefly pretrained on the chat
+and question/answer data so that it is a small language model rather than noise (the test then
+fine-tunes it on forge-docs.jsonl), saved with save_pretrained in fp32 (about 430 KB in all).
+Fixed seeds; needs torch, transformers and tokenizers (CPU is enough; a few minutes).
 
     python3 tests/make-tiny-model.py [OUTDIR]      # default tests/fixtures/tiny-qwen2
 """

@@ -1,9 +1,10 @@
 // tests/test-cuda-attention.cpp - ATTENTION and ATTENTION_BACK on the CUDA backend against the CPU
 // reference through the conformance harness: O (and the LSE output on its own), and dq/dk/dv as
 // the gradients of q, k, v (or of one fused qkv tensor whose strided views q, k and v are).
-// BF16 with head_dim 64/128/256 runs the tensor-core kernels (MHA, GQA 2:1, 7:1, 8:1, softcap,
-// sliding window, packed documents, odd T, T = 1, strided views); F32, F16 and an odd head_dim run
-// the generic kernels.
+// BF16 with head_dim 64/128/256 and a positive scale runs the tensor-core kernels (MHA, GQA 2:1,
+// 7:1, 8:1, softcap, sliding window, packed documents, odd T, T = 1, strided views, frozen k or v,
+// dk/dv written directly or through per-part partials); F32, F16, an odd head_dim and a negative
+// scale run the generic kernels.
 #include "cuda-util.h"
 
 namespace {
@@ -17,6 +18,7 @@ struct AttnCase {
     forge_type type;
     bool fused = false; // q, k, v are views of one [D, Hq + 2 Hkv, T, B] tensor
     bool lse = false;   // compare the LSE output (forward only) instead of O and the gradients
+    int frozen = 0;     // 1: k is frozen (no dk), 2: v is frozen (no dv)
 };
 
 // Document ids [T, B]: segments of 1..64 tokens; mode 2 reuses ids (seg % 3) so that tokens of one
@@ -55,6 +57,7 @@ ConfCase build(forge_ctx *ctx, const AttnCase &c) {
         k = forge_tensor_set_name(forge_tensor_new_4d(ctx, c.type, c.D, c.Hkv, c.T, c.B), "k");
         v = forge_tensor_set_name(forge_tensor_new_4d(ctx, c.type, c.D, c.Hkv, c.T, c.B), "v");
         cc.params = {q, k, v};
+        if (c.frozen) cc.params = {q, c.frozen == 1 ? v : k};
     }
     forge_tensor *doc = c.docs ? forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_I32, c.T, c.B), "doc") : nullptr;
     forge_tensor *o = forge_attention(ctx, q, k, v, doc, c.scale, c.cap, c.window);
@@ -90,6 +93,24 @@ int main() {
         {"fused qkv views D256 softcap window docs T130 bf16", 256, 8, 4, 130, 1, 0.0625f, 50.0f, 40, 1, BF, true},
         {"lse D64 gqa 7:1 docs T200 bf16", 64, 14, 2, 200, 1, s64, 0, 0, 1, BF, false, true},
         {"lse D256 softcap window T100 bf16", 256, 8, 4, 100, 1, 0.0625f, 50.0f, 30, 0, BF, false, true},
+        // compile-time variants and store paths of the tensor-core kernels: softcap at D 64 / 128,
+        // dk/dv written directly (one part per kv head: MHA, or enough key blocks) at D 128 / 256,
+        // frozen k or v (no dk / no dv) with and without partials, long rows (many tiles, 7 parts)
+        {"softcap 30 gqa 7:1 D64 T256 B2 bf16", 64, 14, 2, 256, 2, s64, 30.0f, 0, 0, BF},
+        {"softcap 50 gqa 2:1 D128 docs T200 bf16", 128, 8, 4, 200, 1, s128, 50.0f, 0, 1, BF},
+        {"mha D128 T300 B2 bf16 (direct dk/dv)", 128, 4, 4, 300, 2, s128, 0, 0, 0, BF},
+        {"mha D256 softcap window 64 T200 bf16 (direct dk/dv)", 256, 2, 2, 200, 2, 0.0625f, 50.0f, 64, 0, BF},
+        {"mha D64 window 37 T65 B3 bf16 (direct dk/dv)", 64, 3, 3, 65, 3, s64, 0, 37, 0, BF},
+        {"docs gqa 2:1 D256 T160 B2 bf16 (no softcap)", 256, 4, 2, 160, 2, 0.0625f, 0, 0, 1, BF},
+        {"frozen k mha D64 T200 bf16", 64, 4, 4, 200, 1, s64, 0, 0, 0, BF, false, false, 1},
+        {"frozen v gqa 7:1 D64 T200 bf16", 64, 14, 2, 200, 1, s64, 0, 0, 0, BF, false, false, 2},
+        {"frozen k gqa 2:1 D128 softcap T150 bf16", 128, 4, 2, 150, 1, s128, 20.0f, 0, 0, BF, false, false, 1},
+        {"gqa 7:1 D64 H14/2 T1024 bf16 (qwen2.5 length)", 64, 14, 2, 1024, 1, s64, 0, 0, 0, BF},
+        {"gqa 2:1 D128 H16/8 T1024 bf16 (qwen3 length)", 128, 16, 8, 1024, 1, s128, 0, 0, 0, BF},
+        {"docs window 300 gqa 7:1 D64 T700 bf16", 64, 14, 2, 700, 1, s64, 0, 300, 1, BF},
+        {"lse D64 softcap 30 docs T300 bf16", 64, 14, 2, 300, 1, s64, 30.0f, 0, 2, BF, false, true},
+        {"lse D128 window 50 T257 B2 bf16", 128, 4, 2, 257, 2, s128, 0, 50, 0, BF, false, true},
+        {"negative scale D64 bf16 (generic kernels)", 64, 4, 2, 100, 1, -0.125f, 0, 0, 0, BF},
         // generic kernels
         {"mha D64 T128 B2 f32", 64, 4, 4, 128, 2, s64, 0, 0, 0, F32},
         {"gqa 7:1 D64 docs window 40 T200 f32", 64, 14, 2, 200, 1, s64, 0, 40, 1, F32},

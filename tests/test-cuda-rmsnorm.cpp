@@ -3,11 +3,13 @@
 // with the cast before the weight, Gemma2 (hidden 2304, offset 1, cast after the weight) in BF16
 // and F32, with BF16 and F32 weights; Qwen3's per-head q/k norm [128, heads, T] on strided q and
 // k slices of a fused q/k/v tensor (the gradient flows back through ACC_VIEW); a frozen weight
-// (no dw); the residual add in front (fused by a backend that fuses ADD -> RMSNORM, with h also
-// read by a later node); awkward shapes: rows of 37 (the element path, G = 16), rows of 8, one
-// row, a strided window misaligned by one element, a 4-D input; a long row (8192: more than
-// 48 KB of shared memory per block) and 3000 rows (more tiles than blocks, so every block adds
-// several tiles into its dw partial).
+// (no dw); the residual add in front (fused by the backend into forge_cuda_add_rmsnorm, with h
+// also read by a later node; mixed source types on the element path; sources of different
+// element sizes, which the backend must not fuse; a row longer than the registers); awkward
+// shapes: rows of 37 (the element path), rows of 8, one row, a strided window misaligned by one
+// element, a 4-D input; rows longer than a group's registers hold (16400 bf16, 20000 f32, 9001
+// f32 on the element path: the chunks past the registers are read again, and their dw partials
+// go straight to the scratch slots); 3000 rows (several row tiles per block of the dw grid).
 #include "cuda-util.h"
 
 namespace {
@@ -80,6 +82,23 @@ int main() {
                         return c;
                     });
     }
+    // a and h of 4-byte elements, b of 2: the chunk widths differ, so the pair runs unfused
+    conformance("residual add + rmsnorm f32 + bf16 [896, 64] (not fused)", [](forge_ctx *ctx) {
+        ConfCase c;
+        forge_tensor *x = forge_tensor_new_2d(ctx, F32, 896, 64), *r = forge_tensor_new_2d(ctx, BF16, 896, 64), *w = forge_tensor_new_1d(ctx, F32, 896);
+        c.y = forge_rmsnorm(ctx, forge_add(ctx, x, r), w, 1e-6f, 0.0f, BEFORE);
+        c.params = {x, r, w};
+        return c;
+    });
+    conformance("residual add + rmsnorm bf16 [16400, 3] (rows past the registers)", [](forge_ctx *ctx) {
+        ConfCase c;
+        forge_tensor *x = forge_tensor_new_2d(ctx, BF16, 16400, 3), *r = forge_tensor_new_2d(ctx, BF16, 16400, 3);
+        forge_tensor *w = forge_tensor_new_1d(ctx, BF16, 16400);
+        forge_tensor *h = forge_add(ctx, x, r);
+        c.y = forge_add(ctx, forge_rmsnorm(ctx, h, w, 1e-6f, 0.0f, BEFORE), h);
+        c.params = {x, r, w};
+        return c;
+    });
     conformance("residual add + rmsnorm f32 [37, 9] (element path)", [](forge_ctx *ctx) {
         ConfCase c;
         forge_tensor *x = forge_tensor_new_2d(ctx, F32, 37, 9), *r = forge_tensor_new_2d(ctx, BF16, 37, 9), *w = forge_tensor_new_1d(ctx, F32, 37);
@@ -94,7 +113,10 @@ int main() {
     norm_case("rmsnorm f32 [8, 5] (rows of one vector)", F32, F32, {8, 5}, 1e-6f, 0.0f, BEFORE);
     norm_case("rmsnorm bf16 [896, 1] (one row)", BF16, BF16, {896, 1}, 1e-6f, 0.0f, BEFORE);
     norm_case("rmsnorm f32 [64, 3, 5, 2] (4-d)", F32, F32, {64, 3, 5, 2}, 1e-6f, 1.0f, AFTER);
-    norm_case("rmsnorm bf16 [8192, 64] (long rows, big shared memory)", BF16, F32, {8192, 64}, 1e-6f, 0.0f, BEFORE);
+    norm_case("rmsnorm bf16 [8192, 64] (long rows: 256 lanes x 4 chunks)", BF16, F32, {8192, 64}, 1e-6f, 0.0f, BEFORE);
+    norm_case("rmsnorm bf16 [16400, 5] (rows past the registers)", BF16, F32, {16400, 5}, 1e-6f, 0.0f, BEFORE);
+    norm_case("rmsnorm f32 [20000, 3] (rows past the registers, dw)", F32, F32, {20000, 3}, 1e-6f, 1.0f, AFTER);
+    norm_case("rmsnorm f32 [9001, 4] (element path past the registers)", F32, BF16, {9001, 4}, 1e-6f, 0.0f, BEFORE);
     conformance("rmsnorm f32 of a window [895, 40] of [896, 40] (misaligned by one)", [](forge_ctx *ctx) {
         ConfCase c;
         forge_tensor *x = forge_tensor_new_2d(ctx, F32, 896, 40), *w = forge_tensor_new_1d(ctx, F32, 895);

@@ -4,8 +4,9 @@
 // gradient flows back through ACC_VIEW) in BF16 and F32; positions restarting per packed
 // document and large positions (up to 131071: sincosf's slow argument reduction); partial
 // rotation (n_rot 32 of 64: the copied dims; n_rot 24: the element path); in-place use (the rope
-// of an intermediate that dies there, forward and backward); awkward shapes (head_dim 10, one
-// token, one head, B > 1).
+// of an intermediate that dies there, forward and backward); enough tokens that one thread takes
+// all heads of its token (3, fewer than a batch of 4); awkward shapes (head_dim 10, one token,
+// one head, B > 1).
 #include "cuda-util.h"
 
 namespace {
@@ -74,6 +75,7 @@ int main() {
     plain_case("rope f32 [64, 3, 40] n_rot 24 (element path)", F32, 64, 3, 40, 1, 24, 1e4f, false, positions(40, 40));
     plain_case("rope bf16 [128, 16, 256] in place", BF16, 128, 16, 256, 1, 128, 1e6f, true, positions(256, 256));
     plain_case("rope f32 [64, 2, 100] n_rot 32 in place", F32, 64, 2, 100, 1, 32, 1e4f, true, positions(100, 30));
+    plain_case("rope bf16 [256, 3, 10000] (all heads per thread)", BF16, 256, 3, 10000, 1, 256, 1e4f, false, positions(10000, 4096));
     plain_case("rope f32 [10, 3, 5, 2] n_rot 6", F32, 10, 3, 5, 2, 6, 100.0f, false, positions(5, 5));
     plain_case("rope bf16 [64, 1, 1] (one token, one head)", BF16, 64, 1, 1, 1, 64, 1e6f, false, positions(1, 1, 5000));
     plain_case("rope f32 [16, 1, 7, 3] n_rot 16", F32, 16, 1, 7, 3, 16, 1e4f, false, positions(7, 4));

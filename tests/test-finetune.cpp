@@ -1,0 +1,481 @@
+// ./finetune end to end on the CPU, on the tiny Qwen2 model of tests/fixtures/tiny-qwen2 (made by
+// tests/make-tiny-model.py: a real byte-level BPE tokenizer and a small pretrained decoder):
+//  * the data layer (models/data.h) in process: chat and prompt/completion loss masks, packing,
+//    positions and document ids, the eval split, the shuffled stream, the token cache;
+//  * a 30-step run: the loss falls, the adapter is written in both formats, the GGUF adapter obeys
+//    every llama.cpp loader rule of formats.md 5.2 (and corrupt variants are refused), and a
+//    reloaded adapter (PEFT, GGUF, checkpoint) gives the logits the run computed;
+//  * --resume from a mid-run checkpoint reproduces the uninterrupted run's losses bit for bit;
+//  * gradient accumulation matches one large batch; model names resolve through $FORGE_MODELS and
+//    the Hugging Face cache layout;
+//  * every bad input of the issue: its message and its exit status, and nothing half-written.
+// The binary is FORGE_FINETUNE_BIN (CMake passes its path), else ./finetune.
+#include "test-util.h"
+#include "../models/adapter.h"
+#include "../models/config.h"
+#include "../models/data.h"
+#include "../models/gguf.h"
+#include "../models/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef FORGE_SOURCE_DIR
+#define FORGE_SOURCE_DIR "."
+#endif
+#ifndef FORGE_FINETUNE_BIN
+#define FORGE_FINETUNE_BIN "./finetune"
+#endif
+
+using namespace forge;
+
+static const std::string kSrc = FORGE_SOURCE_DIR, kModel = kSrc + "/tests/fixtures/tiny-qwen2";
+static std::string g_tmp;
+
+struct Result {
+    int rc;
+    std::string out;
+};
+
+static Result run(const std::string &args, const std::string &env = "") {
+    std::string cmd = "env OMP_WAIT_POLICY=passive " + env + " " + FORGE_FINETUNE_BIN + " " + args + " 2>&1";
+    Result r{-1, ""};
+    FILE *p = popen(cmd.c_str(), "r");
+    if (!p) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    int st = pclose(p);
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return r;
+}
+
+static bool exists(const std::string &p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0;
+}
+static std::string slurp(const std::string &p) {
+    std::string s;
+    FILE *f = fopen(p.c_str(), "rb");
+    if (!f) return s;
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+    fclose(f);
+    return s;
+}
+static void put(const std::string &p, const std::string &s) {
+    FILE *f = fopen(p.c_str(), "wb");
+    fwrite(s.data(), 1, s.size(), f);
+    fclose(f);
+}
+static bool has(const Result &r, const std::string &s) { return r.out.find(s) != std::string::npos; }
+
+static void expect_fail(const char *what, const std::string &args, int code, const std::vector<std::string> &needles,
+                        const std::string &env = "") {
+    Result r = run(args, env);
+    bool all = true;
+    for (const std::string &n : needles) all = all && has(r, n);
+    CHECK(r.rc == code && all, "%s: exit %d (want %d), output:\n%s", what, r.rc, code, r.out.c_str());
+}
+
+// step -> value of key in a metrics.jsonl
+static std::map<int64_t, double> metric(const std::string &path, const char *key) {
+    std::map<int64_t, double> m;
+    std::string text = slurp(path), err;
+    for (size_t p = 0, nl; (nl = text.find('\n', p)) != std::string::npos; p = nl + 1) {
+        json::Value v;
+        if (json::parse(text.substr(p, nl - p), &v, &err) && v[key].is_number()) m[v["step"].get_int()] = v[key].get_double();
+    }
+    return m;
+}
+
+static Tokenizer tiny_tokenizer() {
+    TokenizerSpec spec;
+    Tokenizer tok;
+    std::string err;
+    if (!tokenizer_spec_load_hf(kModel, &spec, &err) || !tok.init(std::move(spec), &err)) {
+        std::fprintf(stderr, "%s\n", err.c_str());
+        std::exit(1);
+    }
+    return tok;
+}
+
+// ---- the data layer ---------------------------------------------------------------------------------
+
+static std::string decode_masked(const Tokenizer &tok, const TokenizedData &d, int64_t doc) {
+    std::vector<int32_t> ids;
+    for (int64_t j = d.start[(size_t)doc]; j < d.start[(size_t)doc + 1]; j++)
+        if (d.mask[(size_t)j]) ids.push_back(d.ids[(size_t)j]);
+    std::string s, err;
+    tok.decode(ids, &s, &err);
+    return s;
+}
+
+static void test_data() {
+    Tokenizer tok = tiny_tokenizer();
+    DataOptions opt;
+    std::string err;
+    // chat: the loss covers the assistant's content and its <|im_end|>, nothing else
+    put(g_tmp + "/chat.jsonl", slurp(kSrc + "/examples/data/forge-chat.jsonl"));
+    TokenizedData chat;
+    CHECK(data_load(g_tmp + "/chat.jsonl", tok, opt, &chat, &err), "%s", err.c_str());
+    CHECK(chat.n_chat == 24 && chat.n_docs() == 24, "chat documents: %s", chat.describe().c_str());
+    json::Value first;
+    std::string line0 = slurp(g_tmp + "/chat.jsonl");
+    json::parse(line0.substr(0, line0.find('\n')), &first, &err);
+    const std::string answer = first["messages"].at(2)["content"].str();
+    CHECK(decode_masked(tok, chat, 0) == answer + "<|im_end|>", "chat mask covers '%s'", decode_masked(tok, chat, 0).c_str());
+    // prompt/completion: the completion and the EOS
+    put(g_tmp + "/qa.jsonl", slurp(kSrc + "/examples/data/forge-qa.jsonl"));
+    TokenizedData qa;
+    CHECK(data_load(g_tmp + "/qa.jsonl", tok, opt, &qa, &err), "%s", err.c_str());
+    json::parse(slurp(g_tmp + "/qa.jsonl").substr(0, slurp(g_tmp + "/qa.jsonl").find('\n')), &first, &err);
+    CHECK(decode_masked(tok, qa, 0) == first["completion"].str() + "<|endoftext|>", "completion mask covers '%s'",
+          decode_masked(tok, qa, 0).c_str());
+    CHECK(qa.mask[(size_t)qa.start[0]] == 0, "the prompt is not a target");
+    // text: every token, ending with EOS; .txt paragraphs
+    put(g_tmp + "/t.txt", "first paragraph\nstill first\n\n\n  \nsecond paragraph\n");
+    TokenizedData txt;
+    CHECK(data_load(g_tmp + "/t.txt", tok, opt, &txt, &err), "%s", err.c_str());
+    CHECK(txt.n_docs() == 2 && txt.ids[(size_t)txt.start[1] - 1] == tok.spec().eos, "txt paragraphs: %s", txt.describe().c_str());
+    opt.text_split = TextSplit::Line;
+    CHECK(data_load(g_tmp + "/t.txt", tok, opt, &txt, &err) && txt.n_docs() == 3, "txt lines: %s", txt.describe().c_str());
+    opt.text_split = TextSplit::Paragraph;
+
+    // the token cache: written next to the data, read back identically, a damaged one is redone
+    TokenizedData again;
+    CHECK(data_load(g_tmp + "/chat.jsonl", tok, opt, &again, &err) && again.from_cache, "second load comes from the cache");
+    CHECK(again.ids == chat.ids && again.mask == chat.mask && again.start == chat.start, "cache round trip");
+    std::string c = slurp(chat.cache_path);
+    c[c.size() / 2] ^= 0x5a;
+    put(chat.cache_path, c);
+    CHECK(data_load(g_tmp + "/chat.jsonl", tok, opt, &again, &err) && !again.from_cache && again.ids == chat.ids &&
+              !again.notes.empty() && again.notes[0].find("unusable (checksum mismatch)") != std::string::npos,
+          "a damaged cache is tokenised again (%s)", again.notes.empty() ? "no note" : again.notes[0].c_str());
+
+    // errors name file:line; --skip-bad-lines counts
+    put(g_tmp + "/bad.jsonl", "{\"text\": \"fine\"}\n\n{\"text\": \"broken\"\n{\"txt\": 1}\n");
+    TokenizedData bad;
+    CHECK(!data_load(g_tmp + "/bad.jsonl", tok, opt, &bad, &err) && err.find(g_tmp + "/bad.jsonl:3: invalid JSON at column") == 0, "%s",
+          err.c_str());
+    opt.skip_bad_lines = true;
+    CHECK(data_load(g_tmp + "/bad.jsonl", tok, opt, &bad, &err) && bad.n_skipped == 2 && bad.n_docs() == 1 &&
+              bad.notes[0].find("bad.jsonl:3:") != std::string::npos,
+          "skip-bad-lines: %lld skipped", (long long)bad.n_skipped);
+    opt.skip_bad_lines = false;
+
+    // pieces, packing, rows: documents of 5, 3 and 10 tokens in rows of 8
+    TokenizedData d;
+    d.start = {0, 5, 8, 18};
+    for (int i = 0; i < 18; i++) d.ids.push_back(100 + i), d.mask.push_back(1);
+    std::vector<Segment> segs = data_segments(d, 8);
+    CHECK(segs.size() == 4 && segs[2].len == 8 && segs[3].begin == 8 && segs[3].len == 2, "pieces of 8");
+    std::vector<Row> rows = data_pack(segs, 8, true, 1);
+    CHECK(rows.size() == 3, "best-fit packing: %zu rows", rows.size());
+    std::vector<int32_t> ids(8), pos(8), doc(8), lab(8);
+    int n_checked = 0;
+    for (const Row &row : rows) {
+        int64_t targets = data_fill_row(d, &row, 8, 7, ids.data(), pos.data(), doc.data(), lab.data());
+        if (row.size() == 2) { // the 5- and 3-token documents: positions restart, ids differ, no label across
+            CHECK(pos[0] == 0 && pos[5] == 0 && pos[7] == 2 && doc[4] == 0 && doc[5] == 1, "positions and documents of a packed row");
+            CHECK(lab[4] == FORGE_IGNORE_INDEX && lab[7] == FORGE_IGNORE_INDEX && targets == 6, "no label crosses a document");
+            n_checked++;
+        } else if (row[0].len == 8) { // the first piece of the long document predicts into the second
+            CHECK(lab[7] == 108 + 8 && targets == 8, "the last token of a piece predicts the next piece's first");
+            n_checked++;
+        }
+    }
+    CHECK(n_checked == 2, "packed rows found");
+    rows = data_pack(segs, 8, false, 1);
+    CHECK(rows.size() == 4, "no packing: one piece per row");
+    for (const Row &row : rows)
+        if (row[0].len == 2) {
+            data_fill_row(d, &row, 8, 7, ids.data(), pos.data(), doc.data(), lab.data());
+            CHECK(ids[2] == 7 && doc[2] == 1 && lab[2] == FORGE_IGNORE_INDEX && lab[0] == 117 && lab[1] == FORGE_IGNORE_INDEX, "padding");
+        }
+    // eval split by documents, deterministic; the stream is a permutation per epoch
+    std::vector<Segment> tr = segs, ev, tr2 = segs, ev2;
+    data_split(&tr, &ev, 0.4, 5);
+    data_split(&tr2, &ev2, 0.4, 5);
+    CHECK(!ev.empty() && tr.size() + ev.size() == segs.size() && ev.size() == ev2.size() && ev[0].doc == ev2[0].doc, "eval split");
+    for (const Segment &s : ev)
+        for (const Segment &t : tr) CHECK(s.doc != t.doc, "a document is on one side of the split");
+    RowStream st(10, 3), st2(10, 3);
+    std::vector<int> seen(10, 0);
+    bool differs = false;
+    for (int64_t g = 0; g < 10; g++) seen[(size_t)st.at(g)]++;
+    for (int64_t g = 10; g < 20; g++) differs = differs || st.at(g) != st2.at(g - 10);
+    CHECK(std::count(seen.begin(), seen.end(), 1) == 10 && differs && st.at(25) == st2.at(25), "row stream");
+}
+
+// ---- the GGUF adapter against llama.cpp's rules ------------------------------------------------------
+
+static void test_gguf_rules(const std::string &path, const ModelConfig &cfg, int r, float alpha) {
+    std::string err;
+    auto f = gguf_file::open(path, &err);
+    if (!f) { CHECK(false, "%s", err.c_str()); return; }
+    std::string s;
+    const gguf_kv *a = f->find("adapter.lora.alpha");
+    CHECK(f->get_str("general.architecture", &s, &err) && s == cfg.arch_name, "general.architecture = the base's (%s)", s.c_str());
+    CHECK(f->get_str("general.type", &s, &err) && s == "adapter", "general.type = adapter");
+    CHECK(f->get_str("adapter.type", &s, &err) && s == "lora", "adapter.type = lora");
+    float av = 0;
+    if (a) std::memcpy(&av, a->raw.data(), 4);
+    CHECK(a && !a->is_array() && a->type == GGUF_TYPE_FLOAT32 && av == alpha, "adapter.lora.alpha FLOAT32 = %g", (double)av);
+    const char *projs[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+    const int64_t H = cfg.hidden, q = cfg.n_head * cfg.head_dim, kv = cfg.n_kv_head * cfg.head_dim;
+    const int64_t in[7] = {H, H, H, q, H, H, cfg.ffn}, out[7] = {q, kv, kv, H, cfg.ffn, cfg.ffn, H};
+    size_t n = 0;
+    for (const gguf_tensor_info &t : f->tensors()) {
+        bool suffix = t.name.size() > 7 && (t.name.substr(t.name.size() - 7) == ".lora_a" || t.name.substr(t.name.size() - 7) == ".lora_b");
+        CHECK(suffix, "%s: suffix .lora_a / .lora_b", t.name.c_str());
+        CHECK(t.type == 0 && t.offset % f->alignment() == 0, "%s: F32, aligned", t.name.c_str());
+    }
+    for (int l = 0; l < (int)cfg.n_layer; l++)
+        for (int p = 0; p < 7; p++) {
+            std::string base = "blk." + std::to_string(l) + "." + projs[p] + ".weight";
+            const gguf_tensor_info *ta = f->find_tensor(base + ".lora_a"), *tb = f->find_tensor(base + ".lora_b");
+            CHECK(ta && tb, "%s: both halves", base.c_str());
+            if (!ta || !tb) continue;
+            n += 2;
+            CHECK(ta->ne[0] == in[p] && tb->ne[1] == out[p], "%s: base.ne[0] == a.ne[0], base.ne[1] == b.ne[1]", base.c_str());
+            CHECK(ta->ne[1] == tb->ne[0] && ta->ne[1] == r, "%s: a.ne[1] == b.ne[0] == r (not transposed)", base.c_str());
+        }
+    CHECK(n == f->tensors().size(), "every tensor adapts a base weight");
+    LoraConfig lc;
+    CHECK(adapter_gguf_config(path, cfg, &lc, &err) && lc.r == r && lc.scale() == alpha / (float)r, "adapter_gguf_config: %s", err.c_str());
+
+    // corrupt variants, each refused with the reason llama.cpp gives
+    std::vector<gguf_kv> kvs;
+    for (const gguf_kv &k : f->kvs()) kvs.push_back(k);
+    std::vector<gguf_tensor_out> ts;
+    for (const gguf_tensor_info &t : f->tensors()) {
+        gguf_tensor_out o;
+        o.name = t.name, o.type = t.type, o.n_dims = t.n_dims, o.data = t.data;
+        for (int i = 0; i < 4; i++) o.ne[i] = t.ne[i];
+        ts.push_back(o);
+    }
+    auto variant = [&](const char *what, std::vector<gguf_kv> k, std::vector<gguf_tensor_out> t, const char *needle) {
+        std::string p = g_tmp + "/variant.gguf", e;
+        if (!gguf_write(p, k, t, &e)) { CHECK(false, "%s: %s", what, e.c_str()); return; }
+        LoraConfig x;
+        CHECK(!adapter_gguf_config(p, cfg, &x, &e) && e.find(p) == 0 && e.find(needle) != std::string::npos, "%s: '%s'", what, e.c_str());
+    };
+    auto with_kv = [&](const std::string &key, gguf_kv v) {
+        std::vector<gguf_kv> k = kvs;
+        for (gguf_kv &x : k)
+            if (x.key == key) x = v;
+        return k;
+    };
+    variant("general.type", with_kv("general.type", gguf_kv::string("general.type", "model")), ts, "expects general.type to be 'adapter'");
+    variant("architecture", with_kv("general.architecture", gguf_kv::string("general.architecture", "gemma2")), ts, "LoRA arch mismatch");
+    variant("alpha type", with_kv("adapter.lora.alpha", gguf_kv::f64("adapter.lora.alpha", 32.0)), ts, "requires FLOAT32");
+    std::vector<gguf_tensor_out> t2 = ts;
+    t2.pop_back();
+    variant("one half", kvs, t2, "has only its lora_a tensor");
+    t2 = ts;
+    t2[0].name = "blk.0.attn_q.weight.lora_x";
+    variant("suffix", kvs, t2, "has unexpected suffix");
+    t2 = ts;
+    t2[0].name = "blk.9.attn_q.weight.lora_a";
+    variant("no such base", kvs, t2, "is not a projection");
+    t2 = ts;
+    std::swap(t2[0].ne[0], t2[0].ne[1]);
+    variant("shape", kvs, t2, "incorrect shape");
+    t2 = ts; // b with one row more than a's rank: ne[0] disagrees with a.ne[1]
+    std::vector<float> bigger((size_t)((r + 1) * t2[1].ne[1]), 0.0f);
+    t2[1].ne[0] = r + 1, t2[1].data = bigger.data();
+    variant("transposed", kvs, t2, "lora_a tensor is not transposed");
+}
+
+// Logits of the tiny model with a LoRA read by `load` for the ids of a --logits-out file.
+static std::vector<float> logits_with(const std::string &what, const std::vector<int32_t> &ids,
+                                      const std::function<bool(Model &, LoraConfig *, std::string *)> &config,
+                                      const std::function<bool(Model &, forge_graph *, std::string *)> &load) {
+    const int64_t T = (int64_t)ids.size();
+    forge_ctx *ctx = forge_ctx_new();
+    Model m;
+    LoraConfig lc;
+    Graph mg;
+    std::string err;
+    std::vector<float> out;
+    forge_backend *be = forge_backend_cpu_new(2);
+    forge_graph *g = forge_graph_new(ctx);
+    forge_tensor *hyper = forge_tensor_new_1d(ctx, FORGE_TYPE_F32, 8);
+    bool ok = model_load_hf(m, kModel, ctx, FORGE_TYPE_F32, &err) && (!config || config(m, &lc, &err));
+    if (ok && config) model_add_lora(m, lc);
+    ok = ok && model_build(m, T, 1, FORGE_TYPE_F32, config != nullptr, true, &mg, &err);
+    if (ok) {
+        forge_graph_build_forward(g, mg.logits);
+        if (config) {
+            forge_graph_build_backward(g, mg.loss);
+            forge_graph_build_adamw(g, hyper);
+        }
+        ok = forge_backend_alloc_graph(be, g) == FORGE_OK && model_upload(m, &err) && (!load || load(m, g, &err));
+    }
+    if (ok) {
+        std::vector<int32_t> pos((size_t)T), doc((size_t)T, 0), lab((size_t)T, FORGE_IGNORE_INDEX);
+        for (int64_t t = 0; t < T; t++) pos[(size_t)t] = (int32_t)t;
+        set_i32(mg.in.ids, ids), set_i32(mg.in.pos, pos), set_i32(mg.in.doc, doc);
+        if (config) set_i32(mg.in.labels, lab), set_f32(mg.in.count, {1.0f}), set_f32(hyper, {0, 0.9f, 0.999f, 1e-8f, 0, 0, 1, 0});
+        ok = forge_backend_compute(be, g) == FORGE_OK;
+        if (ok) out = tensor_f32(mg.logits);
+    }
+    CHECK(ok, "%s: %s %s", what.c_str(), err.c_str(), forge_ctx_error(ctx) ? forge_ctx_error(ctx) : "");
+    forge_backend_free(be);
+    forge_ctx_free(ctx);
+    return out;
+}
+
+static void test_reload(const std::string &run_dir) {
+    SafetensorsFile lf;
+    std::string err;
+    if (!lf.open(run_dir + "/logits.safetensors", &err)) { CHECK(false, "%s", err.c_str()); return; }
+    const SafetensorsTensor *ti = lf.find("input_ids"), *tl = lf.find("logits");
+    std::vector<int32_t> ids((size_t)ti->numel());
+    std::memcpy(ids.data(), ti->data, ids.size() * 4);
+    std::vector<float> ref((size_t)tl->numel());
+    safetensors_read_f32(*tl, ref.data(), (int64_t)ref.size(), &err);
+    std::vector<float> peft = logits_with("PEFT", ids, [&](Model &, LoraConfig *lc, std::string *e) { return lora_config_from_peft(run_dir, lc, e); },
+                                          [&](Model &m, forge_graph *, std::string *e) { return model_load_peft(m, run_dir, e); });
+    std::vector<float> gguf = logits_with("GGUF", ids,
+                                          [&](Model &m, LoraConfig *lc, std::string *e) { return adapter_gguf_config(run_dir + "/adapter.gguf", m.cfg, lc, e); },
+                                          [&](Model &m, forge_graph *, std::string *e) { return adapter_load_gguf(m, run_dir + "/adapter.gguf", e); });
+    const std::string ck = run_dir + "/checkpoint-30/state.safetensors";
+    std::vector<float> ckpt = logits_with("checkpoint", ids, [&](Model &, LoraConfig *lc, std::string *e) { return lora_config_from_peft(run_dir, lc, e); },
+                                          [&](Model &m, forge_graph *g, std::string *e) {
+                                              TrainState st;
+                                              return checkpoint_load(m, g, ck, &st, e) && st.step == 30;
+                                          });
+    std::vector<float> base = logits_with("base", ids, nullptr, nullptr);
+    CHECK(max_err(peft, ref, 1e-5, 1e-5) <= 1, "PEFT adapter reloaded: logits differ from the run's (%g)", max_err(peft, ref, 1e-5, 1e-5));
+    CHECK(max_err(gguf, ref, 1e-5, 1e-5) <= 1, "GGUF adapter reloaded: logits differ from the run's (%g)", max_err(gguf, ref, 1e-5, 1e-5));
+    CHECK(max_err(ckpt, ref, 1e-5, 1e-5) <= 1, "checkpoint reloaded: logits differ from the run's (%g)", max_err(ckpt, ref, 1e-5, 1e-5));
+    CHECK(peft == gguf, "PEFT and GGUF adapters give bitwise the same logits");
+    CHECK(max_err(base, ref, 1e-2, 1e-2) > 1, "the adapter changes the logits");
+}
+
+int main() {
+    if (access(FORGE_FINETUNE_BIN, X_OK) != 0) {
+        std::fprintf(stderr, "test-finetune: %s is not an executable: build the finetune target first\n", FORGE_FINETUNE_BIN);
+        return 1;
+    }
+    char tmpl[] = "/tmp/test-finetune-XXXXXX";
+    if (!mkdtemp(tmpl)) return 1;
+    g_tmp = tmpl;
+    test_data();
+
+    // one 30-step run with checkpoints every 10 steps, on a copy of the docs (the cache goes to tmp)
+    const std::string data = g_tmp + "/docs.jsonl", run1 = g_tmp + "/run1";
+    put(data, slurp(kSrc + "/examples/data/forge-docs.jsonl"));
+    const std::string common = "-m " + kModel + " --data " + data + " --device cpu --threads 2 --seq-len 64 --batch 4 --seed 1 ";
+    const std::string train = common + "--steps 30 --lr 1e-2 --save-every 10 --eval-every 10 ";
+    Result r = run(train + "--out " + run1 + " --logits-out " + run1 + "/logits.safetensors");
+    CHECK(r.rc == 0, "training run: exit %d\n%s", r.rc, r.out.c_str());
+    std::map<int64_t, double> loss = metric(run1 + "/metrics.jsonl", "loss"), eval = metric(run1 + "/metrics.jsonl", "eval_loss");
+    double head = 0, tail = 0;
+    for (int s = 1; s <= 5; s++) head += loss[s] / 5, tail += loss[31 - s] / 5;
+    CHECK(loss.size() == 30 && tail < head - 1.0, "the loss falls: first 5 steps %.3f, last 5 %.3f", head, tail);
+    CHECK(eval.size() == 4 && eval[30] < eval[0] - 1.0, "the eval loss falls: %.3f -> %.3f", eval[0], eval[30]);
+    for (const char *f : {"adapter_config.json", "adapter_model.safetensors", "adapter.gguf", "loss.svg", "metrics.jsonl", "training_args.json",
+                          "checkpoint-10/state.safetensors", "checkpoint-20/adapter.gguf", "checkpoint-30/adapter_model.safetensors"})
+        CHECK(exists(run1 + "/" + f), "%s written", f);
+    CHECK(slurp(run1 + "/loss.svg").compare(0, 4, "<svg") == 0 && slurp(run1 + "/loss.svg").find("<polyline") != std::string::npos, "loss.svg");
+    CHECK(!exists(run1 + "/.checkpoint-30.tmp"), "no temporary directory left");
+    json::Value cfg;
+    std::string err;
+    CHECK(json::parse_file(run1 + "/adapter_config.json", &cfg, &err) && cfg["peft_type"].str() == "LORA" && cfg["r"].get_int() == 16 &&
+              cfg["lora_alpha"].get_double() == 32 && cfg["target_modules"].size() == 7 && cfg["task_type"].str() == "CAUSAL_LM" &&
+              cfg["bias"].str() == "none" && cfg["fan_in_fan_out"].is_bool() && cfg["inference_mode"].get_bool(),
+          "adapter_config.json: %s", err.c_str());
+    SafetensorsFile pf;
+    CHECK(pf.open(run1 + "/adapter_model.safetensors", &err) &&
+              pf.find("base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight") &&
+              pf.find("base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight")->shape == std::vector<int64_t>({32, 16}) &&
+              pf.find("base_model.model.model.layers.0.mlp.down_proj.lora_A.weight")->shape == std::vector<int64_t>({16, 128}),
+          "PEFT tensor names and shapes");
+    ModelConfig mc;
+    json::Value hf;
+    load_hf_config(kModel, &hf, &err);
+    config_from_hf(hf, kModel, &mc, &err);
+    test_gguf_rules(run1 + "/adapter.gguf", mc, 16, 32.0f);
+    test_reload(run1);
+
+    // --resume from step 10 continues bit for bit: the same losses, the same adapter bytes
+    const std::string run2 = g_tmp + "/run2";
+    r = run(train + "--out " + run2 + " --resume " + run1 + "/checkpoint-10");
+    CHECK(r.rc == 0 && has(r, "resume  " + run1 + "/checkpoint-10: step 10"), "resume: exit %d\n%s", r.rc, r.out.c_str());
+    std::map<int64_t, double> loss2 = metric(run2 + "/metrics.jsonl", "loss"), eval2 = metric(run2 + "/metrics.jsonl", "eval_loss");
+    bool same = loss2.size() == 30;
+    for (int s = 1; s <= 30; s++) same = same && loss2[s] == loss[s];
+    CHECK(same && eval2 == eval, "resumed losses equal the uninterrupted run's bit for bit");
+    CHECK(slurp(run2 + "/adapter_model.safetensors") == slurp(run1 + "/adapter_model.safetensors") &&
+              slurp(run2 + "/adapter.gguf") == slurp(run1 + "/adapter.gguf"),
+          "resumed adapter files equal the uninterrupted run's");
+    expect_fail("resume with other options", train + "--lora-r 8 --out " + g_tmp + "/run3 --resume " + run1 + "/checkpoint-10", 1,
+                {"the checkpoint was trained with lora_r = 16, this run has lora_r = 8"});
+    expect_fail("an existing run without --resume", train + "--out " + run1, 1, {"already holds a run; continue it with --resume"});
+
+    // gradient accumulation is exact; $FORGE_MODELS resolves a name; chat and prompt/completion data train
+    const std::string acc = "--data " + data + " --device cpu --threads 2 --seq-len 64 --seed 1 --steps 2 --lr 1e-2 --eval-split 0 ";
+    Result a1 = run("-m " + kModel + " " + acc + "--batch 4 --out " + g_tmp + "/acc1");
+    Result a2 = run("-m tiny-qwen2 " + acc + "--batch 2 --grad-accum 2 --out " + g_tmp + "/acc2", "FORGE_MODELS=" + kSrc + "/tests/fixtures");
+    std::map<int64_t, double> l1 = metric(g_tmp + "/acc1/metrics.jsonl", "loss"), l2 = metric(g_tmp + "/acc2/metrics.jsonl", "loss");
+    CHECK(a1.rc == 0 && a2.rc == 0 && l1.size() == 2 && l2.size() == 2 && std::fabs(l1[1] - l2[1]) < 1e-5 && std::fabs(l1[2] - l2[2]) < 1e-4,
+          "batch 4 vs 2 x 2 accumulated: %.7f %.7f / %.7f %.7f\n%s%s", l1[1], l2[1], l1[2], l2[2], a1.out.c_str(), a2.out.c_str());
+    r = run("-m " + kModel + " --data " + g_tmp + "/chat.jsonl --device cpu --threads 2 --seq-len 128 --batch 2 --steps 3 --out " + g_tmp + "/chat");
+    CHECK(r.rc == 0 && has(r, "24 documents (24 chat)"), "chat run: exit %d\n%s", r.rc, r.out.c_str());
+    r = run("-m " + kModel + " --data " + g_tmp + "/qa.jsonl --no-packing --device cpu --threads 2 --seq-len 64 --batch 2 --steps 3 --out " +
+            g_tmp + "/qa");
+    CHECK(r.rc == 0 && has(r, "prompt/completion") && has(r, "padded"), "prompt/completion run: exit %d\n%s", r.rc, r.out.c_str());
+
+    // the Hugging Face cache layout: <hub>/models--Org--Name/snapshots/<rev> with refs/main
+    const std::string hub = g_tmp + "/hub", snap = hub + "/models--Forge--Tiny-Qwen2/snapshots/abc123";
+    std::system(("mkdir -p " + snap + " " + hub + "/models--Forge--Tiny-Qwen2/refs && cp " + kModel + "/* " + snap).c_str());
+    put(hub + "/models--Forge--Tiny-Qwen2/refs/main", "abc123\n");
+    expect_fail("HF cache name", "-m tiny-qwen2 --data " + data + " --device cpu --seq-len 512", 1,
+                {"--seq-len 512 is larger than the model allows (256 positions"}, "HF_HUB_CACHE=" + hub + " FORGE_MODELS=");
+
+    // bad inputs: the message, the exit status, and no run directory
+    const std::string out = " --out " + g_tmp + "/bad";
+    expect_fail("missing data file", common + "--data " + g_tmp + "/nope.jsonl" + out, 1, {g_tmp + "/nope.jsonl: cannot open the data file: No such file"});
+    expect_fail("unreadable data file", common + "--data " + g_tmp + out, 1, {g_tmp + ": is a directory, not a data file"});
+    put(g_tmp + "/empty.jsonl", "\n  \n");
+    expect_fail("empty dataset", common + "--data " + g_tmp + "/empty.jsonl" + out, 1, {"empty.jsonl: the dataset is empty"});
+    expect_fail("malformed line", common + "--data " + g_tmp + "/bad.jsonl" + out, 1, {"bad.jsonl:3: invalid JSON at column", "--skip-bad-lines"});
+    r = run(common + "--data " + g_tmp + "/bad.jsonl --skip-bad-lines --steps 1" + out);
+    CHECK(r.rc == 0 && has(r, "2 malformed line(s) skipped") && has(r, "bad.jsonl:3:"), "--skip-bad-lines: exit %d\n%s", r.rc, r.out.c_str());
+    std::system(("rm -rf " + g_tmp + "/bad").c_str());
+    expect_fail("sequence too long", common + "--data " + data + " --seq-len 4096" + out, 1,
+                {"--seq-len 4096 is larger than the model allows (256 positions: max_position_embeddings"});
+    expect_fail("unknown target", common + "--data " + data + " --lora-targets q,k,v,fc1" + out, 2, {"qwen2 has no projection 'fc1'"});
+    expect_fail("partial q/k/v", common + "--data " + data + " --lora-targets q,v" + out, 2, {"adapts all three or none"});
+    expect_fail("gate without up", common + "--data " + data + " --lora-targets gate" + out, 2, {"adapts both or neither"});
+    expect_fail("recompute", common + "--data " + data + " --recompute" + out, 2, {"--recompute: activation checkpointing is not implemented"});
+    expect_fail("bad number", common + "--data " + data + " --lr fast" + out, 2, {"--lr: 'fast' is not a number"});
+    expect_fail("model name not found", "-m qwen2.5-0.5b --data " + data + out, 1,
+                {"model 'qwen2.5-0.5b' not found", g_tmp + "/nohome/.cache/huggingface/hub/models--*--qwen2.5-0.5b", "./models/qwen2.5-0.5b",
+                 "huggingface-cli download Qwen/Qwen2.5-0.5B"},
+                "FORGE_MODELS= HF_HUB_CACHE= HF_HOME= HOME=" + g_tmp + "/nohome");
+    if (forge_cuda_device_count() == 0)
+        expect_fail("no GPU", common + "--data " + data + " --device cuda" + out, 1, {"--device cuda: no CUDA device is available"});
+    expect_fail("out of memory", common + "--data " + data + " --batch 1000000000" + out, 3,
+                {"out of memory on cpu", "of activations for the training batch 1000000000 x 64", "Try a smaller --batch"},
+                "ASAN_OPTIONS=allocator_may_return_null=1"); // a sanitizer build would abort on the huge request instead
+    CHECK(!exists(g_tmp + "/bad"), "bad inputs leave no run directory");
+    // a diverging run stops at the step, keeps the last good checkpoint and writes no adapter
+    const std::string nan_dir = g_tmp + "/nan";
+    expect_fail("NaN loss", common + "--data " + data + " --steps 6 --lr 1e8 --warmup 3 --save-every 1 --out " + nan_dir, 4,
+                {"step 2: the eval loss after the update is", "The last good checkpoint is " + nan_dir + "/checkpoint-1"});
+    CHECK(exists(nan_dir + "/checkpoint-1/state.safetensors") && !exists(nan_dir + "/checkpoint-2") && !exists(nan_dir + "/adapter.gguf") &&
+              !exists(nan_dir + "/adapter_model.safetensors"),
+          "NaN: checkpoint-1 kept, nothing after it");
+
+    std::system(("rm -rf " + g_tmp).c_str());
+    return test_finish("test-finetune");
+}

@@ -1,0 +1,536 @@
+// The gguf-tools binaries, run as a user runs them (FORGE_TOOLS_DIR holds them):
+//  * gguf-dump on a GGUF file written here prints the expected text (golden), JSON and FNV-1a
+//    hashes; on corrupt variants it exits 1 with exactly the reader's message (file, key or
+//    tensor, byte offset); --strict refuses what llama.cpp's reader would;
+//  * gguf-convert of each fixture model (tests/fixtures/models/<arch>) gives a GGUF whose logits
+//    on the CPU backend equal those of the HF directory;
+//  * gguf-lora PEFT -> GGUF -> PEFT reproduces every tensor bit for bit and the configuration,
+//    for the fixture adapters and for generated ones with rank_pattern, rsLoRA, BF16, and an
+//    alpha_pattern (folded into lora_b); bad adapters fail naming the file and the tensor or key;
+//  * gguf-lora merge gives a model whose logits equal the base with the adapter at run time, as
+//    safetensors and as GGUF, from a PEFT or a GGUF adapter.
+#include "test-util.h"
+#include "../models/config.h"
+#include "../models/gguf-model.h"
+#include "../models/gguf.h"
+#include "../models/json.h"
+#include "../models/quants.h"
+#include "../models/safetensors.h"
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef FORGE_SOURCE_DIR
+#define FORGE_SOURCE_DIR "."
+#endif
+#ifndef FORGE_TOOLS_DIR
+#define FORGE_TOOLS_DIR "."
+#endif
+
+using namespace forge;
+
+static std::string g_tmp;
+
+static std::string read_file(const std::string &path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+}
+static void write_bytes(const std::string &path, const std::string &bytes) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << bytes;
+}
+
+// Runs a tool with arguments; returns its exit status, its stdout and stderr.
+static int tool(const std::string &name, const std::string &args, std::string *out = nullptr, std::string *err = nullptr) {
+    const std::string eo = g_tmp + "/stderr.txt", cmd = std::string(FORGE_TOOLS_DIR) + "/" + name + " " + args + " 2>" + eo;
+    FILE *p = popen(cmd.c_str(), "r");
+    if (!p) return -1;
+    std::string o;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) o.append(buf, n);
+    int st = pclose(p);
+    if (out) *out = o;
+    if (err) *err = read_file(eo);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+// ---- gguf-dump ------------------------------------------------------------------------------
+
+static const char *kGolden =
+    "FILE: GGUF version 3, 1024 bytes, alignment 64, 18 keys, 3 tensors, data section at byte 768\n"
+    "\n"
+    "metadata:\n"
+    "    #  key                           type         value\n"
+    "    0  general.architecture          STRING       \"qwen2\"\n"
+    "    1  general.alignment             UINT32       64\n"
+    "    2  general.quantization_version  UINT32       2\n"
+    "    3  general.name                  STRING       \"tab\\there \\\"q\\\" \\xff \xc3\xa9\"\n"
+    "    4  t.u8                          UINT8        200\n"
+    "    5  t.i8                          INT8         -5\n"
+    "    6  t.u16                         UINT16       65535\n"
+    "    7  t.i16                         INT16        -300\n"
+    "    8  t.u32                         UINT32       4000000000\n"
+    "    9  t.i32                         INT32        -7\n"
+    "   10  t.f32                         FLOAT32      0.1\n"
+    "   11  t.bool                        BOOL         true\n"
+    "   12  t.u64                         UINT64       18446744073709551615\n"
+    "   13  t.i64                         INT64        -9000000000\n"
+    "   14  t.f64                         FLOAT64      0.1\n"
+    "   15  t.arr_i32                     [INT32] x10  [0, -1, 2, -3, 4, -5, 6, -7, ... (2 more)]\n"
+    "   16  t.arr_str                     [STRING] x3  [\"a\", \"\", \"b\\nc\"]\n"
+    "   17  t.arr_bool                    [BOOL] x2    [true, false]\n"
+    "\n"
+    "tensors (132 bytes of data):\n"
+    "    #  name   type  shape          offset          size\n"
+    "    0  w.a    F32   [4, 3]              0            48\n"
+    "    1  w.b    F16   [8]                64            16\n"
+    "    2  blk.c  Q8_0  [32, 2]           128            68\n";
+
+static std::string dump_fixture(std::vector<std::vector<uint8_t>> *data) {
+    std::vector<int32_t> ai(10);
+    for (int i = 0; i < 10; i++) ai[(size_t)i] = i % 2 ? -i : i;
+    uint8_t bools[2] = {1, 0};
+    std::vector<gguf_kv> kvs = {gguf_kv::string("general.architecture", "qwen2"), gguf_kv::u32("general.alignment", 64),
+                                gguf_kv::u32("general.quantization_version", 2),
+                                gguf_kv::string("general.name", "tab\there \"q\" \xff \xc3\xa9"), gguf_kv::u8("t.u8", 200), gguf_kv::i8("t.i8", -5),
+                                gguf_kv::u16("t.u16", 65535), gguf_kv::i16("t.i16", -300), gguf_kv::u32("t.u32", 4000000000u), gguf_kv::i32("t.i32", -7),
+                                gguf_kv::f32("t.f32", 0.1f), gguf_kv::boolean("t.bool", true), gguf_kv::u64("t.u64", UINT64_MAX),
+                                gguf_kv::i64("t.i64", -9000000000ll), gguf_kv::f64("t.f64", 0.1), gguf_kv::arr_i32("t.arr_i32", ai),
+                                gguf_kv::arr_str("t.arr_str", {"a", "", "b\nc"}), gguf_kv::arr("t.arr_bool", GGUF_TYPE_BOOL, bools, 2)};
+    Rng rng(7);
+    data->assign(3, {});
+    std::vector<float> a = random_vec(rng, 12), c = random_vec(rng, 64);
+    (*data)[0].resize(48), (*data)[1].resize(16), (*data)[2].resize(68);
+    std::memcpy((*data)[0].data(), a.data(), 48);
+    for (int i = 0; i < 8; i++) (*data)[1][(size_t)(2 * i + 1)] = (uint8_t)(0x30 + i); // f16 values
+    std::string err;
+    quantize(GGML_TYPE_Q8_0, c.data(), 32, 2, (*data)[2].data(), &err);
+    std::vector<gguf_tensor_out> ts(3);
+    const char *names[3] = {"w.a", "w.b", "blk.c"};
+    const uint32_t types[3] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0};
+    const int64_t ne[3][2] = {{4, 3}, {8, 1}, {32, 2}};
+    for (int i = 0; i < 3; i++) {
+        ts[(size_t)i].name = names[i], ts[(size_t)i].type = types[i], ts[(size_t)i].n_dims = i == 1 ? 1 : 2;
+        ts[(size_t)i].ne[0] = ne[i][0], ts[(size_t)i].ne[1] = ne[i][1], ts[(size_t)i].data = (*data)[(size_t)i].data();
+    }
+    const std::string path = g_tmp + "/fixture.gguf";
+    if (!gguf_write(path, kvs, ts, &err)) CHECK(false, "gguf_write: %s", err.c_str());
+    return path;
+}
+
+static std::string replace_all(std::string s, const std::string &from, const std::string &to) {
+    for (size_t at = 0; (at = s.find(from, at)) != std::string::npos; at += to.size()) s.replace(at, from.size(), to);
+    return s;
+}
+
+static void test_dump() {
+    std::vector<std::vector<uint8_t>> data;
+    const std::string path = dump_fixture(&data);
+    std::string out, err;
+    int st = tool("gguf-dump", path, &out, &err);
+    CHECK(st == 0 && err.empty(), "gguf-dump exit %d, stderr: %s", st, err.c_str());
+    out = replace_all(out, path, "FILE");
+    CHECK(out == kGolden, "gguf-dump text differs from the golden output:\n%s\n--- expected:\n%s", out.c_str(), kGolden);
+
+    // --full: every element
+    st = tool("gguf-dump", "--full " + path, &out, &err);
+    CHECK(st == 0 && out.find("[0, -1, 2, -3, 4, -5, 6, -7, 8, -9]") != std::string::npos, "--full did not print the whole array");
+
+    // --json --hash: a document that matches the file, hashes that match the bytes
+    st = tool("gguf-dump", "--json --hash " + path, &out, &err);
+    json::Value doc;
+    std::string perr;
+    CHECK(st == 0 && json::parse(out, &doc, &perr), "--json: exit %d, %s", st, perr.c_str());
+    CHECK(doc["size"].get_int() == 1024 && doc["alignment"].get_int() == 64 && doc["data_offset"].get_int() == 768, "--json header fields");
+    CHECK(doc["metadata"].size() == 18 && doc["metadata"].at(12)["value"].get_string() == "18446744073709551615" &&
+              doc["metadata"].at(13)["value"].get_int() == -9000000000ll && doc["metadata"].at(10)["value"].get_double() == 0.1 &&
+              doc["metadata"].at(3)["value"].get_string() == "tab\there \"q\" \xef\xbf\xbd \xc3\xa9",
+          "--json metadata values");
+    const json::Value &arr = doc["metadata"].at(15);
+    CHECK(arr["type"].get_string() == "ARRAY" && arr["elem_type"].get_string() == "INT32" && arr["n"].get_int() == 10 &&
+              arr["value"].size() == 8 && arr["truncated"].get_bool(),
+          "--json array summary");
+    const std::string bytes = read_file(path);
+    for (size_t i = 0; i < 3; i++) {
+        const json::Value &t = doc["tensors"].at(i);
+        const uint64_t h = fnv1a(data[i].data(), data[i].size());
+        char hex[17];
+        std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+        CHECK(t["fnv1a64"].get_string() == hex, "tensor %zu: hash %s, expected %s", i, t["fnv1a64"].get_string().c_str(), hex);
+        CHECK(t["size"].get_int() == (int64_t)data[i].size() &&
+                  !std::memcmp(bytes.data() + t["file_offset"].get_int(), data[i].data(), data[i].size()),
+              "tensor %zu: file_offset / size do not locate its bytes", i);
+    }
+    CHECK(doc["tensors"].at(2)["shape"].size() == 2 && doc["tensors"].at(2)["shape"].at(0).get_int() == 32 &&
+              doc["tensors"].at(2)["type"].get_string() == "Q8_0" && doc["warnings"].size() == 0,
+          "--json tensor fields");
+    st = tool("gguf-dump", "--hash " + path, &out, &err);
+    CHECK(st == 0 && out.find(doc["tensors"].at(1)["fnv1a64"].get_string()) != std::string::npos, "--hash text column");
+
+    // usage errors
+    CHECK(tool("gguf-dump", "", &out, &err) == 2, "no file: exit 2");
+    CHECK(tool("gguf-dump", "--bogus " + path, &out, &err) == 2 && err.find("--bogus") != std::string::npos, "unknown option: exit 2");
+
+    // corrupt variants: exit 1 with exactly the reader's message
+    struct Corrupt {
+        const char *what, *needle;
+        std::function<void(std::string &)> edit;
+    };
+    std::unique_ptr<gguf_file> f = gguf_file::open(path, &perr);
+    const uint64_t c_info = f->find_tensor("blk.c")->info_offset, c_off = c_info + 8 + 5 + 4 + 16 + 4; // name, n_dims, ne, type
+    const uint64_t kv0 = f->kvs()[0].file_offset;
+    const std::vector<Corrupt> cases = {
+        {"truncated header", "header", [](std::string &b) { b.resize(20); }},
+        {"bad magic", "bad magic", [](std::string &b) { b[0] = 'X'; }},
+        {"version 1", "version 1", [](std::string &b) { b[4] = 1; }},
+        {"bad value type", "general.architecture", [&](std::string &b) { b[kv0 + 8 + 20] = 13; }},
+        {"tensor offset past the end", "tensor 'blk.c'", [&](std::string &b) { b[c_off + 5] = 1; }},
+        {"unknown tensor type", "tensor 'blk.c'", [&](std::string &b) { b[c_off - 4] = 99; }},
+        {"data cut short", "tensor 'blk.c'", [](std::string &b) { b.resize(b.size() - 80); }},
+    };
+    for (const Corrupt &c : cases) {
+        std::string b = bytes;
+        c.edit(b);
+        const std::string bad = g_tmp + "/corrupt.gguf";
+        write_bytes(bad, b);
+        std::string want;
+        CHECK(!gguf_file::open(bad, &want), "%s: the reader accepts it", c.what);
+        st = tool("gguf-dump", bad, &out, &err);
+        CHECK(st == 1 && err == "gguf-dump: " + want + "\n" && out.empty(), "%s: exit %d, stderr '%s', expected 'gguf-dump: %s'", c.what, st, err.c_str(),
+              want.c_str());
+        CHECK(want.find(bad) != std::string::npos && want.find(c.needle) != std::string::npos && want.find("byte") != std::string::npos,
+              "%s: message '%s' should name the file, '%s' and a byte offset", c.what, want.c_str(), c.needle);
+    }
+    // a file the reader accepts but llama.cpp does not: tensor data out of the packed order
+    {
+        std::string b = bytes;
+        const uint64_t a_off = f->find_tensor("w.a")->info_offset + 8 + 3 + 4 + 16 + 4;
+        const uint64_t b_off = f->find_tensor("w.b")->info_offset + 8 + 3 + 4 + 8 + 4;
+        b[a_off] = 64, b[b_off] = 0; // w.a at 64 (its 48 bytes fit before 128), w.b at 0
+        const std::string odd = g_tmp + "/unpacked.gguf";
+        write_bytes(odd, b);
+        st = tool("gguf-dump", odd, &out, &err);
+        CHECK(st == 0 && err.find("warning") != std::string::npos && err.find("tensor 'w.a'") != std::string::npos &&
+                  err.find("expected 0") != std::string::npos,
+              "unpacked order: exit %d, stderr %s", st, err.c_str());
+        CHECK(tool("gguf-dump", "--strict " + odd, &out, &err) == 1, "--strict must fail on the unpacked file");
+        b[a_off] = 0; // now w.a and w.b share bytes
+        write_bytes(odd, b);
+        st = tool("gguf-dump", "--json " + odd, &out, &err);
+        CHECK(st == 0 && json::parse(out, &doc, &perr) && doc["warnings"].size() == 2 &&
+                  doc["warnings"].at(1).get_string().find("tensor 'w.b' (data at offset 0) overlaps tensor 'w.a'") != std::string::npos,
+              "overlap: exit %d, %s", st, out.c_str());
+    }
+}
+
+// ---- logits of a model on the CPU backend ---------------------------------------------------
+
+static bool logits(const std::string &path, bool gguf, const std::string &adapter, std::vector<float> *out, std::string *err) {
+    forge_ctx *ctx = forge_ctx_new();
+    Model m;
+    LoraConfig lc;
+    bool ok = gguf ? model_load_gguf(m, path, ctx, FORGE_TYPE_F32, err) : model_load_hf(m, path, ctx, FORGE_TYPE_F32, err);
+    if (ok && !adapter.empty() && (ok = lora_config_from_peft(adapter, &lc, err))) model_add_lora(m, lc);
+    const int64_t T = 12;
+    Graph g;
+    forge_backend *be = forge_backend_cpu_new(0);
+    ok = ok && model_build(m, T, 1, FORGE_TYPE_F32, false, true, &g, err);
+    forge_graph *gr = ok ? forge_graph_new(ctx) : nullptr;
+    if (ok && (forge_graph_build_forward(gr, g.logits) != FORGE_OK || forge_backend_alloc_graph(be, gr) != FORGE_OK))
+        ok = false, *err = forge_ctx_error(ctx);
+    ok = ok && model_upload(m, err) && (adapter.empty() || model_load_peft(m, adapter, err));
+    if (ok) {
+        std::vector<int32_t> ids((size_t)T), pos((size_t)T), doc((size_t)T, 0);
+        for (int64_t t = 0; t < T; t++) ids[(size_t)t] = (int32_t)((t * 37 + 5) % m.cfg.vocab), pos[(size_t)t] = (int32_t)t;
+        set_i32(g.in.ids, ids);
+        set_i32(g.in.pos, pos);
+        set_i32(g.in.doc, doc);
+        if (forge_backend_compute(be, gr) != FORGE_OK) ok = false, *err = forge_ctx_error(ctx);
+        else *out = tensor_f32(g.logits);
+    }
+    forge_backend_free(be);
+    forge_ctx_free(ctx);
+    return ok;
+}
+
+static double rel_l2(const std::vector<float> &a, const std::vector<float> &b) {
+    if (a.size() != b.size() || a.empty()) return INFINITY;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return std::sqrt(num / (den > 0 ? den : 1));
+}
+
+static const char *const kArchs[4] = {"qwen2", "qwen3", "gemma", "gemma2"};
+static std::string fixture(const char *arch) { return std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/models/" + arch; }
+
+// ---- gguf-convert ----------------------------------------------------------------------------
+
+static void test_convert() {
+    std::string out, err;
+    for (const char *arch : kArchs) {
+        const std::string gg = g_tmp + "/" + arch + ".gguf";
+        int st = tool("gguf-convert", fixture(arch) + " -o " + gg, &out, &err);
+        CHECK(st == 0 && out.find(arch) != std::string::npos, "%s: gguf-convert exit %d: %s", arch, st, err.c_str());
+        std::vector<float> hf, gl;
+        std::string e;
+        bool ok = logits(fixture(arch), false, "", &hf, &e) && logits(gg, true, "", &gl, &e);
+        CHECK(ok, "%s: %s", arch, e.c_str());
+        double d = rel_l2(gl, hf);
+        CHECK(ok && d <= 1e-6, "%s: GGUF logits differ from the HF directory's: relative L2 %.3g", arch, d);
+        std::printf("gguf-convert %-6s f32: logits relative L2 %.2g vs HF\n", arch, d);
+    }
+    // the other types, on the fixture with a tokenizer: they load and stay close
+    const std::string tiny = std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen2";
+    std::vector<float> hf;
+    std::string e;
+    CHECK(logits(tiny, false, "", &hf, &e), "tiny-qwen2: %s", e.c_str());
+    for (const char *type : {"f16", "bf16", "q8_0"}) {
+        const std::string gg = g_tmp + "/tiny-" + type + ".gguf";
+        int st = tool("gguf-convert", tiny + " -o " + gg + " --type " + type, &out, &err);
+        CHECK(st == 0 && out.find("with tokenizer") != std::string::npos, "tiny-qwen2 %s: exit %d: %s", type, st, err.c_str());
+        std::vector<float> gl;
+        CHECK(logits(gg, true, "", &gl, &e), "tiny-qwen2 %s: %s", type, e.c_str());
+        const double d = rel_l2(gl, hf);
+        CHECK(d < 5e-2, "tiny-qwen2 %s: logits relative L2 %.3g vs HF", type, d);
+        std::printf("gguf-convert tiny   %-4s: logits relative L2 %.2g vs HF\n", type, d);
+    }
+    CHECK(tool("gguf-convert", tiny + " -o " + g_tmp + "/x.gguf --type q4_k", &out, &err) == 2 && err.find("q4_k") != std::string::npos,
+          "an unknown --type must be refused by name");
+    CHECK(tool("gguf-convert", g_tmp + "/nothing -o " + g_tmp + "/x.gguf", &out, &err) == 1 && err.find(g_tmp + "/nothing") != std::string::npos,
+          "a missing directory must be named: %s", err.c_str());
+    CHECK(tool("gguf-convert", std::string(FORGE_SOURCE_DIR) + "/tests/fixtures -o " + g_tmp + "/x.gguf", &out, &err) == 1 &&
+              err.find("tests/fixtures") != std::string::npos,
+          "a directory without a model must be named: %s", err.c_str());
+}
+
+// ---- gguf-lora -------------------------------------------------------------------------------
+
+// Every tensor of two safetensors files equal, bit for bit (name, dtype, shape, bytes).
+static bool same_tensors(const std::string &a, const std::string &b, std::string *why) {
+    SafetensorsFile fa, fb;
+    if (!fa.open(a, why) || !fb.open(b, why)) return false;
+    if (fa.tensors().size() != fb.tensors().size()) return *why = "different tensor counts", false;
+    for (const SafetensorsTensor &t : fa.tensors()) {
+        const SafetensorsTensor *u = fb.find(t.name);
+        if (!u) return *why = "no tensor " + t.name, false;
+        if (u->dtype != t.dtype || u->shape != t.shape || u->nbytes != t.nbytes || std::memcmp(u->data, t.data, t.nbytes))
+            return *why = "tensor " + t.name + " differs", false;
+    }
+    return true;
+}
+
+static json::Value config_of(const std::string &dir) {
+    json::Value v;
+    std::string e;
+    json::parse_file(dir + "/adapter_config.json", &v, &e);
+    return v;
+}
+
+// A PEFT adapter for the qwen2 fixture (hidden 112, 14 heads of 8, 2 kv heads, ffn 200):
+// q_proj, v_proj and down_proj of both layers with random A and B.
+static std::string make_adapter(const std::string &name, const json::Value &config, const std::string &dtype) {
+    const std::string dir = g_tmp + "/" + name;
+    mkdir(dir.c_str(), 0755);
+    std::string e;
+    json::write_file(dir + "/adapter_config.json", config, &e);
+    struct M { const char *path; int64_t in, out; };
+    const M mods[3] = {{"self_attn.q_proj", 112, 112}, {"self_attn.v_proj", 112, 16}, {"mlp.down_proj", 200, 112}};
+    std::vector<SafetensorsWriteTensor> ts;
+    std::vector<std::vector<uint8_t>> keep;
+    Rng rng(11);
+    for (int l = 0; l < 2; l++)
+        for (const M &m : mods) {
+            const std::string mod = "base_model.model.model.layers." + std::to_string(l) + "." + m.path;
+            const int64_t r = std::string(m.path) == "self_attn.q_proj" && config["rank_pattern"].find("q_proj") ? 8 : config["r"].get_int();
+            for (bool a : {true, false}) {
+                const int64_t rows = a ? r : m.out, cols = a ? m.in : r;
+                std::vector<float> v = random_vec(rng, (size_t)(rows * cols), 0.1f);
+                keep.emplace_back((size_t)(rows * cols) * (dtype == "F32" ? 4 : 2));
+                quantize(dtype == "F32" ? GGML_TYPE_F32 : GGML_TYPE_BF16, v.data(), cols, rows, keep.back().data(), &e);
+                ts.push_back({mod + (a ? ".lora_A.weight" : ".lora_B.weight"), dtype, {rows, cols}, keep.back().data(), keep.back().size()});
+            }
+        }
+    safetensors_write(dir + "/adapter_model.safetensors", ts, {{"format", "pt"}}, &e);
+    return dir;
+}
+
+static json::Value base_config(int r, double alpha) {
+    json::Value c = json::Value::object();
+    c.set("peft_type", "LORA");
+    c.set("r", r);
+    c.set("lora_alpha", alpha);
+    json::Value tm = json::Value::array();
+    for (const char *m : {"q_proj", "v_proj", "down_proj"}) tm.push(m);
+    c.set("target_modules", tm);
+    c.set("use_rslora", false);
+    c.set("rank_pattern", json::Value::object());
+    c.set("alpha_pattern", json::Value::object());
+    return c;
+}
+
+static float gguf_alpha(const std::string &path) {
+    std::string e;
+    std::unique_ptr<gguf_file> f = gguf_file::open(path, &e);
+    float a = -1;
+    if (!f || !f->get_f32("adapter.lora.alpha", &a, &e)) CHECK(false, "%s", e.c_str());
+    return a;
+}
+
+static void roundtrip(const std::string &name, const std::string &peft, const std::string &extra, float want_alpha) {
+    const std::string gg = g_tmp + "/" + name + "-lora.gguf", back = g_tmp + "/" + name + "-back";
+    std::string out, err, why;
+    int st = tool("gguf-lora", "to-gguf " + peft + " -o " + gg + " " + extra, &out, &err);
+    CHECK(st == 0, "%s: to-gguf exit %d: %s", name.c_str(), st, err.c_str());
+    CHECK(gguf_alpha(gg) == want_alpha, "%s: adapter.lora.alpha %g, expected %g", name.c_str(), gguf_alpha(gg), want_alpha);
+    st = tool("gguf-lora", "to-peft " + gg + " -o " + back, &out, &err);
+    CHECK(st == 0, "%s: to-peft exit %d: %s", name.c_str(), st, err.c_str());
+    CHECK(same_tensors(peft + "/adapter_model.safetensors", back + "/adapter_model.safetensors", &why), "%s: PEFT -> GGUF -> PEFT: %s",
+          name.c_str(), why.c_str());
+    CHECK(config_of(peft) == config_of(back), "%s: adapter_config.json did not survive the round trip", name.c_str());
+}
+
+static void test_lora() {
+    std::string out, err, why;
+    for (const char *arch : kArchs) roundtrip(arch, fixture(arch) + "/adapter", "", 8.0f);
+    // gguf-dump cuts the long forge.peft.adapter_config string unless --full
+    int st = tool("gguf-dump", g_tmp + "/qwen2-lora.gguf", &out, &err);
+    CHECK(st == 0 && out.find(" bytes)") != std::string::npos && out.find("velora_config") == std::string::npos, "long string not cut");
+    st = tool("gguf-dump", "--full " + g_tmp + "/qwen2-lora.gguf", &out, &err);
+    CHECK(st == 0 && out.find("velora_config") != std::string::npos, "--full must print the whole string");
+    // per-module ranks (plain LoRA: alpha / r_i is llama.cpp's rule as is), BF16 tensors
+    json::Value c = base_config(4, 8);
+    json::Value rp = json::Value::object();
+    rp.set("q_proj", 8);
+    c.set("rank_pattern", rp);
+    const std::string ranks = make_adapter("ranks", c, "BF16");
+    roundtrip("rank_pattern", ranks, "--base " + fixture("qwen2"), 8.0f);
+    std::unique_ptr<gguf_file> f = gguf_file::open(g_tmp + "/rank_pattern-lora.gguf", &err);
+    const gguf_tensor_info *qa = f ? f->find_tensor("blk.1.attn_q.weight.lora_a") : nullptr, *vb = f ? f->find_tensor("blk.1.attn_v.weight.lora_b") : nullptr;
+    CHECK(qa && qa->type == GGML_TYPE_BF16 && qa->ne[0] == 112 && qa->ne[1] == 8 && vb && vb->ne[0] == 4 && vb->ne[1] == 16,
+          "rank_pattern: GGUF tensor types or shapes (lora_a ne [in, r], lora_b ne [r, out])");
+    // rsLoRA with one rank: alpha_gguf = alpha * sqrt(r)
+    c = base_config(4, 8);
+    c.set("use_rslora", true);
+    roundtrip("rslora", make_adapter("rs", c, "F32"), "--arch qwen2", 16.0f);
+    // alpha_pattern: not expressible with one alpha, folded into lora_b of the odd module out
+    c = base_config(4, 8);
+    json::Value ap = json::Value::object();
+    ap.set("v_proj", 16);
+    c.set("alpha_pattern", ap);
+    const std::string alphas = make_adapter("alphas", c, "F32");
+    st = tool("gguf-lora", "to-gguf " + alphas + " -o " + g_tmp + "/alphas.gguf --arch qwen2", &out, &err);
+    CHECK(st == 0 && err.find("folded") != std::string::npos, "alpha_pattern: exit %d, stderr %s", st, err.c_str());
+    CHECK(gguf_alpha(g_tmp + "/alphas.gguf") == 8.0f, "alpha_pattern: alpha %g", gguf_alpha(g_tmp + "/alphas.gguf"));
+    st = tool("gguf-lora", "to-peft " + g_tmp + "/alphas.gguf -o " + g_tmp + "/alphas-back", &out, &err);
+    SafetensorsFile a, b;
+    CHECK(st == 0 && a.open(alphas + "/adapter_model.safetensors", &err) && b.open(g_tmp + "/alphas-back/adapter_model.safetensors", &err),
+          "alpha_pattern back: %s", err.c_str());
+    for (const SafetensorsTensor &t : a.tensors()) {
+        const SafetensorsTensor *u = b.find(t.name);
+        const bool folded = t.name.find("v_proj.lora_B") != std::string::npos;
+        bool ok = u && u->nbytes == t.nbytes;
+        for (uint64_t i = 0; ok && i < t.nbytes / 4; i++) {
+            float x, y;
+            std::memcpy(&x, t.data + 4 * i, 4), std::memcpy(&y, u->data + 4 * i, 4);
+            ok = y == (folded ? 2 * x : x);
+        }
+        CHECK(ok, "alpha_pattern: %s should come back %s", t.name.c_str(), folded ? "times 2" : "unchanged");
+    }
+    json::Value bc = config_of(g_tmp + "/alphas-back");
+    CHECK(bc["lora_alpha"].get_double() == 8 && bc["r"].get_int() == 4 && bc["alpha_pattern"].size() == 0 && !bc["use_rslora"].get_bool(true),
+          "alpha_pattern: the derived configuration should be plain LoRA r 4, alpha 8");
+
+    // bad inputs: the message names the file and the tensor or key
+    struct Bad {
+        std::string what, args, needle;
+    };
+    std::string junk = make_adapter("junk", base_config(4, 8), "F32");
+    {
+        SafetensorsFile s;
+        s.open(junk + "/adapter_model.safetensors", &err);
+        std::vector<SafetensorsWriteTensor> ts;
+        for (const SafetensorsTensor &t : s.tensors())
+            if (t.name.find("layers.1.mlp.down_proj.lora_B") == std::string::npos) ts.push_back({t.name, t.dtype, t.shape, t.data, t.nbytes});
+        mkdir((g_tmp + "/half").c_str(), 0755);
+        safetensors_write(g_tmp + "/half/adapter_model.safetensors", ts, {}, &err);
+        json::write_file(g_tmp + "/half/adapter_config.json", base_config(4, 8), &err);
+        ts.push_back({"base_model.model.model.embed_tokens.lora_A.weight", "F32", {1, 1}, s.tensors()[0].data, 4});
+        mkdir((g_tmp + "/embed").c_str(), 0755);
+        safetensors_write(g_tmp + "/embed/adapter_model.safetensors", ts, {}, &err);
+        json::write_file(g_tmp + "/embed/adapter_config.json", base_config(4, 8), &err);
+        json::write_file(g_tmp + "/rank-config.json", base_config(2, 8), &err);
+    }
+    mkdir((g_tmp + "/wrong-rank").c_str(), 0755);
+    write_bytes(g_tmp + "/wrong-rank/adapter_model.safetensors", read_file(junk + "/adapter_model.safetensors"));
+    write_bytes(g_tmp + "/wrong-rank/adapter_config.json", read_file(g_tmp + "/rank-config.json"));
+    const std::vector<Bad> bads = {
+        {"missing half", "to-gguf " + g_tmp + "/half -o " + g_tmp + "/x.gguf --arch qwen2", "layers.1.mlp.down_proj.lora_B.weight"},
+        {"embedding adapter", "to-gguf " + g_tmp + "/embed -o " + g_tmp + "/x.gguf --arch qwen2", "embed_tokens.lora_A.weight"},
+        {"rank differs from r", "to-gguf " + g_tmp + "/wrong-rank -o " + g_tmp + "/x.gguf --arch qwen2", "says 2 (r)"},
+        {"unknown architecture", "to-gguf " + junk + " -o " + g_tmp + "/x.gguf", "--arch"},
+        {"shape against the base", "to-gguf " + fixture("qwen3") + "/adapter -o " + g_tmp + "/x.gguf --base " + fixture("qwen2"), "blk.0.attn_q.weight"},
+        {"a model is not an adapter", "to-peft " + g_tmp + "/qwen2.gguf -o " + g_tmp + "/y", "general.type"},
+        {"merge into the wrong base", "merge --base " + fixture("qwen2") + " --adapter " + fixture("gemma") + "/adapter -o " + g_tmp + "/y", "features"},
+    };
+    for (const Bad &bd : bads) {
+        st = tool("gguf-lora", bd.args, &out, &err);
+        CHECK(st == 1 && err.find(bd.needle) != std::string::npos, "%s: exit %d, stderr '%s' should mention '%s'", bd.what.c_str(), st, err.c_str(), bd.needle.c_str());
+    }
+    CHECK(tool("gguf-lora", "to-gguf", &out, &err) == 2 && tool("gguf-lora", "frobnicate x", &out, &err) == 2, "usage errors exit 2");
+}
+
+// ---- merge -----------------------------------------------------------------------------------
+
+static void test_merge() {
+    std::string out, err, e;
+    for (const char *arch : kArchs) {
+        const std::string merged = g_tmp + "/" + arch + "-merged";
+        int st = tool("gguf-lora", "merge --base " + fixture(arch) + " --adapter " + fixture(arch) + "/adapter -o " + merged, &out, &err);
+        CHECK(st == 0, "%s: merge exit %d: %s", arch, st, err.c_str());
+        std::vector<float> runtime, base, m;
+        bool ok = logits(fixture(arch), false, fixture(arch) + "/adapter", &runtime, &e) && logits(fixture(arch), false, "", &base, &e) &&
+                  logits(merged, false, "", &m, &e);
+        CHECK(ok, "%s: %s", arch, e.c_str());
+        const double d = rel_l2(m, runtime), moved = rel_l2(base, runtime);
+        CHECK(ok && d <= 1e-5 && moved > 1e-3, "%s: merged vs run-time adapter: relative L2 %.3g (the adapter moves the logits by %.3g)", arch, d, moved);
+        std::printf("merge %-6s: merged vs base + adapter at run time: relative L2 %.2g (adapter effect %.2g)\n", arch, d, moved);
+    }
+    // as GGUF, from the GGUF LoRA written by test_lora: the same logits
+    const std::string gg = g_tmp + "/gemma2-merged.gguf";
+    int st = tool("gguf-lora", "merge --base " + fixture("gemma2") + " --adapter " + g_tmp + "/gemma2-lora.gguf -o " + gg, &out, &err);
+    CHECK(st == 0, "gemma2: merge to GGUF exit %d: %s", st, err.c_str());
+    std::vector<float> runtime, m;
+    bool ok = logits(fixture("gemma2"), false, fixture("gemma2") + "/adapter", &runtime, &e) && logits(gg, true, "", &m, &e);
+    CHECK(ok && rel_l2(m, runtime) <= 1e-5, "gemma2: merged GGUF vs run-time adapter: %s relative L2 %.3g", e.c_str(), rel_l2(m, runtime));
+    // the same merge from the GGUF form of the adapter gives the same bytes
+    st = tool("gguf-lora", "merge --base " + fixture("qwen2") + " --adapter " + g_tmp + "/qwen2-lora.gguf -o " + g_tmp + "/qwen2-merged-gguf", &out, &err);
+    CHECK(st == 0 && read_file(g_tmp + "/qwen2-merged-gguf/model.safetensors") == read_file(g_tmp + "/qwen2-merged/model.safetensors"),
+          "qwen2: merging the GGUF LoRA must equal merging the PEFT adapter (exit %d: %s)", st, err.c_str());
+}
+
+int main() {
+    char tmpl[] = "/tmp/forge-gguf-tools-XXXXXX";
+    if (!mkdtemp(tmpl)) return std::perror("mkdtemp"), 1;
+    g_tmp = tmpl;
+    test_dump();
+    test_convert();
+    test_lora();
+    test_merge();
+    if (!g_failures) std::system(("rm -rf " + g_tmp).c_str());
+    else std::fprintf(stderr, "files kept in %s\n", g_tmp.c_str());
+    return test_finish("test-gguf-tools");
+}
