@@ -543,7 +543,7 @@ static std::map<std::string, double> run_variant(const Case &c, bool unfused, st
 
     auto time_set = [&](const std::vector<forge_tensor *> &nodes) {
         std::string e;
-        double t = time_us(p->stream, [&] { for (forge_tensor *n : nodes) forge_cuda_launch_node(n, p); }, &e);
+        double t = time_us(p->stream, [&] { forge_cuda_launch_nodes(nodes, p); }, &e);
         int code = 0;
         CK(cudaMemcpy(&code, p->error, sizeof code, cudaMemcpyDeviceToHost));
         if (code) e = fmt("device error code %d", code);

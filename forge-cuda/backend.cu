@@ -117,19 +117,7 @@ struct CudaBackend final : forge_backend {
         return FORGE_OK;
     }
 
-    // Enqueues every node on the stream; an ADD directly followed by the RMSNORM of its result
-    // (the residual stream of every layer) runs as one fused kernel.
-    void launch_nodes(forge_graph *g) {
-        const size_t n = g->nodes.size();
-        for (size_t i = 0; i < n; i++) {
-            forge_tensor *t = g->nodes[i];
-            if (t->op == FORGE_OP_ADD && i + 1 < n && forge_cuda_add_rmsnorm(t, g->nodes[i + 1], &params)) {
-                i++;
-                continue;
-            }
-            forge_cuda_launch_node(t, &params);
-        }
-    }
+    void launch_nodes(forge_graph *g) { forge_cuda_launch_nodes(g->nodes, &params); }
 
     forge_status fail(const std::string &what, cudaError_t e) {
         error = name + ": " + what + ": " + cudaGetErrorString(e);
@@ -179,6 +167,19 @@ struct CudaBackend final : forge_backend {
 void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p) {
     forge_family f = forge_op_family(node->op);
     if (f != FORGE_FAMILY_NONE) kKernels[f](node, p);
+}
+
+void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const forge_cuda_params *p) {
+    const size_t n = nodes.size();
+    for (size_t i = 0; i < n; i++) {
+        // an ADD directly followed by the RMSNORM of its result (the residual stream of every
+        // layer) runs as one fused kernel
+        if (nodes[i]->op == FORGE_OP_ADD && i + 1 < n && forge_cuda_add_rmsnorm(nodes[i], nodes[i + 1], p)) {
+            i++;
+            continue;
+        }
+        forge_cuda_launch_node(nodes[i], p);
+    }
 }
 
 int forge_cuda_backend_device_count(void) {

@@ -108,6 +108,9 @@ bool forge_cuda_add_rmsnorm(forge_tensor *add, forge_tensor *norm, const forge_c
 const forge_cuda_params *forge_cuda_backend_params(forge_backend *be);
 // Enqueues one node's kernels (nothing for leafs, views and results).
 void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p);
+// Enqueues nodes in order as the backend runs a graph: a residual ADD followed by the RMSNORM of
+// its result is fused into one kernel.
+void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const forge_cuda_params *p);
 
 // The cuBLASLt GEMM shared by linear, lora and cross_entropy (in linear.cu), in the same terms
 // as the CPU's forge_cpu_gemm: C[m][n] = alpha * sum_k A(m, k) B(k, n) + beta * C[m][n], with

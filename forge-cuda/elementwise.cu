@@ -6,10 +6,9 @@
 // walks contiguously), so a dense tensor is a flat range and a q/k/v view of the fused
 // projection is [head_dim * heads, tokens]. Broadcast operands (REPEAT, MUL by one element) get
 // stride 0. When every operand is either broadcast or has dense, 16-byte-aligned rows of a
-// multiple of 8 elements, each thread moves 8 elements per step with 128-bit loads and stores,
-// UNR = 4 steps at a time with all their loads in flight before the first store (a flat range's
-// last n % 8 elements go one by one); otherwise it walks element by element through the byte
-// strides. Grid-stride 1-D launch, 256 threads, a block per 256 x UNR steps, up to 32 per SM.
+// multiple of 8 elements, each thread moves 8 elements per step with 128-bit loads and stores
+// (a flat range's last n % 8 elements go one by one); otherwise it walks element by element
+// through the byte strides. Grid-stride 1-D launch, 256 threads, up to 32 blocks per SM.
 // Traffic: one read of each source and one write of the destination (the bandwidth roofline).
 // In-place use (dst == src0) is safe: every element is read before the same thread writes it.
 // ACC_VIEW copies (or zeroes) the base, then adds the region in a second map; a region whose
@@ -31,7 +30,6 @@ namespace {
 
 constexpr int VEC = 8;          // elements per vector step (16 bytes of bf16 / f16, 32 of f32)
 constexpr int THREADS = 256;
-constexpr int UNR = 4;          // 8-element steps per thread per iteration of the maps
 constexpr int SUM_BLOCKS = 1024; // most partials of SUM
 constexpr int ST_COLS = 32, ST_ROWS = 8; // SUM_TOKENS block: column-vector lanes x row lanes
 constexpr int64_t ST_MAX_CHUNKS = 256;
@@ -137,32 +135,20 @@ template <int OP> __device__ inline float apply(float x, float y, float c) {
     return 0.0f;
 }
 
-// d = op(a, b) over the shape; V = VEC: UNR steps of 8 elements per thread per iteration, a
-// grid-stride apart, all loads issued before the first store (then the remainder of a flat
-// range one by one); V = 1: element by element, in order per thread (ACC_VIEW's serial path).
+// d = op(a, b) over the shape; V = VEC: 8 elements per step (then the remainder of a flat range
+// one by one), V = 1: element by element.
 template <int OP, int V>
 __global__ void __launch_bounds__(THREADS) map_kernel(ew_shape s, operand d, operand a, operand b, float c) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t n_vec = V > 1 ? s.n / V : 0;
-    for (int64_t u0 = tid; u0 < n_vec; u0 += stride * UNR) {
-        float va[UNR][VEC], vb[UNR][VEC];
-        int64_t od[UNR];
+    for (int64_t u = tid; u < n_vec; u += stride) {
+        const idx4 x = unflatten(s, u * V);
+        float va[VEC], vb[VEC] = {0};
+        load_vec(a, offset(a, x), va);
+        if (b.data) load_vec(b, offset(b, x), vb);
 #pragma unroll
-        for (int i = 0; i < UNR; i++) {
-            const int64_t u = u0 + i * stride;
-            if (u >= n_vec) continue;
-            const idx4 x = unflatten(s, u * V);
-            od[i] = offset(d, x);
-            load_vec(a, offset(a, x), va[i]);
-            if (b.data) load_vec(b, offset(b, x), vb[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < UNR; i++) {
-            if (u0 + i * stride >= n_vec) continue;
-#pragma unroll
-            for (int k = 0; k < VEC; k++) va[i][k] = apply<OP>(va[i][k], b.data ? vb[i][k] : 0.0f, c);
-            store8(d.type, d.data + od[i], va[i]);
-        }
+        for (int k = 0; k < VEC; k++) va[k] = apply<OP>(va[k], vb[k], c);
+        store8(d.type, d.data + offset(d, x), va);
     }
     for (int64_t e = n_vec * V + tid; e < s.n; e += stride) {
         const idx4 x = unflatten(s, e);
@@ -222,7 +208,7 @@ void map(const forge_cuda_params *p, const int64_t *ne, operand d, operand a, op
     operand *ops[3] = {&d, &a, &b};
     const bool vec = collapse(ne, s, ops, b.data ? 3 : 2) && !serial;
     if (serial) map_kernel<OP, 1><<<1, 1, 0, p->stream>>>(s, d, a, b, c); // in logical order, one thread
-    else if (vec) map_kernel<OP, VEC><<<grid_for(std::max(s.n / VEC / UNR, s.n % VEC), p), THREADS, 0, p->stream>>>(s, d, a, b, c);
+    else if (vec) map_kernel<OP, VEC><<<grid_for(s.n / VEC + s.n % VEC, p), THREADS, 0, p->stream>>>(s, d, a, b, c);
     else map_kernel<OP, 1><<<grid_for(s.n, p), THREADS, 0, p->stream>>>(s, d, a, b, c);
 }
 
