@@ -1,7 +1,8 @@
 // Models against Hugging Face: each fixture under tests/fixtures/models/<arch> (made by
 // tests/make-fixtures.py with transformers + peft, fp32) is loaded from its safetensors
 // directory with its PEFT adapter, and on the CPU backend the logits, the loss, every LoRA
-// gradient and a 10-step AdamW loss trajectory must match the dump.
+// gradient and a 10-step AdamW loss trajectory must match the dump - loaded from the HF
+// directory and from an F32 GGUF converted from it.
 // On the GPU machine the same test runs the full configurations on the CUDA backend:
 //   FORGE_FIXTURES=/tmp/full FORGE_DEVICE=cuda test-models qwen2.5-0.5b qwen3-0.6b gemma-2b gemma2-2b
 // Tolerances (fp32 on both sides, sums in different orders): logits and gradients 2e-4 relative
@@ -9,6 +10,10 @@
 #include "test-util.h"
 #include "../models/config.h"
 #include "../models/safetensors.h"
+#include "../models/gguf-model.h"
+#include "../models/quants.h"
+
+#include <unistd.h>
 #include "../forge-impl.h"
 
 #include <cstring>
@@ -46,13 +51,21 @@ static void compare(const char *arch, const std::string &what, const std::vector
           what.c_str(), l2, mx, tol);
 }
 
-static void run(const char *arch, bool cuda) {
+// from_gguf: the model is first converted to an F32 GGUF (gguf_from_hf) and loaded from it.
+static void run(const char *arch, bool cuda, bool from_gguf) {
     const char *root = std::getenv("FORGE_FIXTURES");
     std::string dir = (root ? std::string(root) : std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/models") + "/" + arch, err;
     forge_ctx *ctx = forge_ctx_new();
     Model m;
     LoraConfig lc;
-    if (!model_load_hf(m, dir, ctx, FORGE_TYPE_F32, &err) || !lora_config_from_peft(dir + "/adapter", &lc, &err)) {
+    std::string gguf;
+    if (from_gguf) {
+        char tmpl[] = "/tmp/forge-test-models-XXXXXX";
+        gguf = std::string(mkdtemp(tmpl)) + "/model.gguf";
+    }
+    bool loaded = from_gguf ? gguf_from_hf(dir, gguf, GGML_TYPE_F32, &err) && model_load_gguf(m, gguf, ctx, FORGE_TYPE_F32, &err)
+                            : model_load_hf(m, dir, ctx, FORGE_TYPE_F32, &err);
+    if (!loaded || !lora_config_from_peft(dir + "/adapter", &lc, &err)) {
         CHECK(false, "%s: %s", arch, err.c_str());
         forge_ctx_free(ctx);
         return;
@@ -129,10 +142,15 @@ static void run(const char *arch, bool cuda) {
         ours.push_back(loss);
     }
     compare(arch, "10-step loss trajectory", ours, traj, 2e-5);
-    std::printf("%-7s loss %.6f (hf %.6f), %d LoRA gradients, trajectory %.5f -> %.5f (hf %.5f -> %.5f)\n", arch, ours[0],
+    std::printf("%-7s %s loss %.6f (hf %.6f), %d LoRA gradients, trajectory %.5f -> %.5f (hf %.5f -> %.5f)\n", arch,
+                from_gguf ? "gguf" : "hf  ", ours[0],
                 read(exp, "loss")[0], n_grads, ours.front(), ours.back(), traj.front(), traj.back());
     forge_backend_free(be);
     forge_ctx_free(ctx);
+    if (from_gguf) {
+        std::remove(gguf.c_str());
+        rmdir(gguf.substr(0, gguf.rfind('/')).c_str());
+    }
 }
 
 int main(int argc, char **argv) {
@@ -141,6 +159,10 @@ int main(int argc, char **argv) {
     if (cuda && forge_cuda_device_count() == 0) { std::printf("FORGE_DEVICE=cuda but no CUDA device: skipped\n"); return 77; }
     std::vector<const char *> archs = {"qwen2", "qwen3", "gemma", "gemma2"};
     if (argc > 1) archs.assign(argv + 1, argv + argc);
-    for (const char *arch : archs) run(arch, cuda);
+    // the HF directory, and (CPU, small fixtures) a GGUF converted from it
+    for (const char *arch : archs) {
+        run(arch, cuda, false);
+        if (!std::getenv("FORGE_FIXTURES")) run(arch, cuda, true);
+    }
     return test_finish("test-models");
 }
