@@ -2,7 +2,7 @@
 # One call on the GPU machine does it all: build for sm_90a, run the CPU and CUDA test suites,
 # run ./bench-kernels and the PyTorch peers, regenerate the HF reference fixtures, and write
 # logs and JSON to $OUT (at most 7 files):
-#   bench/gpu-check.sh [tests] [bench] [peers] [fullmodels] [finetune] [fixtures]   (no argument: tests bench peers)
+#   bench/gpu-check.sh [tests] [bench] [peers] [fullmodels] [models] [finetune] [fixtures]   (no argument: tests bench peers)
 # FORGE_COMMIT names the commit in the results (the GPU machine's copy has no .git);
 # TESTS selects CTest tests by regex; PEERS_DEADLINE bounds the peers' run in seconds.
 set -uo pipefail
@@ -45,15 +45,23 @@ if [[ $stages == *fullmodels* ]]; then
   stamp "full models done"
 fi
 if [[ $stages == *finetune* ]]; then
-  # ./finetune on CUDA: a Qwen2.5-0.5B-shaped model saved by transformers, 300 steps of 4 x 1024 on
-  # the shipped data, then peft loads the written adapter and its logits are compared with forge's
-  python3 bench/make-shaped-model.py qwen2.5-0.5b /tmp/q05 2>&1 | tail -1 &&
-    build-gpu/finetune -m /tmp/q05 --data examples/data/forge-docs.jsonl --steps 300 --batch 4 --seq-len 1024 \
-      --lr 2e-4 --device cuda --out /tmp/run-q05 --logits-out /tmp/run-q05/logits.safetensors > /tmp/ft.log 2>&1; ftrc=$?
-  tail -25 /tmp/ft.log
-  [ -d /tmp/run-q05 ] && tar czf "$OUT/finetune-qwen2.5-0.5b.tar.gz" -C /tmp run-q05/metrics.jsonl run-q05/loss.svg run-q05/training_args.json /tmp/ft.log 2>/dev/null
-  [ "${ftrc:-1}" = 0 ] && python3 tests/check-peft-adapter.py /tmp/run-q05 --base /tmp/q05 2>&1 | tail -5 || rc=1
-  stamp "finetune done"
+  # ./finetune on CUDA: a model of FT_SHAPE's shape (qwen2.5-0.5b or gemma2-2b) saved by
+  # transformers, 300 steps of 4 x 1024 on the shipped data, then peft loads the written adapter
+  # and its logits are compared with forge's
+  shape=${FT_SHAPE:-qwen2.5-0.5b}
+  python3 bench/make-shaped-model.py "$shape" /tmp/model-$shape 2>&1 | tail -1 &&
+    build-gpu/finetune -m /tmp/model-$shape --data examples/data/forge-docs.jsonl --steps 300 --batch 4 --seq-len 1024 \
+      --lr 2e-4 --device cuda --out /tmp/run-$shape --logits-out /tmp/run-$shape/logits.safetensors > /tmp/ft-$shape.log 2>&1; ftrc=$?
+  tail -6 /tmp/ft-$shape.log
+  [ -d /tmp/run-$shape ] && cp /tmp/ft-$shape.log /tmp/run-$shape/finetune.log &&
+    tar czf "$OUT/finetune-$shape.tar.gz" -C /tmp run-$shape/metrics.jsonl run-$shape/loss.svg run-$shape/training_args.json run-$shape/finetune.log
+  [ "${ftrc:-1}" = 0 ] && python3 tests/check-peft-adapter.py /tmp/run-$shape --base /tmp/model-$shape 2>&1 | tail -3 || rc=1
+  stamp "finetune $shape done"
+fi
+if [[ $stages == *models* ]]; then
+  # the committed small fixtures (HF directory and converted GGUF) on the CUDA backend
+  FORGE_DEVICE=cuda build-gpu/test-models 2>&1 | tee "$OUT/models-cuda.log" | tail -10 || rc=1
+  stamp "models on cuda done"
 fi
 if [[ $stages == *fixtures* ]]; then
   rm -rf /tmp/fixtures && python3 tests/make-fixtures.py /tmp/fixtures 2>&1 | grep -v Writing | tail -6 &&
