@@ -52,6 +52,52 @@ __device__ inline void forge_cuda_store(forge_type t, void *p, float v) {
     }
 }
 
+// 8 consecutive elements of a float type at a 16-byte aligned address, as fp32 (one 128-bit
+// access for bf16/f16, two for f32); stores round to nearest even.
+__device__ inline void forge_cuda_load8(forge_type t, const char *p, float *v) {
+    if (t == FORGE_TYPE_F32) {
+        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        return;
+    }
+    const uint4 u = *(const uint4 *)p;
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 f;
+        if (t == FORGE_TYPE_BF16) f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+        else f = __half22float2(*(const __half2 *)&w[k]);
+        v[2 * k] = f.x;
+        v[2 * k + 1] = f.y;
+    }
+}
+__device__ inline void forge_cuda_store8(forge_type t, char *p, const float *v) {
+    if (t == FORGE_TYPE_F32) {
+        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+        return;
+    }
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (t == FORGE_TYPE_BF16) { __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
+        else { __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
+    }
+    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// q = a / b, r = a % b for non-negative a, b (32-bit division when both fit).
+__device__ inline void forge_cuda_divmod(int64_t a, int64_t b, int64_t &q, int64_t &r) {
+    if (((uint64_t)a | (uint64_t)b) >> 32 == 0) {
+        const uint32_t q32 = (uint32_t)a / (uint32_t)b;
+        q = q32;
+        r = (int64_t)((uint32_t)a - q32 * (uint32_t)b);
+    } else {
+        q = a / b;
+        r = a - q * b;
+    }
+}
+
 // A tensor's view passed by value to kernels: data, type, shape and byte strides.
 struct forge_cuda_view {
     char *data;

@@ -35,51 +35,6 @@ constexpr int ST_COLS = 32, ST_ROWS = 8; // SUM_TOKENS block: column-vector lane
 constexpr int64_t ST_MAX_CHUNKS = 256;
 constexpr size_t ST_MAX_WORK = 64u << 20;
 
-// ---- 8-element vectors (16-byte aligned addresses) -----------------------------------------
-__device__ inline void load8(forge_type t, const char *p, float *v) {
-    if (t == FORGE_TYPE_F32) {
-        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-        return;
-    }
-    const uint4 u = *(const uint4 *)p;
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 f;
-        if (t == FORGE_TYPE_BF16) f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-        else f = __half22float2(*(const __half2 *)&w[k]);
-        v[2 * k] = f.x;
-        v[2 * k + 1] = f.y;
-    }
-}
-__device__ inline void store8(forge_type t, char *p, const float *v) {
-    if (t == FORGE_TYPE_F32) {
-        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-        return;
-    }
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        if (t == FORGE_TYPE_BF16) { __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
-        else { __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
-    }
-    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// q = a / b, r = a % b for non-negative a, b (32-bit division when both fit).
-__device__ inline void divmod(int64_t a, int64_t b, int64_t &q, int64_t &r) {
-    if (((uint64_t)a | (uint64_t)b) >> 32 == 0) {
-        const uint32_t q32 = (uint32_t)a / (uint32_t)b;
-        q = q32;
-        r = (int64_t)((uint32_t)a - q32 * (uint32_t)b);
-    } else {
-        q = a / b;
-        r = a - q * b;
-    }
-}
-
 // ---- operands over a (collapsed) iteration shape ---------------------------------------------
 
 struct operand {
@@ -101,9 +56,9 @@ __device__ inline idx4 unflatten(const ew_shape &s, int64_t e) {
     idx4 r = {{e, 0, 0, 0}};
     if (s.flat) return r;
     int64_t q;
-    divmod(e, s.ne[0], q, r.i[0]);
-    divmod(q, s.ne[1], q, r.i[1]);
-    divmod(q, s.ne[2], r.i[3], r.i[2]);
+    forge_cuda_divmod(e, s.ne[0], q, r.i[0]);
+    forge_cuda_divmod(q, s.ne[1], q, r.i[1]);
+    forge_cuda_divmod(q, s.ne[2], r.i[3], r.i[2]);
     return r;
 }
 __device__ inline int64_t offset(const operand &o, const idx4 &x) {
@@ -116,7 +71,7 @@ __device__ inline void load_vec(const operand &o, int64_t off, float *v) {
 #pragma unroll
         for (int k = 0; k < VEC; k++) v[k] = x;
     } else {
-        load8(o.type, o.data + off, v);
+        forge_cuda_load8(o.type, o.data + off, v);
     }
 }
 
@@ -148,7 +103,7 @@ __global__ void __launch_bounds__(THREADS) map_kernel(ew_shape s, operand d, ope
         if (b.data) load_vec(b, offset(b, x), vb);
 #pragma unroll
         for (int k = 0; k < VEC; k++) va[k] = apply<OP>(va[k], vb[k], c);
-        store8(d.type, d.data + offset(d, x), va);
+        forge_cuda_store8(d.type, d.data + offset(d, x), va);
     }
     for (int64_t e = n_vec * V + tid; e < s.n; e += stride) {
         const idx4 x = unflatten(s, e);
@@ -306,11 +261,11 @@ template <int V> __global__ void __launch_bounds__(ST_COLS *ST_ROWS) sum_tokens_
     if (c0 < g.ne0) {
         for (int64_t r = chunk * g.rows_per_chunk + ty; r < r1; r += ST_ROWS) {
             int64_t q, i1, i2, i3;
-            divmod(r, g.ne1, q, i1);
-            divmod(q, g.ne2, i3, i2);
+            forge_cuda_divmod(r, g.ne1, q, i1);
+            forge_cuda_divmod(q, g.ne2, i3, i2);
             const char *row = g.a.data + i1 * g.a.nb[1] + i2 * g.a.nb[2] + i3 * g.a.nb[3];
             float v[VEC];
-            if constexpr (V == VEC) load8(g.a.type, row + c0 * g.a.nb[0], v);
+            if constexpr (V == VEC) forge_cuda_load8(g.a.type, row + c0 * g.a.nb[0], v);
             else v[0] = forge_cuda_load(g.a.type, row + c0 * g.a.nb[0]);
 #pragma unroll
             for (int k = 0; k < V; k++) acc[k] += (double)v[k];

@@ -30,51 +30,6 @@ constexpr int VEC = 8;
 constexpr int THREADS = 256;
 constexpr int SEG_COLS = 32, SEG_ROWS = 8; // EMBEDDING_BACK block: column-vector lanes x token lanes
 
-// ---- 8-element vectors (16-byte aligned addresses) -----------------------------------------
-__device__ inline void load8(forge_type t, const char *p, float *v) {
-    if (t == FORGE_TYPE_F32) {
-        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-        return;
-    }
-    const uint4 u = *(const uint4 *)p;
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 f;
-        if (t == FORGE_TYPE_BF16) f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-        else f = __half22float2(*(const __half2 *)&w[k]);
-        v[2 * k] = f.x;
-        v[2 * k + 1] = f.y;
-    }
-}
-__device__ inline void store8(forge_type t, char *p, const float *v) {
-    if (t == FORGE_TYPE_F32) {
-        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-        return;
-    }
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        if (t == FORGE_TYPE_BF16) { __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
-        else { __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
-    }
-    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// q = a / b, r = a % b for non-negative a, b (32-bit division when both fit).
-__device__ inline void divmod(int64_t a, int64_t b, int64_t &q, int64_t &r) {
-    if (((uint64_t)a | (uint64_t)b) >> 32 == 0) {
-        const uint32_t q32 = (uint32_t)a / (uint32_t)b;
-        q = q32;
-        r = (int64_t)((uint32_t)a - q32 * (uint32_t)b);
-    } else {
-        q = a / b;
-        r = a - q * b;
-    }
-}
-
 // Rows of a tensor indexed by token n (n walks dims 1..3 in logical order): row n starts at
 // data + i1*nb1 + i2*nb2 + i3*nb3; elements nb0 apart.
 struct rows_ref {
@@ -87,8 +42,8 @@ rows_ref rows_of(const forge_tensor *t) {
 }
 __device__ inline const char *row_ptr(const rows_ref &r, int64_t n) {
     int64_t q, i1, i2, i3;
-    divmod(n, r.ne1, q, i1);
-    divmod(q, r.ne2, i3, i2);
+    forge_cuda_divmod(n, r.ne1, q, i1);
+    forge_cuda_divmod(q, r.ne2, i3, i2);
     return r.data + i1 * r.nb1 + i2 * r.nb2 + i3 * r.nb3;
 }
 // Whether rows of C elements (C % 8 == 0) can move 8 at a time with 16-byte accesses.
@@ -108,8 +63,8 @@ ids_ref ids_of(const forge_tensor *t) {
 }
 __device__ inline int32_t id_at(const ids_ref &r, int64_t n) {
     int64_t q, i0, i1, i2;
-    divmod(n, r.ne0, q, i0);
-    divmod(q, r.ne1, i2, i1);
+    forge_cuda_divmod(n, r.ne0, q, i0);
+    forge_cuda_divmod(q, r.ne1, i2, i1);
     return *(const int32_t *)(r.data + i0 * r.nb0 + i1 * r.nb1 + i2 * r.nb2);
 }
 
@@ -129,7 +84,7 @@ template <int V> __global__ void __launch_bounds__(THREADS) gather_kernel(gather
     const int64_t per_tok = g.C / V, n_units = g.n_tok * per_tok;
     for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n_units; u += (int64_t)gridDim.x * blockDim.x) {
         int64_t n, c;
-        divmod(u, per_tok, n, c);
+        forge_cuda_divmod(u, per_tok, n, c);
         c *= V;
         const int32_t id = id_at(g.ids, n);
         if (id < 0 || id >= g.n_vocab) {
@@ -140,10 +95,10 @@ template <int V> __global__ void __launch_bounds__(THREADS) gather_kernel(gather
         char *dst = g.dst + (n * g.C + c) * g.es;
         if constexpr (V == VEC) {
             float v[VEC];
-            load8(g.ttype, src, v);
+            forge_cuda_load8(g.ttype, src, v);
 #pragma unroll
             for (int k = 0; k < VEC; k++) v[k] *= g.scale;
-            store8(g.ttype, dst, v);
+            forge_cuda_store8(g.ttype, dst, v);
         } else {
             forge_cuda_store(g.ttype, dst, forge_cuda_load(g.ttype, src) * g.scale);
         }
@@ -184,7 +139,7 @@ template <int V> __global__ void __launch_bounds__(SEG_COLS *SEG_ROWS) scatter_k
         for (int64_t k = i + ty; k < g.n_tok && g.keys[k] == key; k += SEG_ROWS) {
             const char *src = row_ptr(g.dy, g.toks[k]) + c0 * g.dy.nb0;
             float v[VEC];
-            if constexpr (V == VEC) load8(g.dy.type, src, v);
+            if constexpr (V == VEC) forge_cuda_load8(g.dy.type, src, v);
             else v[0] = forge_cuda_load(g.dy.type, src);
 #pragma unroll
             for (int c = 0; c < V; c++) acc[c] += v[c] * g.scale;
@@ -201,7 +156,7 @@ template <int V> __global__ void __launch_bounds__(SEG_COLS *SEG_ROWS) scatter_k
         for (int l = 0; l < SEG_ROWS; l++) s[c] += red[l][tx][c];
     }
     float *dst = g.grad + (int64_t)key * g.C + c0;
-    if constexpr (V == VEC) store8(FORGE_TYPE_F32, (char *)dst, s);
+    if constexpr (V == VEC) forge_cuda_store8(FORGE_TYPE_F32, (char *)dst, s);
     else dst[0] = s[0];
 }
 

@@ -18,44 +18,12 @@ namespace {
 constexpr int VEC = 8;
 constexpr int THREADS = 256;
 
-// ---- 8-element vectors (16-byte aligned addresses) -----------------------------------------
-__device__ inline void load8(forge_type t, const char *p, float *v) {
-    if (t == FORGE_TYPE_F32) {
-        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-        return;
-    }
-    const uint4 u = *(const uint4 *)p;
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 f;
-        if (t == FORGE_TYPE_BF16) f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-        else f = __half22float2(*(const __half2 *)&w[k]);
-        v[2 * k] = f.x;
-        v[2 * k + 1] = f.y;
-    }
-}
-__device__ inline void store8(forge_type t, char *p, const float *v) {
-    if (t == FORGE_TYPE_F32) {
-        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-        return;
-    }
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        if (t == FORGE_TYPE_BF16) { __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
-        else { __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
-    }
-    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
-}
 template <int V> __device__ inline void gload(forge_type t, const char *p, float *v) {
-    if constexpr (V == VEC) load8(t, p, v);
+    if constexpr (V == VEC) forge_cuda_load8(t, p, v);
     else v[0] = forge_cuda_load(t, p);
 }
 template <int V> __device__ inline void gstore(forge_type t, char *p, const float *v) {
-    if constexpr (V == VEC) store8(t, p, v);
+    if constexpr (V == VEC) forge_cuda_store8(t, p, v);
     else forge_cuda_store(t, p, v[0]);
 }
 
@@ -68,18 +36,6 @@ __device__ inline float2 activation(bool swiglu, float g) {
     const float k = 0.7978845608028654f, c = 0.044715f; // sqrt(2/pi)
     const float t = tanhf(k * (g + c * g * g * g));
     return make_float2(0.5f * g * (1.0f + t), 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * k * (1.0f + 3.0f * c * g * g));
-}
-
-// q = a / b, r = a % b for non-negative a, b (32-bit division when both fit).
-__device__ inline void divmod(int64_t a, int64_t b, int64_t &q, int64_t &r) {
-    if (((uint64_t)a | (uint64_t)b) >> 32 == 0) {
-        const uint32_t q32 = (uint32_t)a / (uint32_t)b;
-        q = q32;
-        r = (int64_t)((uint32_t)a - q32 * (uint32_t)b);
-    } else {
-        q = a / b;
-        r = a - q * b;
-    }
 }
 
 // A row-indexed tensor: row (i1, i2, i3) at data + i1*nb1 + i2*nb2 + i3*nb3, elements nb0 apart.
@@ -104,9 +60,9 @@ template <int V, bool BACK> __global__ void __launch_bounds__(THREADS) glu_kerne
     const int64_t per_row = a.F / V, n_units = a.rows * per_row;
     for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n_units; u += (int64_t)gridDim.x * blockDim.x) {
         int64_t r, f, q, i[4] = {0, 0, 0, 0};
-        divmod(u, per_row, r, f);
-        divmod(r, a.ne1, q, i[1]);
-        divmod(q, a.ne2, i[3], i[2]);
+        forge_cuda_divmod(u, per_row, r, f);
+        forge_cuda_divmod(r, a.ne1, q, i[1]);
+        forge_cuda_divmod(q, a.ne2, i[3], i[2]);
         i[0] = f * V;
         auto at = [&](const rows_ref &t) { return t.data + i[0] * t.nb[0] + i[1] * t.nb[1] + i[2] * t.nb[2] + i[3] * t.nb[3]; };
         const char *gate = at(a.gu), *up = gate + a.F * a.gu.nb[0];

@@ -147,18 +147,6 @@ template <int V> __device__ inline void opaque(chunk<V> &c) {
     else asm volatile("" : "+r"(c.u.x), "+r"(c.u.y), "+r"(c.u.z), "+r"(c.u.w));
 }
 
-// q = a / b, r = a % b for non-negative a, b (32-bit division when both fit).
-__device__ inline void divmod(int64_t a, int64_t b, int64_t &q, int64_t &r) {
-    if (((uint64_t)a | (uint64_t)b) >> 32 == 0) {
-        const uint32_t q32 = (uint32_t)a / (uint32_t)b;
-        q = q32;
-        r = (int64_t)((uint32_t)a - q32 * (uint32_t)b);
-    } else {
-        q = a / b;
-        r = a - q * b;
-    }
-}
-
 // A tensor of rows: row (i1, i2, i3) starts at data + i1*nb[1] + i2*nb[2] + i3*nb[3]; elements
 // nb[0] apart (16-byte chunks are dense when V > 1). Destinations are contiguous rows of C.
 struct rows_t {
@@ -263,8 +251,8 @@ template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1)
         const int64_t r = tile * a.R + grp;
         const bool live = r < a.rows;
         int64_t q, i1, i2, i3;
-        divmod(live ? r : 0, a.ne1, q, i1);
-        divmod(q, a.ne2, i3, i2);
+        forge_cuda_divmod(live ? r : 0, a.ne1, q, i1);
+        forge_cuda_divmod(q, a.ne2, i3, i2);
         auto row = [&](const rows_t &s) { return s.data + i1 * s.nb[1] + i2 * s.nb[2] + i3 * s.nb[3]; };
         const char *xr = row(a.x), *dyr = BACK ? row(a.dy) : nullptr;
         char *dr = a.dst.data + r * C * a.dst.nb[0], *hr = ADD ? a.h.data + r * C * a.h.nb[0] : nullptr;

@@ -103,18 +103,6 @@ template <int V> __device__ inline void vstore(forge_type t, char *p, const floa
     else *(uint4 *)p = pack16<V>(t, v);
 }
 
-// q = a / b, r = a % b for non-negative a, b (32-bit division when both fit).
-__device__ inline void divmod(int64_t a, int64_t b, int64_t &q, int64_t &r) {
-    if (((uint64_t)a | (uint64_t)b) >> 32 == 0) {
-        const uint32_t q32 = (uint32_t)a / (uint32_t)b;
-        q = q32;
-        r = (int64_t)((uint32_t)a - q32 * (uint32_t)b);
-    } else {
-        q = a / b;
-        r = a - q * b;
-    }
-}
-
 struct rope_args {
     const char *x;          // [D, H, T, B], strides xnb
     forge_type xtype;
@@ -133,8 +121,8 @@ struct rope_args {
 
 __device__ inline int32_t pos_at(const rope_args &a, int64_t n) {
     int64_t q, i0, i1, i2;
-    divmod(n, a.pne0, q, i0);
-    divmod(q, a.pne1, i2, i1);
+    forge_cuda_divmod(n, a.pne0, q, i0);
+    forge_cuda_divmod(q, a.pne1, i2, i1);
     return *(const int32_t *)(a.pos + i0 * a.pnb0 + i1 * a.pnb1 + i2 * a.pnb2);
 }
 
@@ -145,8 +133,8 @@ template <int V> __global__ void __launch_bounds__(THREADS, 5) rope_kernel(rope_
     __syncthreads();
     const int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int64_t q, k, n, hc;
-    divmod(u, a.per_head, q, k);
-    divmod(q, a.n_hc, n, hc);
+    forge_cuda_divmod(u, a.per_head, q, k);
+    forge_cuda_divmod(q, a.n_hc, n, hc);
     if (n >= a.n_tok) return;
     const int pairs = half / V;
     const bool rot = k < pairs;
@@ -161,7 +149,7 @@ template <int V> __global__ void __launch_bounds__(THREADS, 5) rope_kernel(rope_
         }
     }
     int64_t t, b;
-    divmod(n, a.T, b, t);
+    forge_cuda_divmod(n, a.T, b, t);
     const char *xt = a.x + t * a.xnb[2] + b * a.xnb[3] + d0 * a.xnb[0];
     char *dt = a.dst + (n * a.H * a.D + d0) * a.des;
     const int64_t h0 = hc * a.hpt, h1 = min(a.H, h0 + a.hpt);

@@ -17,14 +17,6 @@ struct Case {
     forge_type type = FORGE_TYPE_F32;
 };
 
-float round_bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
 
 // Two documents per row: row b switches from id 3 to id 8 after 2 + b tokens (or 1 if T is tiny).
 std::vector<int32_t> make_docs(const Case &c) {
@@ -66,7 +58,7 @@ void naive_attention(const Case &c, const std::vector<float> &q, const std::vect
                     double acc = 0;
                     for (int64_t j = 0; j < T; j++) acc += std::exp(S[(size_t)(i * T + j)] - l) * v[(size_t)(d + D * (hk + c.Hkv * (j + T * b)))];
                     float r = (float)acc;
-                    o[(size_t)(d + D * (h + c.Hq * (i + T * b)))] = c.type == FORGE_TYPE_BF16 ? round_bf16(r) : r;
+                    o[(size_t)(d + D * (h + c.Hq * (i + T * b)))] = c.type == FORGE_TYPE_BF16 ? bf16_round(r) : r;
                 }
             }
         }

@@ -8,14 +8,6 @@
 
 namespace {
 
-float round_bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
 
 struct Case {
     const char *name;
@@ -132,7 +124,7 @@ void test_values(const Case &c, uint64_t seed, bool backward) {
     if (gh) {
         std::vector<float> want = ref.dh;
         if (c.type == FORGE_TYPE_BF16) // dH has h's type
-            for (float &x : want) x = round_bf16(x);
+            for (float &x : want) x = bf16_round(x);
         const double eh = max_err(tensor_f32(gh), want, c.type == FORGE_TYPE_BF16 ? 1e-2 : 1e-4, 1e-6);
         CHECK(eh <= 1, "%s: dH differs from the naive one (err %.3g)", c.name, eh);
         // ignored tokens get exactly zero

@@ -8,14 +8,6 @@
 
 namespace {
 
-float bf16r(float v) { // v rounded to bf16, nearest even
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    std::memcpy(&v, &u, 4);
-    return v;
-}
 
 // A graph of the given outputs on a fresh CPU backend, allocated: set the leafs, then run().
 struct Run {
@@ -70,13 +62,13 @@ void test_maps() {
                 const int i = i0 + 7 * (i1 + 5 * i2);
                 const float vv = inner_at(vbig, i0, i1, i2);
                 e_add[i] = va[i] + vv;
-                e_add_bf[i] = bf16r(bf16r(vab[i]) + vv);
+                e_add_bf[i] = bf16_round(bf16_round(vab[i]) + vv);
                 e_mul[i] = vv * va[i];
                 e_mul_s[i] = va[i] * vs[0];
                 e_scale[i] = vv * -0.75f;
                 e_cap[i] = cap * std::tanh(va[i] / cap);
-                e_bf[i] = bf16r(vv);
-                e_from[i] = bf16r(vab[i]);
+                e_bf[i] = bf16_round(vv);
+                e_from[i] = bf16_round(vab[i]);
             }
     CHECK(forge_tensor_type(add_bf) == FORGE_TYPE_BF16, "add of a bf16 tensor is %s", forge_type_name(forge_tensor_type(add_bf)));
     CHECK(max_err(tensor_f32(add), e_add, 1e-6, 1e-6) <= 1, "add of a strided view");
@@ -126,7 +118,7 @@ void test_cont_transpose() {
     r.run();
     std::vector<float> e(35), eb(35);
     for (int i1 = 0; i1 < 5; i1++)
-        for (int i0 = 0; i0 < 7; i0++) e[i0 + 7 * i1] = vx[i1 + 5 * i0], eb[i0 + 7 * i1] = bf16r(vx[i1 + 5 * i0]);
+        for (int i0 = 0; i0 < 7; i0++) e[i0 + 7 * i1] = vx[i1 + 5 * i0], eb[i0 + 7 * i1] = bf16_round(vx[i1 + 5 * i0]);
     CHECK(forge_tensor_is_contiguous(y), "cont result is contiguous");
     CHECK(max_err(tensor_f32(y), e, 0, 1e-30) <= 1, "cont of a transposed view");
     CHECK(max_err(tensor_f32(yb), eb, 0, 1e-30) <= 1, "cast of a transposed view");
@@ -155,7 +147,7 @@ void test_reductions() {
     for (int i2 = 0; i2 < 3; i2++)
         for (int i1 = 0; i1 < 5; i1++)
             for (int i0 = 0; i0 < 7; i0++) ev += inner_at(vbig, i0, i1, i2), e_tv[i0] += inner_at(vbig, i0, i1, i2);
-    for (int i = 0; i < 13 * 24; i++) e_tb[i % 13] += bf16r(vxb[i]);
+    for (int i = 0; i < 13 * 24; i++) e_tb[i % 13] += bf16_round(vxb[i]);
     CHECK(forge_tensor_type(sx) == FORGE_TYPE_F32 && forge_tensor_nelements(sx) == 1, "sum is F32 [1]");
     CHECK(max_err(tensor_f32(sx), {(float)ex}, 1e-7, 1e-30) <= 1, "sum of 52073 elements accumulates in double");
     CHECK(max_err(tensor_f32(sv), {(float)ev}, 1e-6, 1e-6) <= 1, "sum of a strided view");
@@ -179,7 +171,7 @@ void test_repeat() {
     r.run();
     std::vector<float> ea(48), eb(60);
     for (int i = 0; i < 48; i++) ea[i] = va[(i % 3) + 3 * ((i / 12) % 2)];
-    for (int i = 0; i < 60; i++) eb[i] = bf16r(vb[(i / 4) % 5]);
+    for (int i = 0; i < 60; i++) eb[i] = bf16_round(vb[(i / 4) % 5]);
     CHECK(forge_tensor_type(yb) == FORGE_TYPE_BF16, "repeat keeps the type");
     CHECK(max_err(tensor_f32(ya), ea, 0, 1e-30) <= 1, "repeat [3,1,2] -> [3,4,2,2]");
     CHECK(max_err(tensor_f32(yb), eb, 0, 1e-30) <= 1, "repeat [1,5] -> [4,5,3]");

@@ -7,14 +7,6 @@
 
 namespace {
 
-float bf16r(float v) { // v rounded to bf16, nearest even
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    std::memcpy(&v, &u, 4);
-    return v;
-}
 
 const int C = 13, V = 11, N0 = 5, N1 = 3; // table [C, V], ids [N0, N1]
 
@@ -42,8 +34,8 @@ void test_forward(forge_type type, float scale) {
     std::vector<float> e(C * N0 * N1);
     for (int n = 0; n < N0 * N1; n++)
         for (int c = 0; c < C; c++) {
-            const float t = type == FORGE_TYPE_BF16 ? bf16r(vt[c + C * vi[n]]) : vt[c + C * vi[n]];
-            e[c + C * n] = type == FORGE_TYPE_BF16 ? bf16r(t * scale) : t * scale;
+            const float t = type == FORGE_TYPE_BF16 ? bf16_round(vt[c + C * vi[n]]) : vt[c + C * vi[n]];
+            e[c + C * n] = type == FORGE_TYPE_BF16 ? bf16_round(t * scale) : t * scale;
         }
     CHECK(max_err(tensor_f32(y), e, 0, 1e-30) <= 1, "gather of %s rows times %g", forge_type_name(type), scale);
 
@@ -81,7 +73,7 @@ void test_backward() {
 
 int main() {
     test_forward(FORGE_TYPE_F32, 1.7f);
-    test_forward(FORGE_TYPE_BF16, bf16r(std::sqrt((float)C)));
+    test_forward(FORGE_TYPE_BF16, bf16_round(std::sqrt((float)C)));
     test_backward();
     return test_finish("test-embedding");
 }

@@ -6,14 +6,6 @@
 
 namespace {
 
-float bf16r(float v) { // v rounded to bf16, nearest even
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    std::memcpy(&v, &u, 4);
-    return v;
-}
 
 double act(forge_glu_kind kind, double g) {
     if (kind == FORGE_GLU_SWIGLU) return g / (1 + std::exp(-g));
@@ -35,7 +27,7 @@ void test_forward(forge_glu_kind kind, forge_type type) {
     REQUIRE_OK(forge_backend_alloc_graph(be, g));
     std::vector<float> v = random_vec(rng, 2 * F * N1 * N2, 4.0f);
     if (type == FORGE_TYPE_BF16)
-        for (float &f : v) f = bf16r(f);
+        for (float &f : v) f = bf16_round(f);
     set_f32(gu, v);
     REQUIRE_OK(forge_backend_compute(be, g));
     std::vector<float> e(F * N1 * N2);
@@ -44,7 +36,7 @@ void test_forward(forge_glu_kind kind, forge_type type) {
     // The kernel computes in fp32: within 1e-5 for F32, within one bf16 ulp after rounding.
     const double rtol = type == FORGE_TYPE_BF16 ? 1.0 / 128 : 1e-5;
     if (type == FORGE_TYPE_BF16)
-        for (float &f : e) f = bf16r(f);
+        for (float &f : e) f = bf16_round(f);
     CHECK(max_err(tensor_f32(y), e, rtol, 1e-6) <= 1, "glu kind %d %s", (int)kind, forge_type_name(type));
     forge_backend_free(be);
     forge_ctx_free(ctx);

@@ -10,14 +10,6 @@
 
 namespace {
 
-float bf16r(float v) { // v rounded to bf16, nearest even
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    std::memcpy(&v, &u, 4);
-    return v;
-}
 float identity(float v) { return v; }
 
 std::vector<float> rounded(std::vector<float> v, float (*round)(float)) {
@@ -119,12 +111,12 @@ void test_linear_bf16() {
     Rng rng(23);
     forge_tensor *xf = forge_tensor_new_3d(ctx, FORGE_TYPE_F32, K, T, B), *xb = forge_tensor_new_3d(ctx, FORGE_TYPE_BF16, K, T, B);
     forge_tensor *w = forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, K, M), *b = forge_tensor_new_1d(ctx, FORGE_TYPE_BF16, M);
-    std::vector<float> vx = rounded(random_vec(rng, K * T * B), bf16r), vw = rounded(random_vec(rng, K * M, 0.2f), bf16r);
-    std::vector<float> vb = rounded(random_vec(rng, M), bf16r);
+    std::vector<float> vx = rounded(random_vec(rng, K * T * B), bf16_round), vw = rounded(random_vec(rng, K * M, 0.2f), bf16_round);
+    std::vector<float> vb = rounded(random_vec(rng, M), bf16_round);
     forge_tensor *yb = forge_linear(ctx, xb, w, b);
     REQUIRE_T(ctx, yb);
     CHECK(forge_tensor_type(yb) == FORGE_TYPE_BF16, "linear keeps x's type");
-    const std::vector<float> nf = naive_linear(vx, vw, vb, K, M, identity), nb = naive_linear(vx, vw, vb, K, M, bf16r);
+    const std::vector<float> nf = naive_linear(vx, vw, vb, K, M, identity), nb = naive_linear(vx, vw, vb, K, M, bf16_round);
     CHECK(max_err(run(ctx, be, forge_linear(ctx, xf, w, b), {{xf, vx}, {w, vw}, {b, vb}}), nf, 1e-5, 1e-5) <= 1,
           "linear F32 x BF16 weight -> F32");
     const std::vector<float> gb = run(ctx, be, yb, {{xb, vx}, {w, vw}, {b, vb}});
@@ -163,10 +155,10 @@ void check_matmul(std::vector<int64_t> ane, std::vector<int64_t> bne, int ta, in
     CHECK(forge_tensor_ne(c, 0) == N && forge_tensor_nelements(c) == M * N && forge_tensor_type(c) == type, "matmul result shape");
     if (!ta)
         for (int i = 1; i < 4; i++) CHECK(forge_tensor_ne(c, i) == forge_tensor_ne(a, i), "matmul keeps a's rows (dim %d)", i);
-    std::vector<float> va = random_vec(rng, (size_t)(M * K)), vb = rounded(random_vec(rng, (size_t)(K * N)), bf16r);
+    std::vector<float> va = random_vec(rng, (size_t)(M * K)), vb = rounded(random_vec(rng, (size_t)(K * N)), bf16_round);
     const std::vector<float> got = run(ctx, be, c, {{a, va}, {b, vb}});
     const bool bf16 = type == FORGE_TYPE_BF16;
-    const std::vector<float> want = naive_matmul(va, vb, M, N, K, ta, tb, bf16 ? bf16r : identity);
+    const std::vector<float> want = naive_matmul(va, vb, M, N, K, ta, tb, bf16 ? bf16_round : identity);
     CHECK(max_err(got, want, bf16 ? 1.0 / 128 : 1e-5, bf16 ? 1e-30 : 1e-5) <= 1 && (!bf16 || mismatches(got, want) <= (int)got.size() / 100),
           "matmul ta=%d tb=%d M=%lld N=%lld K=%lld %s", ta, tb, (long long)M, (long long)N, (long long)K, bf16 ? "bf16" : "f32");
     forge_backend_free(be);

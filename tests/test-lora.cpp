@@ -9,14 +9,6 @@
 
 namespace {
 
-float bf16r(float v) { // v rounded to bf16, nearest even
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    std::memcpy(&v, &u, 4);
-    return v;
-}
 float identity(float v) { return v; }
 
 std::vector<float> rounded(std::vector<float> v, float (*round)(float)) {
@@ -66,7 +58,7 @@ void check_forward(forge_type type, int64_t K, int64_t r, std::vector<int64_t> b
     REQUIRE_OK(forge_graph_build_forward(g, y));
     forge_backend *be = forge_backend_cpu_new(0);
     REQUIRE_OK(forge_backend_alloc_graph(be, g));
-    float (*round)(float) = bf16 ? bf16r : identity;
+    float (*round)(float) = bf16 ? bf16_round : identity;
     std::vector<float> vx = rounded(random_vec(rng, K * T * B), round), vw = rounded(random_vec(rng, K * M, 0.3f), round);
     std::vector<float> vbias = with_bias ? random_vec(rng, M) : std::vector<float>(), va = random_vec(rng, K * r * nb, 0.3f);
     std::vector<float> vb = random_vec(rng, r * M);
@@ -139,8 +131,8 @@ void check_backward_bf16() {
     REQUIRE_OK(forge_graph_build_backward(g, loss));
     forge_backend *be = forge_backend_cpu_new(0);
     REQUIRE_OK(forge_backend_alloc_graph(be, g));
-    const std::vector<float> vx = rounded(random_vec(rng, K * N), bf16r), vw = rounded(random_vec(rng, K * M, 0.3f), bf16r);
-    const std::vector<float> vc = rounded(random_vec(rng, M * N), bf16r), va = random_vec(rng, K * R, 0.3f), vb = random_vec(rng, r * M);
+    const std::vector<float> vx = rounded(random_vec(rng, K * N), bf16_round), vw = rounded(random_vec(rng, K * M, 0.3f), bf16_round);
+    const std::vector<float> vc = rounded(random_vec(rng, M * N), bf16_round), va = random_vec(rng, K * R, 0.3f), vb = random_vec(rng, r * M);
     set_f32(xp, vx); set_f32(w, vw); set_f32(c, vc); set_f32(a, va); set_f32(b, vb);
     REQUIRE_OK(forge_backend_compute(be, g));
     CHECK(forge_graph_count_op(g, FORGE_OP_LORA_BACK) == 1, "one LORA_BACK node");
@@ -171,7 +163,7 @@ void check_backward_bf16() {
     };
     CHECK(max_err(tensor_f32(forge_graph_grad(g, a)), as_f32(dA, identity), 1e-4, 1e-4) <= 1, "dA, 300 rows, bf16 x");
     CHECK(max_err(tensor_f32(forge_graph_grad(g, b)), as_f32(dB, identity), 1e-4, 1e-4) <= 1, "dB, 300 rows, bf16 x");
-    const std::vector<float> gx = tensor_f32(forge_graph_grad(g, xp)), wx = as_f32(dX, bf16r);
+    const std::vector<float> gx = tensor_f32(forge_graph_grad(g, xp)), wx = as_f32(dX, bf16_round);
     int differ = 0;
     for (size_t i = 0; i < gx.size(); i++) differ += gx[i] != wx[i];
     CHECK(max_err(gx, wx, 1.0 / 128, 1e-30) <= 1 && differ <= (int)gx.size() / 100, "bf16 dX: %d of %zu differ", differ, gx.size());

@@ -8,14 +8,6 @@
 
 namespace {
 
-float bf16r(float v) { // v rounded to bf16, nearest even
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    std::memcpy(&v, &u, 4);
-    return v;
-}
 
 // The naive reference: x rows of C (x already holds the input's values), w [C]; round = to the
 // output type; cast_before rounds x_hat before the weight multiply.
@@ -85,11 +77,11 @@ void test_forward_bf16() {
     forge_backend *be = forge_backend_cpu_new(0);
     REQUIRE_OK(forge_backend_alloc_graph(be, g));
     std::vector<float> vx = random_vec(rng, C * R, 2.0f), vw = random_vec(rng, C, 0.7f);
-    for (float &f : vx) f = bf16r(f);
-    for (float &f : vw) f = bf16r(f);
+    for (float &f : vx) f = bf16_round(f);
+    for (float &f : vw) f = bf16_round(f);
     set_f32(x, vx); set_f32(w, vw);
     REQUIRE_OK(forge_backend_compute(be, g));
-    const std::vector<float> nb = naive(vx, vw, C, 1e-6f, 1.0f, true, bf16r), na = naive(vx, vw, C, 1e-6f, 1.0f, false, bf16r);
+    const std::vector<float> nb = naive(vx, vw, C, 1e-6f, 1.0f, true, bf16_round), na = naive(vx, vw, C, 1e-6f, 1.0f, false, bf16_round);
     const std::vector<float> gb = tensor_f32(yb), ga = tensor_f32(ya);
     // Exact equality is expected; allow a rare 1-ulp flip (a last-bit difference of r in fp32).
     auto mismatches = [](const std::vector<float> &a, const std::vector<float> &b) {

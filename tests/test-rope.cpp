@@ -6,14 +6,6 @@
 
 namespace {
 
-float bf16r(float v) { // v rounded to bf16, nearest even
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    std::memcpy(&v, &u, 4);
-    return v;
-}
 
 // Positions of T tokens in each of B rows: row 0 holds two documents (0..T/2-1, then 0..),
 // row 1 starts at `start` and restarts at 0 two tokens before its end.
@@ -47,7 +39,7 @@ void test_forward(forge_type type, int D, int n_rot, int start) {
     CHECK(forge_graph_n_inplace(g) == 1, "rope of an intermediate runs in place (%d in place)", forge_graph_n_inplace(g));
     std::vector<float> vx = random_vec(rng, (size_t)D * H * T * B);
     if (type == FORGE_TYPE_BF16)
-        for (float &f : vx) f = bf16r(f);
+        for (float &f : vx) f = bf16_round(f);
     const std::vector<int32_t> vp = positions(T, B, start);
     set_f32(x, vx);
     set_i32(pos, vp);
@@ -66,7 +58,7 @@ void test_forward(forge_type type, int D, int n_rot, int start) {
             }
         }
     if (type == FORGE_TYPE_BF16)
-        for (float &f : e) f = bf16r(f);
+        for (float &f : e) f = bf16_round(f);
     // Exact up to a last-bit difference of the fp32 products (one bf16 ulp when rounded).
     const double rtol = type == FORGE_TYPE_BF16 ? 1.0 / 128 : 1e-6;
     CHECK(max_err(tensor_f32(y), e, rtol, 1e-6) <= 1, "rope %s D=%d n_rot=%d positions from %d", forge_type_name(type), D, n_rot, start);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -37,6 +38,16 @@ struct Rng { // xorshift64*, seeded: tests are reproducible
     float uniform(float lo = -1.0f, float hi = 1.0f) { return lo + (hi - lo) * (float)((next() >> 40) * (1.0 / 16777216.0)); }
     int randint(int n) { return (int)(next() % (uint64_t)n); }
 };
+
+// v rounded to bf16 (nearest even), as a BF16 tensor stores it: for naive reference loops.
+static inline float bf16_round(float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    std::memcpy(&v, &u, 4);
+    return v;
+}
 
 static inline std::vector<float> tensor_f32(const forge_tensor *t) {
     std::vector<float> v((size_t)forge_tensor_nelements(t));
