@@ -51,17 +51,6 @@ int32_t Sampler::sample(const float *logits, int64_t n) {
 
 namespace {
 
-forge_tensor *project(Model &m, forge_tensor *x, forge_tensor *w, forge_tensor *b, forge_tensor *la, forge_tensor *lb, int blocks,
-                      const int64_t *rows) {
-    if (!la) return forge_linear(m.ctx, x, w, b);
-    return forge_lora(m.ctx, x, w, b, la, lb, m.lora.scale(), blocks, rows);
-}
-
-forge_tensor *norm(Model &m, forge_tensor *x, forge_tensor *w) {
-    const bool gemma = m.cfg.norm_offset != 0.0f || m.cfg.arch == Arch::Gemma || m.cfg.arch == Arch::Gemma2;
-    return forge_rmsnorm(m.ctx, x, w, m.cfg.rms_eps, m.cfg.norm_offset, gemma ? FORGE_NORM_CAST_AFTER_WEIGHT : FORGE_NORM_CAST_BEFORE_WEIGHT);
-}
-
 forge_tensor *input(forge_ctx *ctx, forge_type type, int64_t ne0, int64_t ne1, const char *name) {
     return forge_tensor_set_flags(forge_tensor_set_name(forge_tensor_new_2d(ctx, type, ne0, ne1), name), FORGE_FLAG_INPUT);
 }
@@ -76,62 +65,35 @@ bool Generator::build(int64_t T, Step *s, std::string *err) {
     Model &m = *m_;
     forge_ctx *ctx = m.ctx;
     const ModelConfig &c = m.cfg;
-    const int64_t D = c.head_dim, Hq = c.n_head, Hkv = c.n_kv_head, Mqkv = (Hq + 2 * Hkv) * D, L = max_len_;
-    const int64_t qkv_rows[3] = {Hq * D, Hkv * D, Hkv * D}, gu_rows[2] = {c.ffn, c.ffn};
+    const int64_t D = c.head_dim, Hq = c.n_head, Hkv = c.n_kv_head, L = max_len_;
     const size_t es = forge_type_size(act_);
     s->ids = input(ctx, FORGE_TYPE_I32, T, 1, "gen.ids");
     s->pos = input(ctx, FORGE_TYPE_I32, T, 1, "gen.pos");
     s->sel = input(ctx, FORGE_TYPE_F32, T, L, "gen.sel"); // L rows of T: row j is one-hot at t when j = p + t
-    float scale = c.embed_scale ? forge_round_to(act_, std::sqrt((float)c.hidden)) : 1.0f;
-    forge_tensor *h = forge_embedding(ctx, m.tok_embd, s->ids, scale);
-    if (h && forge_tensor_type(h) != act_) h = forge_cast(ctx, h, act_);
+    forge_tensor *h = model_embed(m, s->ids, act_);
     // rows of T tokens spread over the L slots, and back
     auto spread = [&](forge_tensor *x, int64_t heads) {
         return forge_reshape_4d(ctx, forge_matmul(ctx, s->sel, forge_reshape_2d(ctx, x, D * heads, T), 0, 0, act_), D, heads, L, 1);
     };
     s->k_new.clear(), s->v_new.clear();
     for (int l = 0; l < (int)c.n_layer; l++) {
-        Layer &y = m.layers[(size_t)l];
-        forge_tensor *x = norm(m, h, y.attn_norm);
-        forge_tensor *qkv = forge_reshape_4d(ctx, project(m, x, y.wqkv, y.bqkv, y.a_qkv, y.b_qkv, 3, qkv_rows), D, Hq + 2 * Hkv, T, 1);
-        size_t nb[4] = {es, (size_t)D * es, (size_t)Mqkv * es, (size_t)(Mqkv * T) * es};
-        int64_t qne[4] = {D, Hq, T, 1}, kne[4] = {D, Hkv, T, 1};
-        forge_tensor *q = forge_view(ctx, qkv, 4, qne, nb, 0);
-        forge_tensor *k = forge_view(ctx, qkv, 4, kne, nb, (size_t)(Hq * D) * es);
-        forge_tensor *v = forge_cont(ctx, forge_view(ctx, qkv, 4, kne, nb, (size_t)((Hq + Hkv) * D) * es));
-        if (c.qk_norm) {
-            q = norm(m, q, y.q_norm);
-            k = norm(m, k, y.k_norm);
-        }
-        q = forge_rope(ctx, q, s->pos, (int)D, c.rope_theta);
-        k = forge_rope(ctx, k, s->pos, (int)D, c.rope_theta);
-        s->k_new.push_back(k);
+        LayerQKV a = model_layer_qkv(m, l, h, s->pos, T, 1);
+        forge_tensor *v = forge_cont(ctx, a.v);
+        s->k_new.push_back(a.k);
         s->v_new.push_back(v);
         forge_tensor *kc = forge_reshape_4d(ctx, k_cache_[(size_t)l], D, Hkv, L, 1);
         forge_tensor *vc = forge_reshape_4d(ctx, v_cache_[(size_t)l], D, Hkv, L, 1);
-        int window = (c.sliding_window > 0 && l % 2 == 0) ? c.sliding_window : 0;
-        forge_tensor *o = forge_attention(ctx, spread(q, Hq), forge_add(ctx, kc, spread(k, Hkv)), forge_add(ctx, vc, spread(v, Hkv)),
-                                          nullptr, c.attn_scale, c.attn_softcap, window);
+        forge_tensor *o = forge_attention(ctx, spread(a.q, Hq), forge_add(ctx, kc, spread(a.k, Hkv)), forge_add(ctx, vc, spread(v, Hkv)),
+                                          nullptr, c.attn_scale, c.attn_softcap, model_layer_window(m, l));
         o = forge_matmul(ctx, s->sel, forge_reshape_2d(ctx, o, Hq * D, L), 1, 0, act_); // [Hq*D, T]
-        int64_t one[3] = {Hq * D, T, 1};
-        o = project(m, forge_reshape(ctx, o, 3, one), y.wo, nullptr, y.a_o, y.b_o, 1, nullptr);
-        if (c.sandwich_norms) o = norm(m, o, y.post_attn_norm);
-        h = forge_add(ctx, h, o);
-        x = norm(m, h, y.ffn_norm);
-        forge_tensor *f = forge_glu(ctx, project(m, x, y.wgu, nullptr, y.a_gu, y.b_gu, 2, gu_rows), c.act);
-        f = project(m, f, y.wdown, nullptr, y.a_down, y.b_down, 1, nullptr);
-        if (c.sandwich_norms) f = norm(m, f, y.post_ffn_norm);
-        h = forge_add(ctx, h, f);
+        h = model_layer_out(m, l, h, o, T, 1);
     }
     if (h) { // the last token only
         int64_t ne[2] = {c.hidden, 1};
         size_t nb[2] = {es, (size_t)c.hidden * es};
         h = forge_view(ctx, h, 2, ne, nb, (size_t)((T - 1) * c.hidden) * es);
     }
-    h = norm(m, h, m.output_norm);
-    forge_tensor *z = forge_linear(ctx, h, m.lm_head, nullptr);
-    if (z && forge_tensor_type(z) != FORGE_TYPE_F32) z = forge_cast(ctx, z, FORGE_TYPE_F32);
-    if (z && c.final_softcap > 0) z = forge_softcap(ctx, z, c.final_softcap);
+    forge_tensor *z = model_logits(m, model_norm(m, h, m.output_norm));
     s->logits = z;
     s->g = forge_graph_new(ctx);
     if (!z || forge_graph_build_forward(s->g, z) != FORGE_OK) {

@@ -144,59 +144,77 @@ static forge_tensor *project(Model &m, forge_tensor *x, forge_tensor *w, forge_t
     return forge_lora(m.ctx, x, w, b, la, lb, m.lora.scale(), blocks, rows);
 }
 
-static forge_tensor *norm(Model &m, forge_tensor *x, forge_tensor *w) {
-    return forge_rmsnorm(m.ctx, x, w, m.cfg.rms_eps, m.cfg.norm_offset,
-                         m.cfg.norm_offset != 0.0f || m.cfg.arch == Arch::Gemma || m.cfg.arch == Arch::Gemma2 ? FORGE_NORM_CAST_AFTER_WEIGHT
-                                                                                                              : FORGE_NORM_CAST_BEFORE_WEIGHT);
+forge_tensor *model_norm(Model &m, forge_tensor *x, forge_tensor *w) {
+    const bool gemma = m.cfg.arch == Arch::Gemma || m.cfg.arch == Arch::Gemma2;
+    return forge_rmsnorm(m.ctx, x, w, m.cfg.rms_eps, m.cfg.norm_offset, gemma ? FORGE_NORM_CAST_AFTER_WEIGHT : FORGE_NORM_CAST_BEFORE_WEIGHT);
+}
+
+forge_tensor *model_embed(Model &m, forge_tensor *ids, forge_type act) {
+    float scale = m.cfg.embed_scale ? forge_round_to(act, std::sqrt((float)m.cfg.hidden)) : 1.0f;
+    forge_tensor *h = forge_embedding(m.ctx, m.tok_embd, ids, scale);
+    return h && forge_tensor_type(h) != act ? forge_cast(m.ctx, h, act) : h;
+}
+
+LayerQKV model_layer_qkv(Model &m, int l, forge_tensor *h, forge_tensor *pos, int64_t T, int64_t B) {
+    forge_ctx *ctx = m.ctx;
+    const ModelConfig &c = m.cfg;
+    const Layer &y = m.layers[(size_t)l];
+    const int64_t D = c.head_dim, Hq = c.n_head, Hkv = c.n_kv_head, Mqkv = (Hq + 2 * Hkv) * D;
+    const int64_t qkv_rows[3] = {Hq * D, Hkv * D, Hkv * D};
+    forge_tensor *x = model_norm(m, h, y.attn_norm);
+    forge_tensor *qkv = forge_reshape_4d(ctx, project(m, x, y.wqkv, y.bqkv, y.a_qkv, y.b_qkv, 3, qkv_rows), D, Hq + 2 * Hkv, T, B);
+    if (!qkv) return {nullptr, nullptr, nullptr};
+    size_t es = forge_type_size(forge_tensor_type(qkv)), nb[4] = {es, (size_t)D * es, (size_t)Mqkv * es, (size_t)(Mqkv * T) * es};
+    int64_t qne[4] = {D, Hq, T, B}, kne[4] = {D, Hkv, T, B};
+    forge_tensor *q = forge_view(ctx, qkv, 4, qne, nb, 0);
+    forge_tensor *k = forge_view(ctx, qkv, 4, kne, nb, (size_t)(Hq * D) * es);
+    forge_tensor *v = forge_view(ctx, qkv, 4, kne, nb, (size_t)((Hq + Hkv) * D) * es);
+    if (c.qk_norm) {
+        q = model_norm(m, q, y.q_norm);
+        k = model_norm(m, k, y.k_norm);
+    }
+    return {forge_rope(ctx, q, pos, (int)D, c.rope_theta), forge_rope(ctx, k, pos, (int)D, c.rope_theta), v};
+}
+
+int model_layer_window(const Model &m, int l) { return (m.cfg.sliding_window > 0 && l % 2 == 0) ? m.cfg.sliding_window : 0; }
+
+forge_tensor *model_layer_out(Model &m, int l, forge_tensor *h, forge_tensor *attn, int64_t T, int64_t B) {
+    forge_ctx *ctx = m.ctx;
+    const ModelConfig &c = m.cfg;
+    const Layer &y = m.layers[(size_t)l];
+    const int64_t gu_rows[2] = {c.ffn, c.ffn}, one[3] = {c.n_head * c.head_dim, T, B};
+    forge_tensor *o = project(m, forge_reshape(ctx, attn, 3, one), y.wo, nullptr, y.a_o, y.b_o, 1, nullptr);
+    if (c.sandwich_norms) o = model_norm(m, o, y.post_attn_norm);
+    h = forge_add(ctx, h, o);
+    forge_tensor *x = model_norm(m, h, y.ffn_norm);
+    forge_tensor *f = forge_glu(ctx, project(m, x, y.wgu, nullptr, y.a_gu, y.b_gu, 2, gu_rows), c.act);
+    f = project(m, f, y.wdown, nullptr, y.a_down, y.b_down, 1, nullptr);
+    if (c.sandwich_norms) f = model_norm(m, f, y.post_ffn_norm);
+    return forge_add(ctx, h, f);
+}
+
+forge_tensor *model_logits(Model &m, forge_tensor *h) {
+    forge_tensor *z = forge_linear(m.ctx, h, m.lm_head, nullptr);
+    if (z && forge_tensor_type(z) != FORGE_TYPE_F32) z = forge_cast(m.ctx, z, FORGE_TYPE_F32);
+    if (z && m.cfg.final_softcap > 0) z = forge_softcap(m.ctx, z, m.cfg.final_softcap);
+    return z;
 }
 
 bool model_build(Model &m, int64_t T, int64_t B, forge_type act, bool want_loss, bool want_logits, Graph *out, std::string *err) {
     forge_ctx *ctx = m.ctx;
-    const ModelConfig &c = m.cfg;
-    const int64_t D = c.head_dim, Hq = c.n_head, Hkv = c.n_kv_head, Mqkv = (Hq + 2 * Hkv) * D;
     Batch in{input(ctx, FORGE_TYPE_I32, T, B, "batch.ids"), input(ctx, FORGE_TYPE_I32, T * B, 1, "batch.pos"),
              input(ctx, FORGE_TYPE_I32, T, B, "batch.doc"), input(ctx, FORGE_TYPE_I32, T * B, 1, "batch.labels"),
              input(ctx, FORGE_TYPE_F32, 1, 1, "batch.count"), T, B};
-    const int64_t qkv_rows[3] = {Hq * D, Hkv * D, Hkv * D}, gu_rows[2] = {c.ffn, c.ffn};
-    float scale = c.embed_scale ? forge_round_to(act, std::sqrt((float)c.hidden)) : 1.0f;
-    forge_tensor *h = forge_embedding(ctx, m.tok_embd, in.ids, scale);
-    if (h && forge_tensor_type(h) != act) h = forge_cast(ctx, h, act);
-    for (int l = 0; l < (int)c.n_layer; l++) {
-        Layer &y = m.layers[(size_t)l];
-        forge_tensor *x = norm(m, h, y.attn_norm);
-        forge_tensor *qkv = forge_reshape_4d(ctx, project(m, x, y.wqkv, y.bqkv, y.a_qkv, y.b_qkv, 3, qkv_rows), D, Hq + 2 * Hkv, T, B);
-        size_t es = forge_type_size(act), nb[4] = {es, (size_t)D * es, (size_t)Mqkv * es, (size_t)(Mqkv * T) * es};
-        int64_t qne[4] = {D, Hq, T, B}, kne[4] = {D, Hkv, T, B};
-        forge_tensor *q = forge_view(ctx, qkv, 4, qne, nb, 0);
-        forge_tensor *k = forge_view(ctx, qkv, 4, kne, nb, (size_t)(Hq * D) * es);
-        forge_tensor *v = forge_view(ctx, qkv, 4, kne, nb, (size_t)((Hq + Hkv) * D) * es);
-        if (c.qk_norm) {
-            q = norm(m, q, y.q_norm);
-            k = norm(m, k, y.k_norm);
-        }
-        q = forge_rope(ctx, q, in.pos, (int)D, c.rope_theta);
-        k = forge_rope(ctx, k, in.pos, (int)D, c.rope_theta);
-        int window = (c.sliding_window > 0 && l % 2 == 0) ? c.sliding_window : 0;
-        forge_tensor *o = forge_attention(ctx, q, k, v, in.doc, c.attn_scale, c.attn_softcap, window);
-        int64_t one[3] = {Hq * D, T, B};
-        o = project(m, forge_reshape(ctx, o, 3, one), y.wo, nullptr, y.a_o, y.b_o, 1, nullptr);
-        if (c.sandwich_norms) o = norm(m, o, y.post_attn_norm);
-        h = forge_add(ctx, h, o);
-        x = norm(m, h, y.ffn_norm);
-        forge_tensor *f = forge_glu(ctx, project(m, x, y.wgu, nullptr, y.a_gu, y.b_gu, 2, gu_rows), c.act);
-        f = project(m, f, y.wdown, nullptr, y.a_down, y.b_down, 1, nullptr);
-        if (c.sandwich_norms) f = norm(m, f, y.post_ffn_norm);
-        h = forge_add(ctx, h, f);
+    forge_tensor *h = model_embed(m, in.ids, act);
+    for (int l = 0; l < (int)m.cfg.n_layer; l++) {
+        LayerQKV a = model_layer_qkv(m, l, h, in.pos, T, B);
+        forge_tensor *o = forge_attention(ctx, a.q, a.k, a.v, in.doc, m.cfg.attn_scale, m.cfg.attn_softcap, model_layer_window(m, l));
+        h = model_layer_out(m, l, h, o, T, B);
     }
-    h = norm(m, h, m.output_norm);
+    h = model_norm(m, h, m.output_norm);
     Graph g{in, nullptr, nullptr};
-    if (want_loss) g.loss = forge_cross_entropy(ctx, h, m.lm_head, in.labels, in.count, c.final_softcap, 1024);
-    if (want_logits) {
-        forge_tensor *z = forge_linear(ctx, h, m.lm_head, nullptr);
-        if (z && forge_tensor_type(z) != FORGE_TYPE_F32) z = forge_cast(ctx, z, FORGE_TYPE_F32);
-        if (z && c.final_softcap > 0) z = forge_softcap(ctx, z, c.final_softcap);
-        g.logits = z;
-    }
+    if (want_loss) g.loss = forge_cross_entropy(ctx, h, m.lm_head, in.labels, in.count, m.cfg.final_softcap, 1024);
+    if (want_logits) g.logits = model_logits(m, h);
     if ((want_loss && !g.loss) || (want_logits && !g.logits)) {
         *err = forge_ctx_error(ctx) ? forge_ctx_error(ctx) : "model graph: a node could not be built";
         return false;

@@ -99,6 +99,21 @@ struct Graph {
 // cross-entropy, want_logits the full logits. Returns false with the context's error.
 bool model_build(Model &m, int64_t T, int64_t B, forge_type act, bool want_loss, bool want_logits, Graph *out, std::string *err);
 
+// The pieces of the decoder, shared by the training graph (model_build) and generation:
+// the (scaled) token embedding in the activation type; layer l's q, k (normed, rotated) and v
+// from the residual stream h [hidden, T, B]; layer l's sliding window (0: none); the rest of
+// layer l from its attention output [D, Hq, T, B] (o projection, MLP, residual adds); a norm
+// with the model's cast order; and F32 logits (softcapped) from the final hidden states.
+struct LayerQKV {
+    forge_tensor *q, *k, *v;
+};
+forge_tensor *model_embed(Model &m, forge_tensor *ids, forge_type act);
+LayerQKV model_layer_qkv(Model &m, int l, forge_tensor *h, forge_tensor *pos, int64_t T, int64_t B);
+int model_layer_window(const Model &m, int l);
+forge_tensor *model_layer_out(Model &m, int l, forge_tensor *h, forge_tensor *attn, int64_t T, int64_t B);
+forge_tensor *model_norm(Model &m, forge_tensor *x, forge_tensor *w);
+forge_tensor *model_logits(Model &m, forge_tensor *h);
+
 // The HF / PEFT name of a LoRA tensor of layer l, e.g. "model.layers.3.self_attn.q_proj.lora_A.weight".
 std::string peft_name(int layer, const char *proj, bool is_a);
 
