@@ -99,6 +99,18 @@ forge_tensor *forge_view_root(forge_tensor *t);
 void forge_ctx_set_error(forge_ctx *ctx, forge_status s, const char *fmt, ...);
 // "[4, 8, 1, 1] f32" for error messages.
 std::string forge_shape_str(const forge_tensor *t);
+// Whether t [K, rows...] can be read in place as a row-major matrix by a GEMM: unit element
+// stride and evenly spaced rows, *ld = the row stride in elements (>= K). Both backends use it.
+bool forge_rows_in_place(const forge_tensor *t, int64_t *ld);
+// The shapes of a LORA or LORA_BACK node, read the same way by every backend.
+struct forge_lora_layout {
+    const forge_tensor *x, *w, *a, *b;
+    int64_t N, K, M, R, r;      // rows of x, its width, output width, rank of A, rank per block
+    int n_blocks;
+    int64_t start[3], end[3];   // block i covers output rows [start[i], end[i]); M past n_blocks
+    float scale;
+};
+forge_lora_layout forge_lora_layout_of(const forge_tensor *node);
 // Whether ops may write their result into src0's memory (alias-safe kernels, same size).
 bool forge_op_can_inplace(const forge_tensor *node);
 

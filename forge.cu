@@ -567,6 +567,40 @@ forge_tensor *forge_glu(forge_ctx *ctx, forge_tensor *gu, forge_glu_kind kind) {
 }
 
 static bool is_matrix(const forge_tensor *t) { return t->ne[2] == 1 && t->ne[3] == 1; }
+
+forge_lora_layout forge_lora_layout_of(const forge_tensor *node) {
+    const int o = node->op == FORGE_OP_LORA_BACK ? 1 : 0; // the backward's sources start with dy
+    forge_lora_layout d;
+    d.x = node->src[o], d.w = node->src[o + 1], d.a = node->src[o + 2], d.b = node->src[o + 3];
+    d.N = d.x->ne[1] * d.x->ne[2] * d.x->ne[3];
+    d.K = d.x->ne[0];
+    d.M = d.w->ne[1];
+    d.R = d.a->ne[1];
+    d.r = d.b->ne[0];
+    d.n_blocks = node->op_i[0];
+    d.scale = node->op_f[0];
+    for (int i = 0, row = 0; i < 3; i++) {
+        d.start[i] = row;
+        if (i < d.n_blocks) row += node->op_i[1 + i];
+        d.end[i] = row;
+    }
+    return d;
+}
+
+bool forge_rows_in_place(const forge_tensor *t, int64_t *ld) {
+    const size_t ts = forge_type_size(t->type);
+    if (t->ne[0] > 1 && t->nb[0] != ts) return false;
+    int64_t stride = -1, below = 1; // row stride in elements; rows in the dims below d
+    for (int d = 1; d < FORGE_MAX_DIMS; d++) {
+        if (t->ne[d] == 1) continue;
+        if (t->nb[d] % ts) return false;
+        if (stride < 0) stride = (int64_t)(t->nb[d] / ts);
+        else if ((int64_t)(t->nb[d] / ts) != stride * below) return false;
+        below *= t->ne[d];
+    }
+    *ld = stride < 0 ? t->ne[0] : stride;
+    return *ld >= t->ne[0];
+}
 static bool rows_even(const forge_tensor *t) { return t->nb[2] == t->nb[1] * (size_t)t->ne[1] && t->nb[3] == t->nb[2] * (size_t)t->ne[2]; }
 
 forge_tensor *forge_linear(forge_ctx *ctx, forge_tensor *x, forge_tensor *w, forge_tensor *b) {

@@ -142,28 +142,13 @@ void forge_cpu_gemm(int64_t M, int64_t N, int64_t K, const void *a, forge_type a
 
 // ---- tensors as GEMM operands (also used by lora.cpp) ---------------------------------------
 
-static bool rows_in_place(const forge_tensor *t, int64_t *ld) {
-    const size_t ts = forge_type_size(t->type);
-    if (t->ne[0] > 1 && t->nb[0] != ts) return false;
-    int64_t stride = -1, below = 1; // row stride in elements; rows in the dims below d
-    for (int d = 1; d < FORGE_MAX_DIMS; d++) {
-        if (t->ne[d] == 1) continue;
-        if (t->nb[d] % ts) return false;
-        if (stride < 0) stride = (int64_t)(t->nb[d] / ts);
-        else if ((int64_t)(t->nb[d] / ts) != stride * below) return false;
-        below *= t->ne[d];
-    }
-    *ld = stride < 0 ? t->ne[0] : stride;
-    return true;
-}
-
 size_t forge_cpu_gemm_rows_work(const forge_tensor *t) {
     int64_t ld;
-    return rows_in_place(t, &ld) ? 0 : align_up((size_t)forge_tensor_nelements(t) * sizeof(float));
+    return forge_rows_in_place(t, &ld) ? 0 : align_up((size_t)forge_tensor_nelements(t) * sizeof(float));
 }
 
 const void *forge_cpu_gemm_rows(const forge_tensor *t, forge_type *type, int64_t *ld, char **scratch, int n_threads) {
-    if (rows_in_place(t, ld)) {
+    if (forge_rows_in_place(t, ld)) {
         *type = t->type;
         return t->data;
     }

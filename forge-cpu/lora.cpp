@@ -36,36 +36,8 @@ operand rows_of(const forge_tensor *t, char **scratch, int n_threads) {
     return o;
 }
 
-// Shapes shared by LORA and LORA_BACK.
-struct lora_dims {
-    const forge_tensor *x, *w, *a, *b;
-    int64_t n_rows, K, M, R, r; // rows of x, its width, output width, rank of A, rank per block
-    int n_blocks;
-    int64_t block_rows[3], block_start[3];
-    float scale;
-};
-
-lora_dims dims_of(const forge_tensor *node) {
-    const bool back = node->op == FORGE_OP_LORA_BACK;
-    lora_dims d;
-    d.x = node->src[back ? 1 : 0];
-    d.w = node->src[back ? 2 : 1];
-    d.a = node->src[back ? 3 : 2];
-    d.b = node->src[back ? 4 : 3];
-    d.n_rows = forge_cpu_rows(d.x);
-    d.K = d.x->ne[0];
-    d.M = d.w->ne[1];
-    d.R = d.a->ne[1];
-    d.r = d.b->ne[0];
-    d.n_blocks = node->op_i[0];
-    d.scale = node->op_f[0];
-    for (int i = 0, start = 0; i < d.n_blocks; i++) {
-        d.block_rows[i] = node->op_i[1 + i];
-        d.block_start[i] = start;
-        start += node->op_i[1 + i];
-    }
-    return d;
-}
+using lora_dims = forge_lora_layout;
+lora_dims dims_of(const forge_tensor *node) { return forge_lora_layout_of(node); }
 
 void scale_rows(float *v, int64_t n, float s, int n_threads) {
 #pragma omp parallel for num_threads(n_threads) if (n >= (1 << 16))
@@ -76,7 +48,7 @@ void lora_forward(forge_tensor *node, const forge_cpu_params *p, const lora_dims
     const int nt = p->n_threads;
     const forge_tensor *bias = node->n_src > 4 ? node->src[4] : nullptr;
     const bool f32 = node->type == FORGE_TYPE_F32;
-    const int64_t chunk = std::min(CHUNK, d.n_rows);
+    const int64_t chunk = std::min(CHUNK, d.N);
     char *scratch = (char *)p->work + forge_cpu_gemm_work(nt);
     float *u = (float *)scratch;
     scratch += floats(chunk * d.R);
@@ -84,15 +56,15 @@ void lora_forward(forge_tensor *node, const forge_cpu_params *p, const lora_dims
     if (!f32) scratch += floats(chunk * d.M);
     const operand x = rows_of(d.x, &scratch, nt), w = rows_of(d.w, &scratch, nt);
     const operand a = rows_of(d.a, &scratch, nt), b = rows_of(d.b, &scratch, nt);
-    for (int64_t r0 = 0; r0 < d.n_rows; r0 += chunk) {
-        const int64_t rows = std::min(chunk, d.n_rows - r0);
+    for (int64_t r0 = 0; r0 < d.N; r0 += chunk) {
+        const int64_t rows = std::min(chunk, d.N - r0);
         float *y = f32 ? (float *)node->data + r0 * d.M : ybuf;
         forge_cpu_gemm(rows, d.R, d.K, x.at(r0, 0), x.type, x.ld, 0, a.data, a.type, a.ld, 1, u, d.R, 0, p->work, nt);
         scale_rows(u, rows * d.R, d.scale, nt);
         forge_cpu_gemm(rows, d.M, d.K, x.at(r0, 0), x.type, x.ld, 0, w.data, w.type, w.ld, 1, y, d.M, 0, p->work, nt);
         for (int i = 0; i < d.n_blocks; i++)
-            forge_cpu_gemm(rows, d.block_rows[i], d.r, u + i * d.r, FORGE_TYPE_F32, d.R, 0, b.at(d.block_start[i], 0),
-                           b.type, b.ld, 1, y + d.block_start[i], d.M, 1, p->work, nt);
+            forge_cpu_gemm(rows, (d.end[i] - d.start[i]), d.r, u + i * d.r, FORGE_TYPE_F32, d.R, 0, b.at(d.start[i], 0),
+                           b.type, b.ld, 1, y + d.start[i], d.M, 1, p->work, nt);
         if (bias || !f32) forge_cpu_store_rows(node, y, r0, rows, d.M, bias, nt);
     }
 }
@@ -104,27 +76,27 @@ void lora_backward(forge_tensor *node, const forge_cpu_params *p, const lora_dim
     float *dA = (float *)node->data, *dB = (float *)node->res[1]->data;
     char *scratch = (char *)p->work + forge_cpu_gemm_work(nt);
     float *u = (float *)scratch;
-    scratch += floats(d.n_rows * d.R);
+    scratch += floats(d.N * d.R);
     float *du = (float *)scratch;
-    scratch += floats(d.n_rows * d.R);
+    scratch += floats(d.N * d.R);
     float *dxbuf = (float *)scratch;
-    const int64_t chunk = std::min(CHUNK, d.n_rows);
+    const int64_t chunk = std::min(CHUNK, d.N);
     if (dx_t && !dx_f32) scratch += floats(chunk * d.K);
     const operand dy = rows_of(node->src[0], &scratch, nt), x = rows_of(d.x, &scratch, nt);
     const operand w = rows_of(d.w, &scratch, nt), a = rows_of(d.a, &scratch, nt), b = rows_of(d.b, &scratch, nt);
-    const int64_t N = d.n_rows;
+    const int64_t N = d.N;
     // u = scale x A^T; du = scale dy B^T per block
     forge_cpu_gemm(N, d.R, d.K, x.data, x.type, x.ld, 0, a.data, a.type, a.ld, 1, u, d.R, 0, p->work, nt);
     scale_rows(u, N * d.R, d.scale, nt);
     for (int i = 0; i < d.n_blocks; i++)
-        forge_cpu_gemm(N, d.r, d.block_rows[i], dy.at(0, d.block_start[i]), dy.type, dy.ld, 0, b.at(d.block_start[i], 0),
+        forge_cpu_gemm(N, d.r, (d.end[i] - d.start[i]), dy.at(0, d.start[i]), dy.type, dy.ld, 0, b.at(d.start[i], 0),
                        b.type, b.ld, 0, du + i * d.r, d.R, 0, p->work, nt);
     scale_rows(du, N * d.R, d.scale, nt);
     // dA (R rows of K) = du^T x; dB (M rows of r) = dy^T u per block
     forge_cpu_gemm(d.R, d.K, N, du, FORGE_TYPE_F32, d.R, 1, x.data, x.type, x.ld, 0, dA, d.K, 0, p->work, nt);
     for (int i = 0; i < d.n_blocks; i++)
-        forge_cpu_gemm(d.block_rows[i], d.r, N, dy.at(0, d.block_start[i]), dy.type, dy.ld, 1, u + i * d.r, FORGE_TYPE_F32,
-                       d.R, 0, dB + d.block_start[i] * d.r, d.r, 0, p->work, nt);
+        forge_cpu_gemm((d.end[i] - d.start[i]), d.r, N, dy.at(0, d.start[i]), dy.type, dy.ld, 1, u + i * d.r, FORGE_TYPE_F32,
+                       d.R, 0, dB + d.start[i] * d.r, d.r, 0, p->work, nt);
     if (!dx_t) return;
     // dX = dy W + du A
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
@@ -142,11 +114,11 @@ size_t forge_cpu_lora_work(const forge_tensor *node, int n_threads) {
     const lora_dims d = dims_of(node);
     size_t bytes = forge_cpu_gemm_work(n_threads) + forge_cpu_gemm_rows_work(d.x) + forge_cpu_gemm_rows_work(d.w) +
                    forge_cpu_gemm_rows_work(d.a) + forge_cpu_gemm_rows_work(d.b);
-    const int64_t chunk = std::min(CHUNK, d.n_rows);
+    const int64_t chunk = std::min(CHUNK, d.N);
     if (node->op == FORGE_OP_LORA)
         return bytes + floats(chunk * d.R) + (node->type == FORGE_TYPE_F32 ? 0 : floats(chunk * d.M));
     const forge_tensor *dx = node->res[2];
-    return bytes + forge_cpu_gemm_rows_work(node->src[0]) + 2 * floats(d.n_rows * d.R) +
+    return bytes + forge_cpu_gemm_rows_work(node->src[0]) + 2 * floats(d.N * d.R) +
            (dx && dx->type != FORGE_TYPE_F32 ? floats(chunk * d.K) : 0);
 }
 

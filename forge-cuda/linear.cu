@@ -174,23 +174,6 @@ bool view_dense(const forge_cuda_view &v) {
     return true;
 }
 
-// Whether t's rows can be read in place as a row-major matrix: unit element stride and rows
-// evenly spaced (ld = row stride in elements, at least ne0).
-bool rows_in_place(const forge_tensor *t, int64_t *ld) {
-    const size_t ts = forge_type_size(t->type);
-    if (t->ne[0] > 1 && t->nb[0] != ts) return false;
-    int64_t stride = -1, below = 1; // row stride in elements; rows in the dims below d
-    for (int d = 1; d < FORGE_MAX_DIMS; d++) {
-        if (t->ne[d] == 1) continue;
-        if (t->nb[d] % ts) return false;
-        if (stride < 0) stride = (int64_t)(t->nb[d] / ts);
-        else if ((int64_t)(t->nb[d] / ts) != stride * below) return false;
-        below *= t->ne[d];
-    }
-    *ld = stride < 0 ? t->ne[0] : stride;
-    return *ld >= t->ne[0];
-}
-
 int64_t rows_of(const forge_tensor *t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
 
 } // namespace
@@ -239,14 +222,14 @@ forge_type forge_cuda_gemm_out_type(forge_type dt, forge_type ab) {
 // Bytes of scratch forge_cuda_gemm_rows needs for t as an operand of type want (0: in place).
 size_t forge_cuda_gemm_rows_work(const forge_tensor *t, forge_type want) {
     int64_t ld;
-    if (t->type == want && rows_in_place(t, &ld)) return 0;
+    if (t->type == want && forge_rows_in_place(t, &ld)) return 0;
     return align_up((size_t)forge_tensor_nelements(t) * forge_type_size(want));
 }
 
 // t [K, rows...] as a row-major GEMM operand of type want: t's own memory when its rows can be
 // read in place, else a dense converted copy at *scratch (advanced). Sets *ld (elements).
 const void *forge_cuda_gemm_rows(const forge_cuda_params *p, const forge_tensor *t, forge_type want, int64_t *ld, char **scratch) {
-    if (t->type == want && rows_in_place(t, ld)) return t->data;
+    if (t->type == want && forge_rows_in_place(t, ld)) return t->data;
     void *out = *scratch;
     *scratch += forge_cuda_gemm_rows_work(t, want);
     forge_cuda_convert(p, forge_cuda_view_of(t), out, want);

@@ -73,36 +73,18 @@ struct lora_blocks {
     int n;
 };
 
-// Shapes shared by LORA and LORA_BACK.
-struct lora_dims {
-    const forge_tensor *x, *w, *a, *b;
-    int64_t N, K, M, R, r; // rows of x, its width, output width, rank of A, rank per block
+// The node's layout, the block ends for the kernels, and the GEMMs' operand type.
+struct lora_dims : forge_lora_layout {
     lora_blocks blocks;
-    int64_t start[3];
-    float scale;
-    forge_type T; // the GEMMs' operand type
+    forge_type T;
 };
 
 lora_dims dims_of(const forge_tensor *node) {
-    const bool back = node->op == FORGE_OP_LORA_BACK;
     lora_dims d;
-    d.x = node->src[back ? 1 : 0];
-    d.w = node->src[back ? 2 : 1];
-    d.a = node->src[back ? 3 : 2];
-    d.b = node->src[back ? 4 : 3];
-    d.N = d.x->ne[1] * d.x->ne[2] * d.x->ne[3];
-    d.K = d.x->ne[0];
-    d.M = d.w->ne[1];
-    d.R = d.a->ne[1];
-    d.r = d.b->ne[0];
-    d.scale = node->op_f[0];
-    d.blocks.n = node->op_i[0];
-    for (int i = 0, end = 0; i < 3; i++) {
-        d.start[i] = end;
-        if (i < d.blocks.n) end += node->op_i[1 + i];
-        d.blocks.end[i] = end;
-    }
-    d.T = back ? forge_cuda_gemm_type({node->src[0], d.x, d.w}) : forge_cuda_gemm_type({d.x, d.w});
+    static_cast<forge_lora_layout &>(d) = forge_lora_layout_of(node);
+    d.blocks.n = d.n_blocks;
+    for (int i = 0; i < 3; i++) d.blocks.end[i] = d.end[i];
+    d.T = node->op == FORGE_OP_LORA_BACK ? forge_cuda_gemm_type({node->src[0], d.x, d.w}) : forge_cuda_gemm_type({d.x, d.w});
     return d;
 }
 
