@@ -56,6 +56,10 @@ struct forge_backend {
     virtual void download(void *dst, const void *src, size_t n) { std::memcpy(dst, src, n); }
     virtual forge_status prepare(forge_graph *g) = 0; // after planning: size scratch buffers
     virtual forge_status compute(forge_graph *g) = 0; // run every node in order
+    // Data parallelism: the communicator ALLREDUCE nodes use (forge_backend_set_dist). The base
+    // accepts only NULL or one rank; the CUDA backend with NCCL overrides it.
+    virtual forge_status set_dist(forge_dist *d);
+    bool collectives = true;        // ALLREDUCE nodes run (false: skipped; forge_backend_set_collectives)
 };
 forge_backend *forge_cpu_backend_create(int n_threads); // forge-cpu/backend.cpp
 forge_backend *forge_cuda_backend_create(int device);   // forge-cuda/backend.cu (NULL without CUDA)
@@ -70,6 +74,7 @@ enum forge_family {
     FORGE_FAMILY_NONE = 0, // leafs, views and results: nothing to run
     FORGE_FAMILY_ELEMENTWISE, FORGE_FAMILY_EMBEDDING, FORGE_FAMILY_RMSNORM, FORGE_FAMILY_ROPE, FORGE_FAMILY_GLU,
     FORGE_FAMILY_LINEAR, FORGE_FAMILY_LORA, FORGE_FAMILY_ATTENTION, FORGE_FAMILY_CROSS_ENTROPY, FORGE_FAMILY_ADAMW,
+    FORGE_FAMILY_COLLECTIVE,
     FORGE_FAMILY_COUNT
 };
 forge_family forge_op_family(forge_op op);
@@ -113,6 +118,8 @@ struct forge_lora_layout {
 forge_lora_layout forge_lora_layout_of(const forge_tensor *node);
 // Whether ops may write their result into src0's memory (alias-safe kernels, same size).
 bool forge_op_can_inplace(const forge_tensor *node);
+// Records the calling thread's forge_dist_error() message. printf-style.
+void forge_dist_set_error(const char *fmt, ...);
 
 // ---- op contracts ------------------------------------------------------------------------
 // Shapes are innermost first. "tokens" means the product of dims 1..3 unless said otherwise.
@@ -138,7 +145,7 @@ bool forge_op_can_inplace(const forge_tensor *node);
 // ACC_VIEW    src0 base or NULL, src1 v. dst has the shape of the base region's owner: the
 //             engine sets dst->ne; op_l[0] = byte offset, op_l[1..4] = the view's nb[0..3] in
 //             dst's bytes, and src1's ne gives the region's extent. dst = (src0 or 0) with src1
-//             added into the region.
+//             added into the region.                                        [in place ok]
 //
 // EMBEDDING   src0 table [C, V], src1 ids I32; dst [C, ids->ne0, ids->ne1, ids->ne2]
 //             = table[:, id] * op_f[0]. An id outside [0, V) is a runtime error.
@@ -173,9 +180,13 @@ bool forge_op_can_inplace(const forge_tensor *node);
 //
 // LORA        src0 x [K, ...], src1 W [K, M], src2 A [K, R], src3 B [r, M], src4 bias [M] or NULL;
 //             op_f[0] scale; op_i[0] n_blocks, op_i[1..3] rows of each block (sum M); r = R/n_blocks.
-//             u = x A^T [R, ...]; dst[m, n] = (x W^T)[m, n] + bias[m]
+//             u = x A^T [R, x->ne1..3], rounded to x's type (the forward uses the rounded u);
+//             dst[m, n] = (x W^T)[m, n] + bias[m]
 //             + scale * sum_j B[j, m] u[blk(m)*r + j, n], blk(m) = the block holding row m.
-// LORA_BACK   src0 dy [M, ...], src1 x, src2 W, src3 A, src4 B; same params.
+//             res[1] = u (unscaled; x's type, contiguous) or NULL: autograd creates it for
+//             LORA_BACK; when NULL (or without memory: a forward-only graph) u stays in scratch.
+// LORA_BACK   src0 dy [M, ...], src1 x, src2 W, src3 A, src4 B, src5 u (the LORA's res[1]);
+//             same params. u is read, not recomputed.
 //             du[blk*r+j, n] = sum_{m in blk} B[j, m] dy[m, n];
 //             dst = dA F32 [K, R]: dA[k, i] = scale * sum_n x[k, n] du[i, n];
 //             res[1] = dB F32 [r, M]: dB[j, m] = scale * sum_n dy[m, n] u[blk(m)*r+j, n];
@@ -195,7 +206,8 @@ bool forge_op_can_inplace(const forge_tensor *node);
 //
 // CROSS_ENTROPY src0 h [C, N...], src1 W [C, V], src2 labels I32 (N elements), src3 count F32 [1];
 //             op_f[0] softcap (0 off), op_i[0] chunk (tokens per chunk), op_i[1] ignore index.
-//             z = h W^T per token (fp32), softcapped; dst F32 [1] = sum over tokens with a label
+//             z = h W^T per token (fp32 accumulation, then rounded to W's type: a bf16 lm_head gives
+//             bf16 logits, as in HF), softcapped; dst F32 [1] = sum over tokens with a label
 //             != ignore of (logsumexp(z) - z[label]) / count. res[1] = dH (h's shape and type) =
 //             d dst / d h, or NULL (no gradient wanted: a forward-only graph); res[2] = dW F32
 //             [C, V] or NULL (W frozen). Ignored tokens get dH = 0. Autograd creates res[1..2].
@@ -208,6 +220,15 @@ bool forge_op_can_inplace(const forge_tensor *node);
 //             m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2; mh = m / (1 - b1^step);
 //             vh = v / (1 - b2^step); p -= lr * (mh / (sqrt(vh) + eps) + wd * p); g = 0.
 //             If !apply: coef = 1 and nothing else changes.
+//
+// ALLREDUCE   src[0..n_src-1] F32 contiguous tensors (the last ACC into a PARAM gradient, or an
+//             OUTPUT extra such as the loss); op_i[0] = world size. Each source is replaced, in
+//             place, by its sum over the ranks of the backend's communicator (NCCL, ncclSum; the
+//             same on every rank). dst F32 [1] is a marker that nothing reads and nothing writes.
+//             Skipped when the backend's collectives are off. The CUDA backend runs it on a
+//             second stream and makes the main stream wait before the next node that touches a
+//             source's memory, and at the end of the graph; a backend without a communicator of
+//             op_i[0] ranks (the CPU) fails with an error naming the op.
 
 // ---- float conversions (shared by the core and the CPU backend) ----------------------------
 static inline float forge_bf16_to_f32(uint16_t h) {

@@ -57,13 +57,14 @@ static const char *const k_op_names[FORGE_OP_COUNT] = {
     "none", "view", "result", "add", "mul", "scale", "cpy", "softcap", "softcap_back", "sum",
     "sum_tokens", "repeat", "acc", "acc_view", "embedding", "embedding_back", "rmsnorm",
     "rmsnorm_back", "rope", "rope_back", "glu", "glu_back", "linear", "matmul", "lora",
-    "lora_back", "attention", "attention_back", "cross_entropy", "adamw",
+    "lora_back", "attention", "attention_back", "cross_entropy", "adamw", "allreduce",
 };
 
 const char *forge_op_name(forge_op op) { return (op >= 0 && op < FORGE_OP_COUNT) ? k_op_names[op] : "?"; }
 
 const char *const forge_family_names[FORGE_FAMILY_COUNT] = {
     "none", "elementwise", "embedding", "rmsnorm", "rope", "glu", "linear", "lora", "attention", "cross_entropy", "adamw",
+    "collective",
 };
 
 forge_family forge_op_family(forge_op op) {
@@ -80,6 +81,7 @@ forge_family forge_op_family(forge_op op) {
     case FORGE_OP_ATTENTION: case FORGE_OP_ATTENTION_BACK: return FORGE_FAMILY_ATTENTION;
     case FORGE_OP_CROSS_ENTROPY: return FORGE_FAMILY_CROSS_ENTROPY;
     case FORGE_OP_ADAMW: return FORGE_FAMILY_ADAMW;
+    case FORGE_OP_ALLREDUCE: return FORGE_FAMILY_COLLECTIVE;
     default: return FORGE_FAMILY_NONE;
     }
 }
@@ -89,6 +91,8 @@ bool forge_op_can_inplace(const forge_tensor *t) {
     case FORGE_OP_ADD: case FORGE_OP_MUL: case FORGE_OP_SCALE: case FORGE_OP_SOFTCAP:
     case FORGE_OP_ROPE: case FORGE_OP_ROPE_BACK:
         return t->src[0]->type == t->type;
+    case FORGE_OP_ACC_VIEW: // in place it only adds the region (q, k and v gradients into one)
+        return t->src[0] && t->src[0]->type == t->type;
     default:
         return false;
     }
@@ -569,7 +573,7 @@ forge_tensor *forge_glu(forge_ctx *ctx, forge_tensor *gu, forge_glu_kind kind) {
 static bool is_matrix(const forge_tensor *t) { return t->ne[2] == 1 && t->ne[3] == 1; }
 
 forge_lora_layout forge_lora_layout_of(const forge_tensor *node) {
-    const int o = node->op == FORGE_OP_LORA_BACK ? 1 : 0; // the backward's sources start with dy
+    const int o = node->op == FORGE_OP_LORA_BACK ? 1 : 0; // the backward's sources start with dy (u is its src5)
     forge_lora_layout d;
     d.x = node->src[o], d.w = node->src[o + 1], d.a = node->src[o + 2], d.b = node->src[o + 3];
     d.N = d.x->ne[1] * d.x->ne[2] * d.x->ne[3];
@@ -822,6 +826,23 @@ struct Autograd {
         }
     }
 
+    // t as a backward node reads it: a RECOMPUTE node is made again from its sources, once, where
+    // the backward needs it, so the forward's copy dies after its last forward use.
+    std::unordered_map<const forge_tensor *, forge_tensor *> recomputed;
+    forge_tensor *saved(forge_tensor *t) {
+        if (!t || !(t->flags & FORGE_FLAG_RECOMPUTE) || forge_op_family(t->op) == FORGE_FAMILY_NONE || t->res[1]) return t;
+        forge_tensor *&r = recomputed[t];
+        if (!r) {
+            r = new_tensor(ctx, t->type, t->ne, t->op, t->n_src);
+            for (int i = 0; i < t->n_src; i++) r->src[i] = t->src[i];
+            std::memcpy(r->op_i, t->op_i, sizeof r->op_i);
+            std::memcpy(r->op_f, t->op_f, sizeof r->op_f);
+            std::memcpy(r->op_l, t->op_l, sizeof r->op_l);
+            snprintf(r->name, sizeof r->name, "%.53s.again", t->name);
+        }
+        return r;
+    }
+
     // The gradient of a tensor shaped like t, of t's type.
     forge_tensor *as_type_of(forge_tensor *c, const forge_tensor *t) { return c && c->type != t->type ? forge_cast(ctx, c, t->type) : c; }
 
@@ -906,7 +927,7 @@ struct Autograd {
         }
         case FORGE_OP_LINEAR:
             if (needs(s[0])) add(s[0], forge_matmul(ctx, gy, s[1], 0, 0, s[0]->type));
-            if (needs(s[1])) add(s[1], forge_matmul(ctx, gy, s[0], 1, 0, FORGE_TYPE_F32));
+            if (needs(s[1])) add(s[1], forge_matmul(ctx, gy, saved(s[0]), 1, 0, FORGE_TYPE_F32));
             if (needs(s[2])) add(s[2], forge_reshape(ctx, forge_sum_tokens(ctx, gy), 4, s[2]->ne));
             break;
         case FORGE_OP_MATMUL: {
@@ -927,7 +948,14 @@ struct Autograd {
             if (needs(s[1])) { fail(FORGE_ERR_UNSUPPORTED, "the base weight of a LoRA linear cannot be trainable", y); break; }
             if (needs(s[4])) add(s[4], forge_reshape(ctx, forge_sum_tokens(ctx, gy), 4, s[4]->ne));
             if (!needs(s[0]) && !needs(s[2]) && !needs(s[3])) break;
-            forge_tensor *c = node_like(ctx, FORGE_OP_LORA_BACK, s[2], FORGE_TYPE_F32, {gy, s[0], s[1], s[2], s[3]});
+            // the forward saves u = x A^T (it computes it anyway) for the backward: ask for it
+            if (!y->res[1]) {
+                const int64_t une[4] = {s[2]->ne[1], s[0]->ne[1], s[0]->ne[2], s[0]->ne[3]};
+                y->res[1] = new_node(ctx, FORGE_OP_RESULT, s[0]->type, une, {y});
+                y->res[1]->op_i[0] = 1;
+                snprintf(y->res[1]->name, sizeof y->res[1]->name, "%.56s.lora_u", y->name);
+            }
+            forge_tensor *c = node_like(ctx, FORGE_OP_LORA_BACK, s[2], FORGE_TYPE_F32, {gy, saved(s[0]), s[1], s[2], s[3], y->res[1]});
             std::memcpy(c->op_f, y->op_f, sizeof c->op_f);
             std::memcpy(c->op_i, y->op_i, sizeof c->op_i);
             c->res[1] = node_like(ctx, FORGE_OP_RESULT, s[3], FORGE_TYPE_F32, {c});
@@ -1008,7 +1036,7 @@ forge_status forge_graph_build_backward(forge_graph *g, forge_tensor *loss) {
         return FORGE_ERR_INVALID_ARG;
     }
 
-    Autograd ag{g, ctx, {}, {}, nullptr, {}, false};
+    Autograd ag{g, ctx, {}, {}, nullptr, {}, false, {}};
     const int64_t one[4] = {1, 1, 1, 1};
     ag.seed = new_tensor(ctx, loss->type, one, FORGE_OP_NONE, 0);
     ag.seed->flags |= FORGE_FLAG_ONES;
@@ -1069,6 +1097,121 @@ forge_tensor *forge_graph_build_adamw(forge_graph *g, forge_tensor *hyper) {
     snprintf(t->name, sizeof t->name, "adamw");
     if (forge_graph_build_forward(g, t) != FORGE_OK) return NULL;
     return t;
+}
+
+// ================================================================================================
+// data parallelism: the bucketed gradient all-reduce (forge_graph_build_allreduce)
+// ================================================================================================
+
+namespace {
+
+// The position just after node i at which a new node may go: past the results of a multi-output
+// node, and past an RMSNORM that the CUDA backend fuses with the ADD before it.
+size_t insert_point(const std::vector<forge_tensor *> &nodes, size_t i) {
+    size_t at = i + 1;
+    if (nodes[i]->op == FORGE_OP_ADD && at < nodes.size() && nodes[at]->op == FORGE_OP_RMSNORM && nodes[at]->src[0] == nodes[i]) at++;
+    while (at < nodes.size() && nodes[at]->op == FORGE_OP_RESULT) at++;
+    return at;
+}
+
+// Autograd appends every ACC into a PARAM gradient after the whole backward pass. This moves each
+// one to the first insert point after the nodes it reads, so a gradient is complete as soon as
+// the backward has made its last contribution (and the contribution's memory is freed earlier).
+// The same sums run in the same order; only their place in the schedule changes.
+void hoist_grad_accs(forge_graph *g) {
+    const std::vector<forge_tensor *> old = g->nodes;
+    std::vector<forge_tensor *> rest, pending; // non-ACC nodes in order; ACCs not yet placed
+    for (forge_tensor *t : old) (t->op == FORGE_OP_ACC ? pending : rest).push_back(t);
+    std::unordered_set<const forge_tensor *> placed;
+    std::vector<forge_tensor *> out;
+    out.reserve(old.size());
+    auto ready = [&](const forge_tensor *a) {
+        for (int j = 0; j < a->n_src; j++)
+            if (a->src[j] && a->src[j]->op != FORGE_OP_NONE && !placed.count(a->src[j])) return false;
+        return true;
+    };
+    for (size_t i = 0; i < rest.size(); i++) {
+        out.push_back(rest[i]);
+        placed.insert(rest[i]);
+        if (insert_point(rest, i) != i + 1) continue; // results or a fused norm follow: not here
+        for (bool more = true; more;) { // an ACC can make the next one of its chain ready
+            more = false;
+            for (size_t k = 0; k < pending.size(); k++)
+                if (pending[k] && ready(pending[k])) {
+                    out.push_back(pending[k]);
+                    placed.insert(pending[k]);
+                    pending[k] = nullptr;
+                    more = true;
+                }
+        }
+    }
+    assert(out.size() == old.size() && "an ACC whose sources are not in the graph");
+    g->nodes = std::move(out);
+}
+
+} // namespace
+
+forge_status forge_graph_build_allreduce(forge_graph *g, int world, size_t bucket_bytes, forge_tensor **extra, int n_extra) {
+    if (!g) return FORGE_ERR_INVALID_ARG;
+    forge_ctx *ctx = g->ctx;
+    if (ctx->status != FORGE_OK) return ctx->status;
+    auto fail = [&](forge_status s, const std::string &what) {
+        forge_ctx_set_error(ctx, s, "forge_graph_build_allreduce: %s", what.c_str());
+        return s;
+    };
+    if (world < 1 || n_extra < 0 || (n_extra > 0 && !extra)) return fail(FORGE_ERR_INVALID_ARG, "world " + std::to_string(world) + " (>= 1) and " + std::to_string(n_extra) + " extra tensor(s)");
+    if (g->grads.empty()) return fail(FORGE_ERR_INVALID_ARG, "the graph has no gradients (call forge_graph_build_backward first)");
+    if (forge_graph_count_op(g, FORGE_OP_ADAMW) || forge_graph_count_op(g, FORGE_OP_ALLREDUCE))
+        return fail(FORGE_ERR_INVALID_ARG, "call it once, after forge_graph_build_backward and before forge_graph_build_adamw");
+    const auto members = graph_members(g);
+    for (int i = 0; i < n_extra; i++)
+        if (!extra[i] || !members.count(extra[i]) || extra[i]->type != FORGE_TYPE_F32 || !forge_tensor_is_contiguous(extra[i]) ||
+            extra[i]->op == FORGE_OP_VIEW)
+            return fail(FORGE_ERR_INVALID_ARG, "extra tensor " + forge_shape_str(extra[i]) + " must be a contiguous F32 tensor (not a view) of the graph");
+    if (world == 1) return FORGE_OK;
+
+    hoist_grad_accs(g);
+    std::unordered_map<const forge_tensor *, size_t> pos;
+    for (size_t i = 0; i < g->nodes.size(); i++) pos[g->nodes[i]] = i;
+    // each gradient's last ACC (where it is complete), in the order the backward completes them
+    struct Item { forge_tensor *t; size_t at; };
+    std::vector<Item> items;
+    for (const auto &pg : g->grads) {
+        Item it{nullptr, 0};
+        for (forge_tensor *t : g->nodes)
+            if (t->op == FORGE_OP_ACC && forge_view_root(t) == pg.second) it = {t, pos.at(t)};
+        if (it.t) items.push_back(it);
+    }
+    std::stable_sort(items.begin(), items.end(), [](const Item &a, const Item &b) { return a.at < b.at; });
+    std::vector<std::vector<Item>> buckets(1);
+    size_t bytes = 0;
+    for (const Item &it : items) {
+        if (bytes >= bucket_bytes && !buckets.back().empty()) buckets.emplace_back(), bytes = 0;
+        buckets.back().push_back(it);
+        bytes += forge_tensor_nbytes(it.t);
+    }
+    for (int i = 0; i < n_extra; i++) {
+        extra[i]->flags |= FORGE_FLAG_OUTPUT; // read by the comm stream until the end of the graph
+        buckets.back().push_back({extra[i], extra[i]->op == FORGE_OP_NONE ? 0 : pos.at(extra[i])});
+    }
+    // one node per bucket, inserted (back to front, so positions stay valid) after its last member
+    std::vector<std::pair<size_t, forge_tensor *>> inserts;
+    const int64_t one[4] = {1, 1, 1, 1};
+    for (size_t b = 0; b < buckets.size(); b++) {
+        forge_tensor *t = new_tensor(ctx, FORGE_TYPE_F32, one, FORGE_OP_ALLREDUCE, (int)buckets[b].size());
+        size_t last = 0;
+        for (size_t k = 0; k < buckets[b].size(); k++) {
+            t->src[k] = buckets[b][k].t;
+            last = std::max(last, buckets[b][k].at);
+        }
+        t->op_i[0] = world;
+        snprintf(t->name, sizeof t->name, "allreduce.%zu", b);
+        inserts.emplace_back(insert_point(g->nodes, last), t);
+    }
+    std::stable_sort(inserts.begin(), inserts.end(), [](const auto &a, const auto &b) { return a.first < b.first; });
+    for (size_t k = inserts.size(); k-- > 0;) g->nodes.insert(g->nodes.begin() + (long)inserts[k].first, inserts[k].second);
+    g->planned_ok = false;
+    return FORGE_OK;
 }
 
 // ================================================================================================
@@ -1263,6 +1406,51 @@ void forge_cuda_backend_stats(const forge_backend *, int *kernel_nodes, int *syn
     if (syncs_per_step) *syncs_per_step = 0;
 }
 #endif
+
+// ---- data parallelism: communicators (forge-cuda/collective.cu with NCCL) -------------------
+
+static thread_local std::string g_dist_error;
+const char *forge_dist_error(void) { return g_dist_error.c_str(); }
+void forge_dist_set_error(const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    g_dist_error = buf;
+}
+
+#ifndef FORGE_HAVE_NCCL
+// Built without NCCL: one rank is all there is.
+static const char *const kNoNccl = "forge was built without NCCL, so it cannot train on several GPUs (install NCCL and configure "
+                                   "with -DFORGE_CUDA=ON -DFORGE_NCCL=ON, or -DNCCL_ROOT=DIR; see docs/multi-gpu.md)";
+int forge_nccl_version(void) { return 0; }
+forge_status forge_dist_unique_id(unsigned char *) {
+    forge_dist_set_error("%s", kNoNccl);
+    return FORGE_ERR_UNSUPPORTED;
+}
+forge_status forge_dist_new(const unsigned char *, int, int, int, forge_dist **out) {
+    if (out) *out = nullptr;
+    forge_dist_set_error("%s", kNoNccl);
+    return FORGE_ERR_UNSUPPORTED;
+}
+void forge_dist_abort(forge_dist *) {}
+void forge_dist_free(forge_dist *) {}
+int forge_dist_rank(const forge_dist *) { return 0; }
+int forge_dist_world(const forge_dist *) { return 1; }
+#endif
+
+forge_status forge_backend::set_dist(forge_dist *d) {
+    if (forge_dist_world(d) == 1) return FORGE_OK;
+    error = name + ": this backend cannot run collectives across " + std::to_string(forge_dist_world(d)) +
+            " ranks (the CUDA backend with NCCL can)";
+    return FORGE_ERR_UNSUPPORTED;
+}
+
+forge_status forge_backend_set_dist(forge_backend *be, forge_dist *d) { return be ? be->set_dist(d) : FORGE_ERR_INVALID_ARG; }
+void forge_backend_set_collectives(forge_backend *be, int on) {
+    if (be) be->collectives = on != 0;
+}
 
 void forge_backend_free(forge_backend *be) {
     if (!be) return;

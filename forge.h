@@ -82,7 +82,9 @@ enum {
     FORGE_FLAG_INPUT = 1,  /* set from the host before each run; never shares memory */
     FORGE_FLAG_OUTPUT = 2, /* read by the host after a run; never shares memory */
     FORGE_FLAG_PARAM = 4,  /* trainable: gets a gradient and an optimizer state */
-    FORGE_FLAG_LOSS = 8    /* the scalar that autograd differentiates */
+    FORGE_FLAG_LOSS = 8,   /* the scalar that autograd differentiates */
+    FORGE_FLAG_RECOMPUTE = 16 /* the backward pass recomputes this node from its sources instead of
+                                 keeping it alive from the forward (cheap ops: a GLU, an RMSNorm) */
 };
 
 /* Every op of the engine, forward and backward. See forge-impl.h for each op's exact contract. */
@@ -127,6 +129,8 @@ typedef enum {
     FORGE_OP_CROSS_ENTROPY,
     /* adamw */
     FORGE_OP_ADAMW,
+    /* collective */
+    FORGE_OP_ALLREDUCE,      /* sums a bucket of tensors in place across the ranks of a communicator */
     FORGE_OP_COUNT
 } forge_op;
 
@@ -345,6 +349,50 @@ FORGE_API size_t forge_graph_arena_bytes(const forge_graph *g, forge_arena arena
 FORGE_API forge_status forge_graph_check_plan(const forge_graph *g);
 /* Number of nodes that the plan runs in place (a result sharing its source's memory). */
 FORGE_API int forge_graph_n_inplace(const forge_graph *g);
+
+/* ---- several GPUs: data-parallel training over NCCL (docs/multi-gpu.md) -------------------
+ *
+ * One process per GPU. Every rank builds the same training graph; forge_graph_build_allreduce
+ * inserts ALLREDUCE nodes that sum the PARAM gradients (and chosen extras such as the loss) in
+ * buckets across the ranks, each as soon as the backward pass has finished its gradients, on a
+ * second stream inside the step's CUDA graph. The ranks exchange the communicator's id over a
+ * rendezvous of their own (./finetune uses models/dist.h); forge only joins and uses it.
+ */
+typedef struct forge_dist forge_dist;
+#define FORGE_DIST_ID_BYTES 128
+
+/* NCCL's version code (22809 for 2.28.9), or 0 when forge was built without NCCL. */
+FORGE_API int forge_nccl_version(void);
+/* Makes a new communicator id (on one rank, which sends it to the others). */
+FORGE_API forge_status forge_dist_unique_id(unsigned char id[FORGE_DIST_ID_BYTES]);
+/* Joins the communicator `id` of `world` ranks as `rank` on CUDA device `device`; blocks until
+   every rank has joined. On failure *out is NULL and forge_dist_error() says why. */
+FORGE_API forge_status forge_dist_new(const unsigned char id[FORGE_DIST_ID_BYTES], int rank, int world, int device, forge_dist **out);
+/* Aborts the communicator: a collective waiting for a lost rank returns. Callable from another
+   thread (a watchdog); the process should exit afterwards. */
+FORGE_API void forge_dist_abort(forge_dist *d);
+/* Frees the communicator (NULL is allowed). Detach it from backends first. */
+FORGE_API void forge_dist_free(forge_dist *d);
+FORGE_API int forge_dist_rank(const forge_dist *d);  /* 0 for NULL */
+FORGE_API int forge_dist_world(const forge_dist *d); /* 1 for NULL */
+/* The message of the calling thread's last failed forge_dist_* call ("" if none). */
+FORGE_API const char *forge_dist_error(void);
+
+/* Inserts the gradient all-reduce into a graph of `world` ranks, after forge_graph_build_backward
+   and before forge_graph_build_adamw: every PARAM gradient's accumulation moves to right after
+   its contribution, the gradients are grouped in the order the backward completes them into
+   buckets of about bucket_bytes, and each bucket's ALLREDUCE node follows the node that completes
+   its last gradient, so the reduction overlaps the rest of the backward. extra[0..n_extra-1] (F32
+   tensors of the graph, e.g. the loss) join the last bucket and become OUTPUT. world 1 adds
+   nothing. The AdamW node then reads summed gradients: make the loss a sum over the ranks (its
+   count the global number of targets), so the sum is the gradient of the global batch. */
+FORGE_API forge_status forge_graph_build_allreduce(forge_graph *g, int world, size_t bucket_bytes, forge_tensor **extra, int n_extra);
+/* Gives a backend the communicator its ALLREDUCE nodes use (NULL detaches). The CUDA backend
+   only (with NCCL); a communicator of one rank is accepted everywhere and changes nothing. */
+FORGE_API forge_status forge_backend_set_dist(forge_backend *be, forge_dist *d);
+/* Whether ALLREDUCE nodes run (1, the default) or are skipped (0): gradient accumulation reduces
+   only on its last micro-batch. The CUDA backend keeps one captured step per setting. */
+FORGE_API void forge_backend_set_collectives(forge_backend *be, int on);
 
 /* ---- models: the API for programs that embed forge (models/capi.cpp) ----------------------
  *

@@ -33,6 +33,8 @@
 // FLOPs (GEMM-bound kernels, reported as TFLOP/s):
 //   linear          fwd 2 N K M                    bwd 2 N K M (dX; the base weight is frozen)
 //   lora (R = blocks r)  fwd 2 N (K M + K R + r M)  bwd 2 N (M K + 2 K R + 2 r M)
+//                   (bwd: dX, dA + dX's low-rank term, du + dB; u = x A^T is the forward's
+//                   saved res[1], which the forward writes and LORA_BACK reads: not recomputed)
 //   attention       fwd 2 B Hq D T (T+1) (causal)  bwd 2.5 x fwd
 //   cross_entropy   fwd 2 N C V                    fwd+bwd 4 N C V (loss and dH in one pass)
 // The fraction of ceiling compares GB/s with the copy bandwidth - a plain kernel copying 1 GiB,
@@ -243,7 +245,9 @@ static Case linear_case(const std::string &shape, int64_t K, int64_t M, int64_t 
 }
 
 // LoRA over 1..3 concatenated blocks (q/k/v, gate/up); unfused, one PEFT-style projection per
-// block: linear(x, W_i) + scale * matmul(matmul(x, A_i^T), B_i^T).
+// block: linear(x, W_i) + scale * matmul(matmul(x, A_i^T), B_i^T). The fused graph has a
+// backward, so its LORA saves u (res[1], kept alive like every timed node's results): "fwd"
+// includes writing u, "bwd" (LORA_BACK) reads it instead of recomputing it.
 static Case lora_case(const char *kernel, const std::string &shape, int64_t K, std::vector<int64_t> rows, int64_t r, int64_t N, float scale) {
     Case c{kernel, shape};
     c.bound = GEMM;

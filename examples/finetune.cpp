@@ -12,16 +12,27 @@
 // the curve to loss.svg. Checkpoints (adapter in both formats + optimizer state + data cursor)
 // are written to a temporary directory and renamed; --resume continues one bit for bit.
 //
+// Several GPUs (forge-run -n N ./finetune ..., or torchrun / srun / mpirun; docs/multi-gpu.md):
+// one process per GPU, cuda:LOCAL_RANK. Every rank reads the same row stream; micro-batch j of a
+// step is a global batch of world x batch rows, of which rank R takes rows [R*batch, (R+1)*batch),
+// and the count the loss divides by is the global target count, which every rank computes from
+// the global batch on the host. The graph all-reduces the LoRA gradients in buckets (and the
+// loss: ranks log the same loss and take the same AdamW step) on the last micro-batch. Rank 0
+// alone evaluates and writes metrics, checkpoints and adapters; other ranks print only errors. A
+// rank that fails tells the others (models/dist.h), whose watchdog aborts NCCL and exits.
+//
 // Exit status: 0 done, 1 an error in the inputs or while running, 2 a bad command line,
 // 3 out of memory, 4 a non-finite loss.
 #include "../forge.h"
 #include "../models/adapter.h"
 #include "../models/config.h"
 #include "../models/data.h"
+#include "../models/dist.h"
 #include "../models/gguf-model.h"
 #include "../models/safetensors.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -29,6 +40,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <csignal>
 #include <cstring>
 #include <dirent.h>
 #include <memory>
@@ -43,17 +55,40 @@ namespace {
 
 enum Exit { kOk = 0, kError = 1, kUsage = 2, kOom = 3, kNonFinite = 4 };
 
+// This process's place in a data-parallel run (world 1: the only process).
+struct Dist {
+    DistEnv env;
+    DistLink link;                       // the other ranks: rendezvous and liveness
+    std::atomic<forge_dist *> comm{nullptr};
+    bool on() const { return env.world > 1; }
+} g_dist;
+
+// An error: printed (naming the rank when there are several) and sent to the other ranks, whose
+// watchdogs stop them.
 [[noreturn]] void die(int code, const char *fmt, ...) {
+    char msg[4096];
     va_list ap;
     va_start(ap, fmt);
-    std::fprintf(stderr, "finetune: error: ");
-    std::vfprintf(stderr, fmt, ap);
-    std::fprintf(stderr, "\n");
+    std::vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (g_dist.on()) std::fprintf(stderr, "finetune: rank %d: error: %s\n", g_dist.env.rank, msg);
+    else std::fprintf(stderr, "finetune: error: %s\n", msg);
+    g_dist.link.fail(msg);
     std::exit(code);
 }
 
+// Another rank failed or vanished (called by the watchdog thread): abort NCCL, so that a step
+// waiting for that rank returns, and exit; SIGALRM ends it should the abort itself hang.
+void on_peer_failure(const std::string &what) {
+    std::fprintf(stderr, "finetune: rank %d: %s; stopping\n", g_dist.env.rank, what.c_str());
+    std::signal(SIGALRM, [](int) { _exit(kError); });
+    alarm(10);
+    forge_dist_abort(g_dist.comm.load());
+    _exit(kError);
+}
+
 void info(const char *fmt, ...) {
+    if (g_dist.env.rank != 0) return; // other ranks print errors only
     va_list ap;
     va_start(ap, fmt);
     std::vfprintf(stderr, fmt, ap);
@@ -102,7 +137,8 @@ const char *kUsageText =
     "  --steps N              optimizer steps (overrides --epochs)\n"
     "  --seed N               data order and LoRA initialisation (default 42)\n"
     "  --eval-every N         eval every N steps (default: 10 times per run; 0: at the end only)\n"
-    "  --recompute            activation checkpointing (not available yet: the engine lacks it)\n"
+    "  --recompute            recompute each MLP's activation in the backward pass instead of keeping\n"
+    "                         it: less memory (ffn x tokens per layer), a little more time\n"
     "\n"
     "output:\n"
     "  --out DIR              run directory (default runs/<model>-lora): adapter files, metrics.jsonl,\n"
@@ -120,6 +156,10 @@ const char *kUsageText =
     "  --dtype T              frozen weights and activations: bf16 (default on cuda) or f32 (on cpu)\n"
     "  --threads N            CPU threads (default: all cores)\n"
     "\n"
+    "several GPUs (one process each: forge-run -n N ./finetune ..., torchrun, srun or mpirun):\n"
+    "  --bucket-mb F          gradient all-reduce bucket size in MiB (default 4); every rank runs\n"
+    "                         --batch rows per micro-batch, so a step has ranks x grad-accum x batch rows\n"
+    "\n"
     "  -h, --help             this text;  --version  forge's version\n"
     "\n"
     "exit status: 0 done, 1 bad input or a failure while running, 2 bad command line,\n"
@@ -133,8 +173,9 @@ struct Options {
     double eval_split = 0.05, lr = 2e-4, weight_decay = 0.0, clip = 1.0, epochs = 1.0, lora_alpha = 32.0;
     int64_t seq_len = 1024, batch = 4, grad_accum = 1, steps = 0, warmup = -1, seed = 42, eval_every = -1;
     int64_t save_every = 0, log_every = 0, lora_r = 16, threads = 0;
+    double bucket_mb = 4.0;
     std::string lora_targets = "q,k,v,o,gate,up,down";
-    bool rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false;
+    bool recompute = false, rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false;
 };
 
 int64_t parse_int(const std::string &opt, const char *s, int64_t lo) {
@@ -202,8 +243,8 @@ Options parse_args(int argc, char **argv) {
         else if (a == "--device") o.device = val();
         else if (a == "--dtype") o.dtype = val();
         else if (a == "--threads") o.threads = parse_int(a, val(), 0);
-        else if (a == "--recompute")
-            die(kUsage, "--recompute: activation checkpointing is not implemented in the engine yet; lower --batch or --seq-len instead");
+        else if (a == "--bucket-mb") o.bucket_mb = parse_num(a, val(), 0.0, false);
+        else if (a == "--recompute") o.recompute = true;
         else if (a == "--merge") die(kUsage, "--merge: writing the merged base is not implemented yet; the adapter is written as PEFT and GGUF");
         else die(kUsage, "unknown option '%s' (see --help)", a.c_str());
     }
@@ -637,6 +678,7 @@ struct Run {
     Graph tg{}, eg{};
     forge_graph *g = nullptr, *ge = nullptr;
     forge_tensor *hyper = nullptr, *adam = nullptr;
+    forge_tensor *loss_prev = nullptr, *loss_total = nullptr; // several ranks: see build()
     Metrics metrics;
     std::string last_ckpt;
     size_t mem_bytes = 0;
@@ -646,6 +688,32 @@ struct Run {
         die(kError, "%s: %s", what, e ? e : forge_backend_error(be));
     }
 };
+
+// Several ranks: the rendezvous (rank 0 makes the NCCL id and hands it out), the watchdog, then
+// the communicator on cuda:LOCAL_RANK. Nothing happens for one rank.
+void setup_dist(Options &o) {
+    std::string err;
+    if (!dist_env_read(&g_dist.env, &err)) die(kUsage, "%s", err.c_str());
+    const DistEnv &e = g_dist.env;
+    if (!g_dist.on()) return;
+    if (!forge_nccl_version())
+        die(kError, "%d ranks (%s): this forge was built without NCCL, so it trains on one GPU per run; rebuild with NCCL "
+                    "(-DNCCL_ROOT=DIR, or the nvidia-nccl-cu13 wheel; docs/multi-gpu.md)", e.world, e.launcher.c_str());
+    if (!o.device.empty() && o.device != "cuda")
+        die(kUsage, "--device %s: with %d ranks each rank uses cuda:LOCAL_RANK; leave --device out", o.device.c_str(), e.world);
+    const int n_gpu = forge_cuda_device_count();
+    if (e.local_rank >= n_gpu)
+        die(kError, "LOCAL_RANK=%d, but this host has %d CUDA device(s): start at most %d ranks per host", e.local_rank, n_gpu, n_gpu);
+    o.device = "cuda:" + std::to_string(e.local_rank);
+    std::string id(FORGE_DIST_ID_BYTES, '\0');
+    if (e.rank == 0 && forge_dist_unique_id((unsigned char *)&id[0]) != FORGE_OK) die(kError, "%s", forge_dist_error());
+    if (!g_dist.link.join(e, &id, 60, &err)) die(kError, "%s", err.c_str());
+    g_dist.link.watch(on_peer_failure); // from here on, a rank that fails or vanishes stops the others
+    forge_dist *d = nullptr;
+    if (id.size() != FORGE_DIST_ID_BYTES || forge_dist_new((const unsigned char *)id.data(), e.rank, e.world, e.local_rank, &d) != FORGE_OK)
+        die(kError, "%s", forge_dist_error());
+    g_dist.comm = d;
+}
 
 void setup_device(Run &r) {
     const Options &o = r.o;
@@ -668,6 +736,7 @@ void setup_device(Run &r) {
         if (!r.be) die(kError, "--device %s: the CUDA backend could not start", dev.c_str());
         r.device_name = "cuda:" + std::to_string(idx) + why;
         r.dtype = o.dtype == "f32" ? FORGE_TYPE_F32 : FORGE_TYPE_BF16;
+        if (forge_backend_set_dist(r.be, g_dist.comm) != FORGE_OK) die(kError, "%s", forge_backend_error(r.be));
     } else {
         die(kUsage, "--device: '%s' is not cpu, cuda or cuda:N", dev.c_str());
     }
@@ -730,7 +799,7 @@ std::string config_json(const Run &r) {
     c.set("lr", o.lr), c.set("warmup", r.warmup), c.set("schedule", "linear warm-up, cosine to 0");
     c.set("weight_decay", o.weight_decay), c.set("clip", o.clip), c.set("adam_beta1", 0.9), c.set("adam_beta2", 0.999), c.set("adam_eps", 1e-8);
     c.set("batch", o.batch), c.set("grad_accum", o.grad_accum), c.set("steps", r.total_steps), c.set("seed", o.seed);
-    c.set("dtype", forge_type_name(r.dtype)), c.set("device", r.device_name);
+    c.set("dtype", forge_type_name(r.dtype)), c.set("device", r.device_name), c.set("world_size", (int64_t)g_dist.env.world);
     c.set("eval_every", r.eval_every), c.set("save_every", o.save_every), c.set("forge_version", forge_version());
     return json::write(c, -1);
 }
@@ -740,6 +809,10 @@ void check_resume_config(const std::string &ckpt, const std::string &saved, cons
     json::Value a, b;
     std::string err;
     if (!json::parse(saved, &a, &err) || !json::parse(now, &b, &err)) die(kError, "%s: the saved configuration is unreadable: %s", ckpt.c_str(), err.c_str());
+    const int64_t saved_world = a["world_size"].get_int(1), world = b["world_size"].get_int(1); // older checkpoints: one rank
+    if (saved_world != world)
+        die(kError, "--resume %s: the checkpoint was trained on %lld rank(s), this run has %lld; resume with the same number of ranks "
+                    "(forge-run -n %lld)", ckpt.c_str(), (long long)saved_world, (long long)world, (long long)saved_world);
     for (const char *k : {"arch", "data_key", "eval_split", "text_split", "chat_template", "seq_len", "packing", "lora_r", "lora_alpha", "rslora",
                           "lora_targets", "lr", "warmup", "weight_decay", "clip", "batch", "grad_accum", "steps", "seed", "dtype"}) {
         if (a[k] == b[k]) continue;
@@ -769,12 +842,22 @@ void build(Run &r) {
     const Options &o = r.o;
     std::string err;
     model_add_lora(r.lm.m, lora_config(o, r.lm.m.cfg.arch_name));
+    r.lm.m.recompute = o.recompute;
     if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, true, false, &r.tg, &err)) die(kError, "building the training graph: %s", err.c_str());
     r.g = forge_graph_new(r.ctx);
     r.hyper = forge_tensor_set_flags(forge_tensor_set_name(forge_tensor_new_1d(r.ctx, FORGE_TYPE_F32, 8), "adamw.hyper"), FORGE_FLAG_INPUT);
-    if (forge_graph_build_forward(r.g, r.tg.loss) != FORGE_OK || forge_graph_build_backward(r.g, r.tg.loss) != FORGE_OK ||
-        !(r.adam = forge_graph_build_adamw(r.g, r.hyper)))
+    if (forge_graph_build_forward(r.g, r.tg.loss) != FORGE_OK || forge_graph_build_backward(r.g, r.tg.loss) != FORGE_OK)
         r.fail_forge("building the training graph");
+    if (g_dist.on()) {
+        // The step's loss on every rank: this rank's earlier micro-batches (loss_prev, set by the
+        // host) plus the last one, summed over the ranks with the last gradient bucket.
+        r.loss_prev = forge_tensor_set_flags(forge_tensor_set_name(forge_tensor_new_1d(r.ctx, FORGE_TYPE_F32, 1), "loss.prev"), FORGE_FLAG_INPUT);
+        r.loss_total = forge_tensor_set_name(forge_add(r.ctx, r.tg.loss, r.loss_prev), "loss.global");
+        if (forge_graph_build_forward(r.g, r.loss_total) != FORGE_OK ||
+            forge_graph_build_allreduce(r.g, g_dist.env.world, (size_t)(o.bucket_mb * 1048576.0), &r.loss_total, 1) != FORGE_OK)
+            r.fail_forge("building the gradient all-reduce");
+    }
+    if (!(r.adam = forge_graph_build_adamw(r.g, r.hyper))) r.fail_forge("building the training graph");
     forge_tensor_set_flags(r.adam, FORGE_FLAG_OUTPUT);
     if (!r.eval_rows.empty()) {
         if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, true, false, &r.eg, &err)) die(kError, "building the eval graph: %s", err.c_str());
@@ -791,7 +874,7 @@ void build(Run &r) {
             for (const auto &ws : r.lm.m.sources) weights += forge_tensor_nbytes(ws.first);
             die(kOom, "out of memory on %s: the plan needs about %s of frozen weights and %s of activations for %s batch %lld x %lld "
                       "tokens (%s). Try a smaller --batch (with --grad-accum to keep the step size) or --seq-len; "
-                      "--recompute is not available yet",
+                      "or --recompute",
                 r.device_name.c_str(), human_bytes((double)weights).c_str(),
                 human_bytes((double)forge_graph_arena_bytes(g, FORGE_ARENA_ACTIVATIONS)).c_str(), g == r.g ? "the training" : "the eval",
                 (long long)o.batch, (long long)o.seq_len, forge_ctx_error(r.ctx) ? forge_ctx_error(r.ctx) : "");
@@ -883,8 +966,15 @@ bool lora_finite(const Model &m) {
 
 // A NaN or infinity: stop, name the step, point at the last checkpoint saved before it (whose
 // weights were checked finite); the adapter files of the run directory are not written.
-[[noreturn]] void stop_non_finite(const Run &r, int64_t step, const char *what, bool open_line) {
+// With several ranks, a non-finite loss or gradient norm is the same on every rank (both are
+// reduced): each stops by itself (`together`), and only rank 0 says why.
+[[noreturn]] void stop_non_finite(const Run &r, int64_t step, const char *what, bool open_line, bool together) {
     if (open_line) info("\n");
+    if (together && g_dist.env.rank != 0) {
+        g_dist.link.done();
+        std::exit(kNonFinite);
+    }
+    if (together) g_dist.link.done();
     die(kNonFinite, "step %lld: %s; stopping. %s", (long long)step, what,
         r.last_ckpt.empty() ? "No checkpoint was saved before it (--save-every N saves them); no adapter was written."
                             : ("The last good checkpoint is " + r.last_ckpt + ": continue from it with --resume " + r.last_ckpt +
@@ -896,8 +986,11 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
     const int64_t T = o.seq_len, B = o.batch, K = o.grad_accum;
     const bool tty = isatty(2);
     const int64_t log_every = o.log_every ? o.log_every : std::max<int64_t>(1, r.total_steps / 100);
+    const int64_t W = g_dist.env.world, R = g_dist.env.rank;
     std::vector<HostBatch> mb((size_t)K);
     for (HostBatch &h : mb) h.resize(T * B);
+    HostBatch other; // another rank's row, filled only to count its targets and tokens
+    other.resize(T);
     RowStream stream((int64_t)r.train_rows.size(), (uint64_t)o.seed);
     std::string err, curve_title = "finetune " + o.model + " on " + o.data;
     auto write_curve = [&]() {
@@ -917,34 +1010,46 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
     }
     for (int64_t step = start_step + 1; step <= r.total_steps; step++) {
         auto t0 = std::chrono::steady_clock::now();
+        // micro-batch j is a global batch of W x B rows; this rank's are [R*B, (R+1)*B); targets
+        // and tokens count all of them (the loss divides by the global target count)
         int64_t targets = 0, tokens = 0;
         for (HostBatch &h : mb) {
             h.targets = h.tokens = 0;
-            for (int64_t b = 0; b < B; b++) {
-                const Row &row = r.train_rows[(size_t)stream.at(rows_done++)];
-                size_t at = (size_t)(b * T);
-                h.targets += data_fill_row(r.train_data, &row, T, r.pad_id, &h.ids[at], &h.pos[at], &h.doc[at], &h.labels[at]);
-                for (const Segment &s : row) h.tokens += s.len;
-            }
-            targets += h.targets, tokens += h.tokens;
+            for (int64_t w = 0; w < W; w++)
+                for (int64_t b = 0; b < B; b++) {
+                    const Row &row = r.train_rows[(size_t)stream.at(rows_done++)];
+                    HostBatch &dst = w == R ? h : other;
+                    const size_t at = w == R ? (size_t)(b * T) : 0;
+                    const int64_t n = data_fill_row(r.train_data, &row, T, r.pad_id, &dst.ids[at], &dst.pos[at], &dst.doc[at], &dst.labels[at]);
+                    int64_t len = 0;
+                    for (const Segment &s : row) len += s.len;
+                    targets += n, tokens += len;
+                    if (w == R) h.targets += n, h.tokens += len;
+                }
         }
         const double lr = lr_at(o, step, r.total_steps, r.warmup);
         double loss = 0;
         for (int64_t j = 0; j < K; j++) {
-            float hyper[8] = {(float)lr, 0.9f, 0.999f, 1e-8f, (float)o.weight_decay, (float)o.clip, (float)step, j == K - 1 ? 1.0f : 0.0f};
+            const bool last = j == K - 1;
+            float hyper[8] = {(float)lr, 0.9f, 0.999f, 1e-8f, (float)o.weight_decay, (float)o.clip, (float)step, last ? 1.0f : 0.0f};
             forge_tensor_set(r.hyper, hyper, 0, sizeof hyper);
             set_batch(r.tg.in, mb[(size_t)j], (float)std::max<int64_t>(1, targets));
+            if (g_dist.on()) { // reduce on the last micro-batch only, with this rank's earlier losses
+                forge_backend_set_collectives(r.be, last);
+                const float prev = (float)loss;
+                if (last && K > 1) forge_tensor_set(r.loss_prev, &prev, 0, 4);
+            }
             if (forge_backend_compute(r.be, r.g) != FORGE_OK) r.fail_forge(("step " + std::to_string(step)).c_str());
             float l;
-            forge_tensor_get_f32(r.tg.loss, &l, 1);
-            loss += l;
+            forge_tensor_get_f32(g_dist.on() && last ? r.loss_total : r.tg.loss, &l, 1);
+            loss = g_dist.on() && last ? l : loss + l;
         }
         float gn[2];
         forge_tensor_get_f32(r.adam, gn, 2);
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (!std::isfinite(loss) || !std::isfinite(gn[0])) {
             std::snprintf(line, sizeof line, "the loss is %g (gradient norm %g)", loss, (double)gn[0]);
-            stop_non_finite(r, step, line, open_line);
+            stop_non_finite(r, step, line, open_line, true);
         }
         if (step > start_step + 1 || r.total_steps == start_step + 1) elapsed += ms / 1000, timed_steps++; // the first step warms up
         tokens_total += tokens;
@@ -962,7 +1067,7 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
             last_eval = evaluate(r);
             if (!std::isfinite(last_eval)) {
                 std::snprintf(line, sizeof line, "the eval loss after the update is %g", last_eval);
-                stop_non_finite(r, step, line, open_line);
+                stop_non_finite(r, step, line, open_line, false);
             }
             std::snprintf(line, sizeof line, "{\"step\":%lld,\"eval_loss\":%.9g}", (long long)step, last_eval);
             r.metrics.add(line);
@@ -975,13 +1080,17 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
                       human_time(eta).c_str());
         if (tty) info("\r\x1b[K%s%s", line, do_eval ? "\n" : ""), open_line = !do_eval;
         else if (step % log_every == 0 || do_eval || step == r.total_steps) info("%s\n", line);
-        if ((o.save_every > 0 && step % o.save_every == 0) || step == r.total_steps) {
-            if (!lora_finite(r.lm.m)) stop_non_finite(r, step, "the LoRA weights are no longer finite after the update", open_line);
+        if (R == 0 && ((o.save_every > 0 && step % o.save_every == 0) || step == r.total_steps)) {
+            if (!lora_finite(r.lm.m)) stop_non_finite(r, step, "the LoRA weights are no longer finite after the update", open_line, false);
             save_checkpoint(r, step, rows_done);
         }
-        if (do_eval || step == r.total_steps || (o.save_every > 0 && step % o.save_every == 0)) write_curve();
+        if (R == 0 && (do_eval || step == r.total_steps || (o.save_every > 0 && step % o.save_every == 0))) write_curve();
     }
     if (open_line) info("\n");
+    if (R != 0) { // rank 0 writes the results
+        g_dist.link.done();
+        return;
+    }
     // the adapter in both formats at the top of the run directory
     if (!adapter_write_peft(r.lm.m, o.out, r.rm.base_name, &err) || !adapter_write_gguf(r.lm.m, o.out + "/adapter.gguf", &err))
         die(kError, "writing the adapter: %s", err.c_str());
@@ -1006,6 +1115,8 @@ int main(int argc, char **argv) {
     Run r;
     r.o = parse_args(argc, argv);
     Options &o = r.o;
+    setup_dist(o); // several ranks: meet the others first, so that any later error reaches them
+    const bool rank0 = g_dist.env.rank == 0;
     // the run directory (a resumed checkpoint's own run by default) and --resume's checkpoint
     r.rm = resolve_model(o.model);
     if (!o.base_model.empty()) r.rm.base_name = o.base_model;
@@ -1025,7 +1136,7 @@ int main(int argc, char **argv) {
         const std::string where = o.resume.empty() ? o.out : o.resume;
         ckpt = find_checkpoint(where);
         if (ckpt.empty()) die(kError, "--resume: no checkpoint in %s (a checkpoint-N directory with state.safetensors)", where.c_str());
-    } else if (is_file(o.out + "/metrics.jsonl") || !find_checkpoint(o.out).empty()) {
+    } else if (rank0 && (is_file(o.out + "/metrics.jsonl") || !find_checkpoint(o.out).empty())) {
         die(kError, "--out %s already holds a run; continue it with --resume or choose another --out", o.out.c_str());
     }
 
@@ -1037,6 +1148,11 @@ int main(int argc, char **argv) {
     info("finetune (forge %s)\nmodel   %s: %s, %lld layers, hidden %lld, vocab %lld, %s weights; loaded in %s\ndevice  %s\n", forge_version(),
          r.rm.path.c_str(), c.arch_name.c_str(), (long long)c.n_layer, (long long)c.hidden, (long long)c.vocab, forge_type_name(r.dtype),
          human_time(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()).c_str(), r.device_name.c_str());
+    if (g_dist.on()) {
+        const int v = forge_nccl_version();
+        info("dist    rank 0 of %d (%s), NCCL %d.%d.%d, bucket %s\n", g_dist.env.world, g_dist.env.launcher.c_str(), v / 10000, v / 100 % 100, v % 100,
+             human_bytes(o.bucket_mb * 1048576.0).c_str());
+    }
     if (r.lm.max_positions > 0 && o.seq_len > r.lm.max_positions)
         die(kError, "--seq-len %lld is larger than the model allows (%lld positions: %s of %s)", (long long)o.seq_len,
             (long long)r.lm.max_positions, r.lm.max_positions_key.c_str(), o.model.c_str());
@@ -1044,8 +1160,9 @@ int main(int argc, char **argv) {
     const TokenizerSpec &ts = r.lm.tok.spec();
     r.pad_id = ts.pad >= 0 ? ts.pad : ts.eos >= 0 ? ts.eos : 0;
     setup_data(r);
+    if (!rank0) r.eval_rows.clear(); // rank 0 alone evaluates
 
-    const int64_t per_step = o.batch * o.grad_accum, n_rows = (int64_t)r.train_rows.size();
+    const int64_t per_step = g_dist.env.world * o.batch * o.grad_accum, n_rows = (int64_t)r.train_rows.size();
     r.total_steps = o.steps ? o.steps : std::max<int64_t>(1, (int64_t)std::ceil(o.epochs * (double)n_rows / (double)per_step));
     r.warmup = o.warmup >= 0 ? std::min(o.warmup, r.total_steps) : (int64_t)std::llround(0.03 * (double)r.total_steps);
     r.eval_every = o.eval_every >= 0 ? o.eval_every : std::max<int64_t>(1, r.total_steps / 10);
@@ -1057,8 +1174,9 @@ int main(int argc, char **argv) {
     for (const std::string &t : lora_target_modules(lc)) targets += (targets.empty() ? "" : ",") + t.substr(0, t.size() - 5);
     info("lora    r %d, alpha %g%s (scale %g) on %s: %.2f M parameters\n", lc.r, (double)lc.alpha, lc.rslora ? ", rsLoRA" : "", (double)lc.scale(),
          targets.c_str(), (double)n_lora / 1e6);
-    info("train   %lld steps (%.2f epochs of %lld rows), %lld x %lld rows of %lld tokens per step, lr %g, warm-up %lld then cosine, seed %lld\n",
-         (long long)r.total_steps, (double)(r.total_steps * per_step) / (double)n_rows, (long long)n_rows, (long long)o.grad_accum,
+    info("train   %lld steps (%.2f epochs of %lld rows), %s%lld x %lld rows of %lld tokens per step, lr %g, warm-up %lld then cosine, seed %lld\n",
+         (long long)r.total_steps, (double)(r.total_steps * per_step) / (double)n_rows, (long long)n_rows,
+         g_dist.on() ? (std::to_string(g_dist.env.world) + " ranks x ").c_str() : "", (long long)o.grad_accum,
          (long long)o.batch, (long long)o.seq_len, o.lr, (long long)r.warmup, (long long)o.seed);
 
     int64_t start_step = 0, rows_done = 0;
@@ -1078,16 +1196,20 @@ int main(int argc, char **argv) {
     } else {
         model_init_lora(r.lm.m, (uint64_t)o.seed);
     }
-    if (!make_dirs(o.out)) die(kError, "--out %s: cannot create the directory: %s", o.out.c_str(), std::strerror(errno));
-    json::Value args;
-    json::parse(cfg, &args, &err);
-    if (!json::write_file(o.out + "/training_args.json", args, &err) || !write_atomic(o.out + "/metrics.jsonl", r.metrics.text(), &err))
-        die(kError, "%s", err.c_str());
-    r.metrics.f = std::fopen((o.out + "/metrics.jsonl").c_str(), "ab");
-    if (!r.metrics.f) die(kError, "%s/metrics.jsonl: %s", o.out.c_str(), std::strerror(errno));
+    if (rank0) { // the run directory is rank 0's
+        if (!make_dirs(o.out)) die(kError, "--out %s: cannot create the directory: %s", o.out.c_str(), std::strerror(errno));
+        json::Value args;
+        json::parse(cfg, &args, &err);
+        if (!json::write_file(o.out + "/training_args.json", args, &err) || !write_atomic(o.out + "/metrics.jsonl", r.metrics.text(), &err))
+            die(kError, "%s", err.c_str());
+        r.metrics.f = std::fopen((o.out + "/metrics.jsonl").c_str(), "ab");
+        if (!r.metrics.f) die(kError, "%s/metrics.jsonl: %s", o.out.c_str(), std::strerror(errno));
+    }
     train(r, start_step, rows_done);
-    std::fclose(r.metrics.f);
+    g_dist.link.done();
+    if (r.metrics.f) std::fclose(r.metrics.f);
     forge_backend_free(r.be);
+    forge_dist_free(g_dist.comm.load());
     forge_ctx_free(r.ctx);
     return kOk;
 }

@@ -27,11 +27,12 @@ struct CpuBackend final : forge_backend {
     using work_fn = size_t (*)(const forge_tensor *, int);
     static constexpr kernel_fn kernels[FORGE_FAMILY_COUNT] = {
         nullptr, forge_cpu_elementwise, forge_cpu_embedding, forge_cpu_rmsnorm, forge_cpu_rope, forge_cpu_glu,
-        forge_cpu_linear, forge_cpu_lora, forge_cpu_attention, forge_cpu_cross_entropy, forge_cpu_adamw,
+        forge_cpu_linear, forge_cpu_lora, forge_cpu_attention, forge_cpu_cross_entropy, forge_cpu_adamw, forge_cpu_collective,
     };
     static constexpr work_fn works[FORGE_FAMILY_COUNT] = {
         nullptr, forge_cpu_elementwise_work, forge_cpu_embedding_work, forge_cpu_rmsnorm_work, forge_cpu_rope_work, forge_cpu_glu_work,
         forge_cpu_linear_work, forge_cpu_lora_work, forge_cpu_attention_work, forge_cpu_cross_entropy_work, forge_cpu_adamw_work,
+        forge_cpu_collective_work,
     };
 
     forge_status prepare(forge_graph *g) override {
@@ -59,6 +60,7 @@ struct CpuBackend final : forge_backend {
         for (forge_tensor *t : g->nodes) {
             forge_family f = forge_op_family(t->op);
             if (f == FORGE_FAMILY_NONE) continue; // leafs, views and results: nothing to run
+            if (f == FORGE_FAMILY_COLLECTIVE && !collectives) continue;
             kernels[f](t, &p);
             if (!err.empty()) {
                 error = std::string("cpu: ") + forge_op_name(t->op) + " (node " + forge_shape_str(t) + "): " + err;

@@ -85,6 +85,7 @@ FORGE_CPU_FAMILY(lora)        // LORA LORA_BACK
 FORGE_CPU_FAMILY(attention)   // ATTENTION ATTENTION_BACK
 FORGE_CPU_FAMILY(cross_entropy) // CROSS_ENTROPY
 FORGE_CPU_FAMILY(adamw)       // ADAMW
+FORGE_CPU_FAMILY(collective)  // ALLREDUCE (one rank only: the CPU has no communicator)
 
 // The blocked, multi-threaded GEMM shared by linear, lora and cross_entropy (in linear.cpp):
 // C[m][n] (+)= sum_k A(m, k) * B(k, n) in fp32, where A(m, k) is element a[m*lda + k] (ta = 0) or

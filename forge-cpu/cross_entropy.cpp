@@ -2,7 +2,8 @@
 // dW in one pass that never holds more than `chunk` rows of logits.
 //
 // The target tokens (label != ignore) are taken `chunk` at a time: their hidden rows are gathered
-// into fp32 scratch h_c, z = h_c W^T [n, V] comes from forge_cpu_gemm and is softcapped; each row
+// into fp32 scratch h_c, z = h_c W^T [n, V] comes from forge_cpu_gemm, is rounded to W's type (the
+// logits of a bf16 lm_head are bf16, as on the GPU and in HF) and softcapped; each row
 // gives its loss term logsumexp(z) - z[label] (summed in double, in token order) and is turned in
 // place into dz = (softmax(z) - onehot(label)) / count, times the softcap derivative 1 - (z/c)^2.
 // Then dH_c = dz W (scattered back to the tokens' rows of dH) and dW += dz^T h_c. Ignored tokens
@@ -59,8 +60,11 @@ void token_index(const forge_tensor *t, int64_t tok, int64_t *i) {
     i[2] = tok / (t->ne[1] * t->ne[2]);
 }
 
-// Turns one row of logits z[V] into dz in place; returns the row's loss term.
-double softmax_row(float *z, int64_t V, int32_t label, float cap, float inv_count) {
+// Turns one row of logits z[V] into dz in place; returns the row's loss term. The logits are
+// first rounded to zt, the lm_head's type (a bf16 lm_head gives bf16 logits, as on the GPU).
+double softmax_row(float *z, int64_t V, int32_t label, float cap, float inv_count, forge_type zt) {
+    if (zt != FORGE_TYPE_F32)
+        for (int64_t c = 0; c < V; c++) z[c] = forge_round_to(zt, z[c]);
     if (cap > 0.0f)
         for (int64_t c = 0; c < V; c++) z[c] = cap * std::tanh(z[c] / cap);
     float m = z[0];
@@ -128,7 +132,7 @@ void forge_cpu_cross_entropy(forge_tensor *node, const forge_cpu_params *p) {
         forge_cpu_gemm(n, V, C, sc.hc, FORGE_TYPE_F32, C, 0, w->data, w->type, ldw, 1, sc.z, V, 0, p->work, p->n_threads);
 #pragma omp parallel for num_threads(p->n_threads)
         for (int64_t r = 0; r < n; r++)
-            sc.loss[r] = softmax_row(sc.z + r * V, V, label_of(labels, sc.tok[r]), cap, 1.0f / cnt);
+            sc.loss[r] = softmax_row(sc.z + r * V, V, label_of(labels, sc.tok[r]), cap, 1.0f / cnt, w->type);
         for (int64_t r = 0; r < n; r++) loss += sc.loss[r];
 
         if (dH) {

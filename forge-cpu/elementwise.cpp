@@ -98,8 +98,8 @@ bool region_is_disjoint(const int64_t *ne, const int64_t *nb, int64_t es) {
 
 void acc_view(forge_tensor *node, const forge_cpu_params *p) {
     const forge_tensor *base = node->src[0], *v = node->src[1];
-    if (base) map2(node, base, nullptr, p->n_threads, [](float x, float) { return x; });
-    else std::memset(node->data, 0, (size_t)(node->ne[0] * node->ne[1] * node->ne[2] * node->ne[3]) * forge_type_size(node->type));
+    if (base && base->data != node->data) map2(node, base, nullptr, p->n_threads, [](float x, float) { return x; });
+    else if (!base) std::memset(node->data, 0, (size_t)(node->ne[0] * node->ne[1] * node->ne[2] * node->ne[3]) * forge_type_size(node->type));
     const int64_t *nb = node->op_l + 1;
     const bool disjoint = region_is_disjoint(v->ne, nb, (int64_t)forge_type_size(node->type));
     const int64_t n_rows = forge_cpu_rows(v);

@@ -6,9 +6,16 @@
 // the activation arena (the allocator never moves them), so the host copies new inputs there
 // before a replay. The only host synchronisation is at the end of a step, to read the device
 // error word (a bad token id or label) - never inside the step.
+//
+// Data parallelism: with a communicator attached (forge_backend_set_dist), ALLREDUCE nodes run on
+// a second stream (collective.cu) inside the same capture. A graph with collectives has two
+// captured steps, one with them on and one with them off (the micro-batches of gradient
+// accumulation before the last); the first run of the "on" step is not captured but launched
+// directly, because NCCL sets up its connections lazily, on a collective's first use.
 #include "cuda.cuh"
 
-#include <unordered_map>
+#include <map>
+#include <unordered_set>
 
 namespace {
 
@@ -16,11 +23,12 @@ using kernel_fn = void (*)(forge_tensor *, const forge_cuda_params *);
 using work_fn = size_t (*)(const forge_tensor *);
 constexpr kernel_fn kKernels[FORGE_FAMILY_COUNT] = {
     nullptr, forge_cuda_elementwise, forge_cuda_embedding, forge_cuda_rmsnorm, forge_cuda_rope, forge_cuda_glu,
-    forge_cuda_linear, forge_cuda_lora, forge_cuda_attention, forge_cuda_cross_entropy, forge_cuda_adamw,
+    forge_cuda_linear, forge_cuda_lora, forge_cuda_attention, forge_cuda_cross_entropy, forge_cuda_adamw, forge_cuda_collective,
 };
 constexpr work_fn kWorks[FORGE_FAMILY_COUNT] = {
     nullptr, forge_cuda_elementwise_work, forge_cuda_embedding_work, forge_cuda_rmsnorm_work, forge_cuda_rope_work, forge_cuda_glu_work,
     forge_cuda_linear_work, forge_cuda_lora_work, forge_cuda_attention_work, forge_cuda_cross_entropy_work, forge_cuda_adamw_work,
+    forge_cuda_collective_work,
 };
 constexpr size_t kLtWorkspace = 32u << 20; // cuBLASLt's recommendation for Hopper
 
@@ -37,7 +45,10 @@ struct CudaBackend final : forge_backend {
     cudaStream_t stream = nullptr;
     forge_cuda_params params{};
     bool capture = true;
-    std::unordered_map<const forge_graph *, cudaGraphExec_t> execs;
+    std::map<std::pair<const forge_graph *, bool>, cudaGraphExec_t> execs; // (graph, collectives run) -> its step
+    std::map<const forge_graph *, int> collective_world;                  // graphs with ALLREDUCE nodes -> their world size
+    std::unordered_set<const forge_graph *> nccl_warm;                      // graphs whose collectives have run once
+    forge_cuda_comm *comm = nullptr;
     int last_kernel_nodes = 0;
     int last_syncs = 0;
     int *host_error = nullptr; // pinned
@@ -45,6 +56,7 @@ struct CudaBackend final : forge_backend {
     ~CudaBackend() override {
         cudaSetDevice(device);
         for (auto &e : execs) cudaGraphExecDestroy(e.second);
+        forge_cuda_comm_free(comm);
         if (params.lt) cublasLtDestroy(params.lt);
         if (stream) cudaStreamDestroy(stream);
         if (host_error) cudaFreeHost(host_error);
@@ -95,16 +107,36 @@ struct CudaBackend final : forge_backend {
         FORGE_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
 
-    forge_status prepare(forge_graph *g) override {
-        auto it = execs.find(g); // a re-planned graph is captured again
-        if (it != execs.end()) {
-            cudaGraphExecDestroy(it->second);
-            execs.erase(it);
+    forge_status set_dist(forge_dist *d) override {
+        if (cudaSetDevice(device) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) return fail("set_dist", cudaGetLastError());
+        forge_cuda_comm_free(comm);
+        comm = nullptr;
+        params.comm = nullptr;
+        if (!d) return FORGE_OK;
+        std::string err;
+        if (!(comm = forge_cuda_comm_new(d, device, &err))) {
+            error = name + ": " + err;
+            return FORGE_ERR_INVALID_ARG;
         }
+        params.comm = comm;
+        return FORGE_OK;
+    }
+
+    forge_status prepare(forge_graph *g) override {
+        for (bool on : {false, true}) { // a re-planned graph is captured again
+            auto it = execs.find({g, on});
+            if (it != execs.end()) {
+                cudaGraphExecDestroy(it->second);
+                execs.erase(it);
+            }
+        }
+        collective_world.erase(g);
+        nccl_warm.erase(g);
         size_t need = 0;
         for (const forge_tensor *t : g->nodes) {
             forge_family f = forge_op_family(t->op);
             if (f != FORGE_FAMILY_NONE) need = std::max(need, kWorks[f](t));
+            if (t->op == FORGE_OP_ALLREDUCE) collective_world[g] = t->op_i[0];
         }
         if (need <= params.work_size) return FORGE_OK;
         void *w = backend_alloc(need);
@@ -124,19 +156,42 @@ struct CudaBackend final : forge_backend {
         return FORGE_ERR_RUNTIME;
     }
 
+    // An error of the comm stream's enqueueing (NCCL), as the step's error.
+    forge_status comm_status() {
+        std::string e = comm ? forge_cuda_comm_take_error(comm) : "";
+        if (e.empty()) return FORGE_OK;
+        error = name + ": " + e;
+        return FORGE_ERR_RUNTIME;
+    }
+
     forge_status compute(forge_graph *g) override {
         cudaError_t e;
         if ((e = cudaSetDevice(device)) != cudaSuccess) return fail("cudaSetDevice", e);
-        if (!capture) {
+        auto cw = collective_world.find(g);
+        const bool coll = cw != collective_world.end() && collectives;
+        if (coll && (!comm || forge_cuda_comm_world(comm) != cw->second)) {
+            error = name + ": the graph all-reduces across " + std::to_string(cw->second) + " ranks, but the backend has " +
+                    (comm ? "a communicator of " + std::to_string(forge_cuda_comm_world(comm)) + " ranks" : std::string("no communicator")) +
+                    " (forge_backend_set_dist)";
+            return FORGE_ERR_INVALID_ARG;
+        }
+        if (comm) forge_cuda_comm_enable(comm, coll);
+        if (!capture || (coll && !nccl_warm.count(g))) {
             launch_nodes(g);
             last_kernel_nodes = -1;
+            if (coll) nccl_warm.insert(g);
+            if (forge_status s = comm_status()) return s;
         } else {
-            auto it = execs.find(g);
+            auto it = execs.find({g, coll});
             if (it == execs.end()) {
                 cudaGraph_t graph;
                 if ((e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)) != cudaSuccess) return fail("begin capture", e);
                 launch_nodes(g);
                 if ((e = cudaStreamEndCapture(stream, &graph)) != cudaSuccess) return fail("capturing the step", e);
+                if (forge_status s = comm_status()) {
+                    cudaGraphDestroy(graph);
+                    return s;
+                }
                 cudaGraphExec_t exec;
                 e = cudaGraphInstantiate(&exec, graph, 0);
                 size_t n = 0;
@@ -144,7 +199,7 @@ struct CudaBackend final : forge_backend {
                 last_kernel_nodes = (int)n;
                 cudaGraphDestroy(graph);
                 if (e != cudaSuccess) return fail("instantiating the step's CUDA graph", e);
-                it = execs.emplace(g, exec).first;
+                it = execs.emplace(std::make_pair(g, coll), exec).first;
             }
             if ((e = cudaGraphLaunch(it->second, stream)) != cudaSuccess) return fail("launching the step's CUDA graph", e);
         }
@@ -172,14 +227,19 @@ void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p) {
 void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const forge_cuda_params *p) {
     const size_t n = nodes.size();
     for (size_t i = 0; i < n; i++) {
+        forge_cuda_comm_before(nodes[i], p); // wait for an all-reduce of memory this node touches
         // an ADD directly followed by the RMSNORM of its result (the residual stream of every
         // layer) runs as one fused kernel
-        if (nodes[i]->op == FORGE_OP_ADD && i + 1 < n && forge_cuda_add_rmsnorm(nodes[i], nodes[i + 1], p)) {
-            i++;
-            continue;
+        if (nodes[i]->op == FORGE_OP_ADD && i + 1 < n) {
+            forge_cuda_comm_before(nodes[i + 1], p);
+            if (forge_cuda_add_rmsnorm(nodes[i], nodes[i + 1], p)) {
+                i++;
+                continue;
+            }
         }
         forge_cuda_launch_node(nodes[i], p);
     }
+    forge_cuda_comm_join(p); // the step (or its capture) ends with every stream joined
 }
 
 int forge_cuda_backend_device_count(void) {

@@ -4,19 +4,20 @@
 // The tokens are taken in chunks of n = min(op_i[0], N) (ignored tokens included: their rows of
 // dLogits are zero, so they add nothing to dH's other rows or to dW, and get dH = 0 exactly). Per
 // chunk, on p->stream:
-//   1. z = h_c W^T [n, V] fp32 (forge_cuda_gemm, cuBLASLt) into the scratch;
+//   1. z = h_c W^T [n, V] in W's type (forge_cuda_gemm, cuBLASLt: fp32 accumulation, one rounding;
+//      a bf16 lm_head gives bf16 logits, as in HF) into the scratch;
 //   2. ce_rows, one block of 1024 threads per token row: pass 1 reads the row once (softcap
-//      c tanh(z/c), online max and sum of exp, 128-bit loads) and writes the token's loss term
-//      logsumexp(z) - z[label]; pass 2 reads it again and overwrites it in place with
-//      dz = (softmax(z) - onehot(label)) softcap'(z) / count in W's type (bf16 dz takes the first
-//      half of its own fp32 row, row stride 2V, so the scratch stays n x V fp32);
+//      c tanh(z/c), online max and sum of exp, 8- or 16-byte loads of 4 logits) and writes the
+//      token's loss term logsumexp(z) - z[label]; pass 2 reads it again and overwrites it in place
+//      with dz = (softmax(z) - onehot(label)) softcap'(z) / count, in the same type;
 //   3. dH_c = dz W (forge_cuda_gemm, written straight into dH when its type allows);
 //   4. dW (F32) = dz^T h_c, beta = 0 for the first chunk and 1 after.
 // Labels outside [0, V) that are not the ignore index set FORGE_CUDA_ERR_LABEL and are treated as
 // ignored. The loss terms (one per token, 0 when ignored) are summed at the end by one block in a
 // fixed order, in double: no atomics, deterministic.
-// Cost: the three GEMMs (6 n V C flop per chunk) dominate and run at cuBLASLt speed; ce_rows
-// moves 8V bytes read + 2V (bf16) or 4V (fp32) written per token, at memory bandwidth.
+// Cost: the three GEMMs (6 n V C flop per chunk) dominate and run at cuBLASLt speed; the logits
+// move 4 times per token (GEMM write, two reads, dz write): 8V bytes for bf16, at memory
+// bandwidth. Bf16 logits halve that traffic and the scratch against fp32 ones.
 // h is used in place when it has W's type and evenly strided rows; otherwise each chunk is first
 // gathered and converted to W's type (so a mixed-type h is rounded to W's type). W must have
 // contiguous rows (nb[0] = its element size), as on the CPU.
@@ -54,13 +55,28 @@ __device__ __forceinline__ void lse_combine(float &m, float &s, float m2, float 
     m = mn;
 }
 
-template <int VEC>
-__device__ __forceinline__ void load_vec(const float *p, float (&v)[VEC]) {
-    if constexpr (VEC == 4) {
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+// Two 16-bit values of one word (a in the low half) to fp32.
+__device__ __forceinline__ void unpack2(uint32_t w, __nv_bfloat16, float &a, float &b) {
+    a = __uint_as_float(w << 16), b = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack2(uint32_t w, __half, float &a, float &b) {
+    a = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))), b = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vec(const T *p, float (&v)[VEC]) {
+    if constexpr (VEC == 4 && sizeof(T) == 4) {
         const float4 f = *(const float4 *)p;
         v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else if constexpr (VEC == 4) { // two-byte types: one 8-byte load
+        const uint2 w = *(const uint2 *)p;
+        unpack2(w.x, T{}, v[0], v[1]);
+        unpack2(w.y, T{}, v[2], v[3]);
     } else {
-        v[0] = *p;
+        v[0] = to_f32(*p);
     }
 }
 // fp32 -> T, rounding to nearest even; pack2: two of them in one word (a in the low half).
@@ -88,16 +104,14 @@ __device__ __forceinline__ void store_vec(T *p, const float (&v)[VEC]) {
 }
 
 // One block per token row r of the chunk starting at token t0: loss term into loss[t0 + r], and
-// row r of z (fp32, V) turned into dz of type T in place (first V * sizeof(T) bytes of the row).
-// VEC = 4 needs V % 4 == 0.
+// row r of z (type T, V) turned into dz in place. VEC = 4 needs V % 4 == 0.
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kRowThreads) ce_rows(float *z, int64_t V, forge_cuda_view labels, int64_t t0, const float *count,
+__global__ void __launch_bounds__(kRowThreads) ce_rows(T *z, int64_t V, forge_cuda_view labels, int64_t t0, const float *count,
                                                        float cap, int ignore, float *loss, int *error) {
     __shared__ float red_m[32], red_s[32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t r = blockIdx.x, t = t0 + r;
-    float *zr = z + r * V;
-    T *dr = (T *)zr;
+    T *zr = z + r * V, *dr = zr;
     const int label = *(const int *)flat_ptr(labels, t);
     bool target = label != ignore;
     if (target && (label < 0 || label >= V)) {
@@ -112,13 +126,13 @@ __global__ void __launch_bounds__(kRowThreads) ce_rows(float *z, int64_t V, forg
         if (tid == 0) loss[t] = 0.0f;
         return;
     }
-    const float zl = softcap(zr[label], cap); // read before pass 2 overwrites the row
+    const float zl = softcap(to_f32(zr[label]), cap); // read before pass 2 overwrites the row
 
     // pass 1: max and sum of exp of the softcapped row
     float m = -INFINITY, s = 0.0f;
     for (int c = tid * VEC; c < nv; c += W) {
         float v[VEC];
-        load_vec<VEC>(zr + c, v);
+        load_vec<T, VEC>(zr + c, v);
         float mx = -INFINITY;
         for (int i = 0; i < VEC; i++) mx = fmaxf(mx, v[i] = softcap(v[i], cap));
         const float mn = fmaxf(m, mx);
@@ -139,14 +153,10 @@ __global__ void __launch_bounds__(kRowThreads) ce_rows(float *z, int64_t V, forg
     const float lse = red_m[0], inv_count = 1.0f / *count;
     if (tid == 0) loss[t] = lse - zl;
 
-    // pass 2: dz in place, one sweep at a time: a sweep's stores (bytes [sizeof(T) c0, ...)) only
-    // reach elements this or earlier sweeps have already read, once every thread has read.
-    for (int c0 = 0; c0 < nv; c0 += W) {
-        const int c = c0 + tid * VEC;
+    // pass 2: dz in place; each thread overwrites exactly the elements it has just read
+    for (int c = tid * VEC; c < nv; c += W) {
         float v[VEC];
-        if (c < nv) load_vec<VEC>(zr + c, v);
-        if (sizeof(T) < sizeof(float)) __syncthreads();
-        if (c >= nv) continue;
+        load_vec<T, VEC>(zr + c, v);
         for (int i = 0; i < VEC; i++) {
             const float x = softcap(v[i], cap);
             float g = __expf(x - lse) - (c + i == label ? 1.0f : 0.0f);
@@ -204,7 +214,7 @@ struct ce_plan {
         ldh = h_direct ? (int64_t)(h->nb[1] / es) : C;
         dh_direct = !dH || dH->type == ab || dH->type == FORGE_TYPE_F32;
         bytes = 0;
-        z_off = take((size_t)(chunk * V) * sizeof(float));
+        z_off = take((size_t)(chunk * V) * es);
         hc_off = h_direct ? 0 : take((size_t)(chunk * C) * es);
         dh_off = dh_direct ? 0 : take((size_t)(chunk * C) * sizeof(float));
         loss_off = take((size_t)N * sizeof(float));
@@ -232,7 +242,7 @@ forge_cuda_view scratch_view(void *data, forge_type type, int64_t C, int64_t n) 
 }
 
 template <typename T>
-void launch_rows(int64_t n, float *z, int64_t V, const forge_cuda_view &labels, int64_t t0, const float *count, float cap, int ignore,
+void launch_rows(int64_t n, T *z, int64_t V, const forge_cuda_view &labels, int64_t t0, const float *count, float cap, int ignore,
                  float *loss, const forge_cuda_params *p) {
     if (V % 4 == 0) ce_rows<T, 4><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, count, cap, ignore, loss, p->error);
     else ce_rows<T, 1><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, count, cap, ignore, loss, p->error);
@@ -246,11 +256,11 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
     const forge_tensor *dH = output(node, 1), *dW = output(node, 2);
     const ce_plan pl(node);
     char *work = (char *)p->work;
-    float *z = (float *)(work + pl.z_off), *loss = (float *)(work + pl.loss_off);
+    void *z = work + pl.z_off;
+    float *loss = (float *)(work + pl.loss_off);
     const float *cnt = (const float *)count->data;
     const forge_cuda_view hv = forge_cuda_view_of(h), lv = forge_cuda_view_of(labels);
     const size_t es = forge_type_size(pl.ab), hes = dH ? forge_type_size(dH->type) : 0;
-    const int64_t ldz = pl.V * (int64_t)sizeof(float) / (int64_t)es; // dz rows live in z's rows
 
     for (int64_t t0 = 0; t0 < pl.N; t0 += pl.chunk) {
         const int64_t n = std::min(pl.chunk, pl.N - t0);
@@ -260,16 +270,15 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
             FORGE_CUDA_CHECK(cudaGetLastError());
             hc = work + pl.hc_off;
         }
-        forge_cuda_gemm(p, n, pl.V, pl.C, hc, pl.ldh, 0, w->data, pl.ldw, 1, pl.ab, z, pl.V, FORGE_TYPE_F32, 1.0f, 0.0f, nullptr,
-                        FORGE_TYPE_F32);
+        forge_cuda_gemm(p, n, pl.V, pl.C, hc, pl.ldh, 0, w->data, pl.ldw, 1, pl.ab, z, pl.V, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
         switch (pl.ab) {
-        case FORGE_TYPE_BF16: launch_rows<__nv_bfloat16>(n, z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
-        case FORGE_TYPE_F16: launch_rows<__half>(n, z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
-        default: launch_rows<float>(n, z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
+        case FORGE_TYPE_BF16: launch_rows(n, (__nv_bfloat16 *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
+        case FORGE_TYPE_F16: launch_rows(n, (__half *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
+        default: launch_rows(n, (float *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
         }
         if (dH) {
             void *dst = pl.dh_direct ? (char *)dH->data + (size_t)(t0 * pl.C) * hes : work + pl.dh_off;
-            forge_cuda_gemm(p, n, pl.C, pl.V, z, ldz, 0, w->data, pl.ldw, 0, pl.ab, dst, pl.C, pl.dh_direct ? dH->type : FORGE_TYPE_F32,
+            forge_cuda_gemm(p, n, pl.C, pl.V, z, pl.V, 0, w->data, pl.ldw, 0, pl.ab, dst, pl.C, pl.dh_direct ? dH->type : FORGE_TYPE_F32,
                             1.0f, 0.0f, nullptr, FORGE_TYPE_F32);
             if (!pl.dh_direct) {
                 ce_copy_rows<<<(unsigned)n, 256, 0, p->stream>>>(scratch_view(dst, FORGE_TYPE_F32, pl.C, n), 0, forge_cuda_view_of(dH), t0,
@@ -278,7 +287,7 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
             }
         }
         if (dW)
-            forge_cuda_gemm(p, pl.V, pl.C, n, z, ldz, 1, hc, pl.ldh, 0, pl.ab, dW->data, pl.C, FORGE_TYPE_F32, 1.0f, t0 == 0 ? 0.0f : 1.0f,
+            forge_cuda_gemm(p, pl.V, pl.C, n, z, pl.V, 1, hc, pl.ldh, 0, pl.ab, dW->data, pl.C, FORGE_TYPE_F32, 1.0f, t0 == 0 ? 0.0f : 1.0f,
                             nullptr, FORGE_TYPE_F32);
     }
     ce_sum<<<1, 1024, 0, p->stream>>>(loss, pl.N, cnt, (float *)node->data);

@@ -19,6 +19,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+struct forge_cuda_comm; // collective.cu: the communicator, the comm stream and its events
+
 struct forge_cuda_params {
     cudaStream_t stream;
     cublasLtHandle_t lt;
@@ -28,6 +30,7 @@ struct forge_cuda_params {
     size_t work_size;
     int *error;             // device word: kernels set a nonzero FORGE_CUDA_ERR_* code on bad data
     int sm_count;
+    forge_cuda_comm *comm;  // ALLREDUCE's communicator and stream (NULL: none attached)
 };
 
 // Codes a kernel writes into *p->error (the first one wins); the backend reports them by name.
@@ -142,6 +145,21 @@ FORGE_CUDA_FAMILY(lora)        // LORA LORA_BACK
 FORGE_CUDA_FAMILY(attention)   // ATTENTION ATTENTION_BACK
 FORGE_CUDA_FAMILY(cross_entropy) // CROSS_ENTROPY
 FORGE_CUDA_FAMILY(adamw)       // ADAMW
+FORGE_CUDA_FAMILY(collective)  // ALLREDUCE (on the comm stream, see below)
+
+// Data parallelism (collective.cu). An ALLREDUCE node records an event on p->stream, makes the
+// comm stream wait for it, enqueues one NCCL group of in-place sums there and remembers which
+// memory is in flight. forge_cuda_comm_before makes p->stream wait for the comm stream before a
+// node that touches that memory; forge_cuda_comm_join before the end of a step (or a capture).
+// Streams and events are created once, when the communicator is attached.
+forge_cuda_comm *forge_cuda_comm_new(forge_dist *d, int device, std::string *err);
+void forge_cuda_comm_free(forge_cuda_comm *c);
+void forge_cuda_comm_enable(forge_cuda_comm *c, bool on); // false: ALLREDUCE nodes enqueue nothing
+int forge_cuda_comm_world(const forge_cuda_comm *c);
+void forge_cuda_comm_before(const forge_tensor *node, const forge_cuda_params *p);
+void forge_cuda_comm_join(const forge_cuda_params *p);
+// The first NCCL error since the last call ("" if none), then cleared.
+std::string forge_cuda_comm_take_error(forge_cuda_comm *c);
 
 // The fused residual add + RMSNorm (in rmsnorm.cu): an ADD node and the RMSNORM node that reads
 // it, run as one kernel writing both results, bitwise equal to running them one after the other.

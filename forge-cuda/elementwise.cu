@@ -11,7 +11,8 @@
 // through the byte strides. Grid-stride 1-D launch, 256 threads, up to 32 blocks per SM.
 // Traffic: one read of each source and one write of the destination (the bandwidth roofline).
 // In-place use (dst == src0) is safe: every element is read before the same thread writes it.
-// ACC_VIEW copies (or zeroes) the base, then adds the region in a second map; a region whose
+// ACC_VIEW copies (or zeroes) the base, then adds the region in a second map (in place, when the
+// planner gives it the base's memory, only the region is touched); a region whose
 // elements overlap (a view with overlapping rows) is added by one thread in the CPU's order.
 //
 // Reductions, deterministic (no float atomics; the partition depends only on the shape):
@@ -187,8 +188,8 @@ bool region_is_disjoint(const int64_t *ne, const int64_t *nb, int64_t es) {
 
 void acc_view(forge_tensor *node, const forge_cuda_params *p) {
     const forge_tensor *base = node->src[0], *v = node->src[1];
-    if (base) map<EW_COPY>(p, node->ne, operand_of(node, node->ne), operand_of(base, node->ne), operand{}, 0.0f);
-    else FORGE_CUDA_CHECK(cudaMemsetAsync(node->data, 0, forge_tensor_nbytes(node), p->stream));
+    if (base && base->data != node->data) map<EW_COPY>(p, node->ne, operand_of(node, node->ne), operand_of(base, node->ne), operand{}, 0.0f);
+    else if (!base) FORGE_CUDA_CHECK(cudaMemsetAsync(node->data, 0, forge_tensor_nbytes(node), p->stream));
     operand r{(char *)node->data + node->op_l[0], node->type, {node->op_l[1], node->op_l[2], node->op_l[3], node->op_l[4]}};
     const bool disjoint = region_is_disjoint(v->ne, r.nb, (int64_t)forge_type_size(node->type));
     map<EW_ADD>(p, v->ne, r, r, operand_of(v, v->ne), 0.0f, !disjoint);

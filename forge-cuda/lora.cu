@@ -6,13 +6,17 @@
 // or the largest operand's when they differ) with fp32 accumulation. One small prep kernel
 // casts A to T (Ac, R x K) and lays B out block-diagonally in T (Bd, M x R: row m holds B's row
 // m in the r columns of its block, zeros elsewhere), so every block's low-rank term is one GEMM:
-//     forward   u = x Ac^T                      (N x R, T)
+//     forward   u = x Ac^T                      (N x R, x's type: the node's res[1] when the
+//                                                graph has it - a training graph - else scratch)
 //               y = scale * u Bd^T              (depth R)
 //               y = x W^T + y + bias            (the base GEMM, beta = 1, bias in the epilogue)
-//     backward  u = scale * x Ac^T, du = scale * dy Bd
+//     backward  u = src5 (the forward's res[1]: read, not recomputed), du = scale * dy Bd
 //               dA = du^T x                     (F32 out, R x K)
-//               dB_blk = dy_blk^T u_blk         (F32 out, one GEMM per block)
+//               dB_blk = scale * dy_blk^T u_blk (F32 out, one GEMM per block)
 //               dX = du Ac, then dX = dy W + dX (beta = 1)
+// u is stored unscaled in x's type (the contract; T in every model whose x and W share a type).
+// When T differs (mixed x/W types) the forward rounds u to x's type first and reads that back as
+// T, so a forward computes the same y whether or not u is saved, and the backward sees that u.
 // The low-rank term is written first and the base GEMM accumulates onto it: the big GEMM is
 // compute-bound, so reading C in its epilogue hides behind its math, where a low-rank
 // accumulate after it would be a separate read-modify-write pass over y (80 MB at Qwen2.5
@@ -26,17 +30,21 @@
 // it (each block's rows of dB are their own product), so it is n_blocks GEMMs of depth N.
 //
 // Cost against the base GEMM alone (H200; a 4096-token micro-batch of Qwen2.5-0.5B, r = 16):
-// the forward adds the prep (~100 KB), u (one more read of x: 7 MB, 40 MB at down) and the
+// the forward adds the prep (~100 KB), u (one more read of x: 7 MB, 40 MB at down; its write,
+// N x R, is 0.1-0.4 MB, kept for the backward in a training graph) and the
 // write of the low-rank y (9 MB at q/k/v, 80 MB at gate/up), plus three launches. Expected:
 // ~1.25x at gate/up (the 80 MB write) and down (the 40 MB read of x), ~1.4x at q/k/v and o,
 // where the base GEMM takes only ~12-15 us and the three small launches cost ~2 us each. The
 // 1.15x target needs the low-rank product inside the base GEMM's mainloop (a K-concatenated
 // [x | u] [W | Bd]^T; as separate cuBLASLt calls that costs a copy of x and W per call, which is
-// more than it saves) - a custom GEMM, not cuBLASLt. The backward adds u, du (one more read of
-// dy), dA, dB (one more read of dy) and the low-rank dX to the base dX GEMM: expect ~1.4x at
-// gate/up (dy is 80 MB) and ~1.3-1.6x at the smaller shapes, for the same reasons.
+// more than it saves) - a custom GEMM, not cuBLASLt. The backward adds du (one more read of
+// dy), dA, dB (one more read of dy; u itself is the forward's, 0.1-0.4 MB, so the backward no
+// longer reads x for it: that recompute cost ~0.9 ms of a 34 ms Qwen2.5-0.5B step) and the
+// low-rank dX to the base dX GEMM: expect ~1.4x at gate/up (dy is 80 MB) and ~1.3x at the
+// smaller shapes, for the same reasons.
 // Precision: in a BF16 model Ac, Bd, u, du and the low-rank y are rounded to bf16 (the CPU keeps
-// them in fp32): a few bf16 roundings of the low-rank term only, well inside bf16 tolerance.
+// them in fp32 except u, which it rounds to x's type too, so both save and use the same u): a
+// few bf16 roundings of the low-rank term only, well inside bf16 tolerance.
 // F32 models are fp32 throughout. Deterministic: fixed cuBLASLt algorithms, no atomics.
 #include "cuda.cuh"
 
@@ -124,7 +132,35 @@ prepped prep(const forge_cuda_params *p, const lora_dims &d, char **scratch) {
 }
 
 size_t prep_work(const lora_dims &d) { return align_up((size_t)(d.R * d.K * type_size(d.T))) + align_up((size_t)(d.M * d.R * type_size(d.T))); }
-size_t rank_work(const lora_dims &d) { return align_up((size_t)(d.N * d.R * type_size(d.T))); } // u or du
+size_t rank_work(const lora_dims &d, forge_type t) { return align_up((size_t)(d.N * d.R * type_size(t))); } // N x R of type t
+
+// The node's output i when the graph gave it memory, else NULL.
+forge_tensor *output(const forge_tensor *node, int i) { return node->res[i] && node->res[i]->data ? node->res[i] : nullptr; }
+
+// Scratch of the forward's u: u itself (x's type) when it is not saved (counted always: a few
+// hundred KB), an F32 GEMM output when the GEMM cannot write x's type, a copy in T when x's
+// type is not T.
+size_t u_work(const lora_dims &d) {
+    const forge_type ut = d.x->type;
+    return rank_work(d, ut) + (forge_cuda_gemm_out_type(ut, d.T) != ut ? rank_work(d, FORGE_TYPE_F32) : 0) + (ut != d.T ? rank_work(d, d.T) : 0);
+}
+
+// u = x Ac^T, rounded to x's type ut and stored in res[1] (or scratch); returns u as a dense T
+// operand (ld R) for the low-rank GEMM: u itself when ut is T, else a converted copy.
+const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const char *ac,
+                      char **scratch) {
+    const forge_type ut = d.x->type, gt = forge_cuda_gemm_out_type(ut, d.T);
+    const int64_t une[4] = {d.R, d.N, 1, 1};
+    forge_tensor *u_t = output(node, 1);
+    void *u = u_t ? u_t->data : take(scratch, (size_t)(d.N * d.R * type_size(ut)));
+    void *uc = gt == ut ? u : take(scratch, (size_t)(d.N * d.R) * sizeof(float));
+    forge_cuda_gemm(p, d.N, d.R, d.K, x, ldx, 0, ac, d.K, 1, d.T, uc, d.R, gt, 1.0f, 0.0f, nullptr, d.T);
+    if (uc != u) forge_cuda_convert(p, forge_cuda_dense_view(uc, FORGE_TYPE_F32, une), u, ut);
+    if (ut == d.T) return u;
+    void *ut_copy = take(scratch, (size_t)(d.N * d.R * type_size(d.T)));
+    forge_cuda_convert(p, forge_cuda_dense_view(u, ut, une), ut_copy, d.T);
+    return ut_copy;
+}
 
 void lora_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d) {
     const forge_tensor *bias_t = node->n_src > 4 ? node->src[4] : nullptr;
@@ -134,10 +170,9 @@ void lora_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dim
     const void *x = forge_cuda_gemm_rows(p, d.x, T, &ldx, &scratch);
     const void *w = forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch);
     const prepped pr = prep(p, d, &scratch);
-    char *u = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
     void *y = ct == node->type ? node->data : take(&scratch, (size_t)(d.N * d.M) * sizeof(float));
     const void *bias = forge_cuda_gemm_bias(p, bias_t, ct, &scratch);
-    forge_cuda_gemm(p, d.N, d.R, d.K, x, ldx, 0, pr.ac, d.K, 1, T, u, d.R, T, 1.0f, 0.0f, nullptr, T);
+    const void *u = forward_u(node, p, d, x, ldx, pr.ac, &scratch);
     forge_cuda_gemm(p, d.N, d.M, d.R, u, d.R, 0, pr.bd, d.R, 1, T, y, d.M, ct, d.scale, 0.0f, nullptr, T);
     forge_cuda_gemm(p, d.N, d.M, d.K, x, ldx, 0, w, ldw, 1, T, y, d.M, ct, 1.0f, 1.0f, bias, ct);
     if (y != node->data) forge_cuda_convert(p, forge_cuda_dense_view(y, FORGE_TYPE_F32, node->ne), node->data, node->type);
@@ -147,21 +182,20 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     forge_tensor *dx_t = node->res[2];
     const forge_type T = d.T;
     char *scratch = (char *)p->work;
-    int64_t ldy, ldx, ldw;
+    int64_t ldy, ldx, ldw, ldu;
     const char *dy = (const char *)forge_cuda_gemm_rows(p, node->src[0], T, &ldy, &scratch);
     const void *x = forge_cuda_gemm_rows(p, d.x, T, &ldx, &scratch);
+    const char *u = (const char *)forge_cuda_gemm_rows(p, node->src[5], T, &ldu, &scratch); // the forward's x Ac^T
     const prepped pr = prep(p, d, &scratch);
-    char *u = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
     char *du = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
-    // u = scale x Ac^T; du = scale dy Bd
-    forge_cuda_gemm(p, d.N, d.R, d.K, x, ldx, 0, pr.ac, d.K, 1, T, u, d.R, T, d.scale, 0.0f, nullptr, T);
+    // du = scale dy Bd
     forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T);
-    // dA (R x K) = du^T x; dB (M x r) = dy^T u, one block at a time
+    // dA (R x K) = du^T x; dB (M x r) = scale dy^T u, one block at a time
     forge_cuda_gemm(p, d.R, d.K, d.N, du, d.R, 1, x, ldx, 0, T, node->data, d.K, FORGE_TYPE_F32, 1.0f, 0.0f, nullptr, T);
     float *dB = (float *)node->res[1]->data;
     for (int i = 0; i < d.blocks.n; i++)
         forge_cuda_gemm(p, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(T), ldy, 1, u + i * d.r * type_size(T),
-                        d.R, 0, T, dB + d.start[i] * d.r, d.r, FORGE_TYPE_F32, 1.0f, 0.0f, nullptr, T);
+                        ldu, 0, T, dB + d.start[i] * d.r, d.r, FORGE_TYPE_F32, d.scale, 0.0f, nullptr, T);
     if (!dx_t) return;
     // dX = du Ac, then dX = dy W + dX
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
@@ -176,14 +210,14 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
 
 size_t forge_cuda_lora_work(const forge_tensor *node) {
     const lora_dims d = dims_of(node);
-    size_t bytes = forge_cuda_gemm_rows_work(d.x, d.T) + prep_work(d) + rank_work(d);
+    size_t bytes = forge_cuda_gemm_rows_work(d.x, d.T) + prep_work(d);
     if (node->op == FORGE_OP_LORA) {
         const forge_type ct = forge_cuda_gemm_out_type(node->type, d.T);
         const forge_tensor *bias = node->n_src > 4 ? node->src[4] : nullptr;
         return bytes + forge_cuda_gemm_rows_work(d.w, d.T) + (ct != node->type ? align_up((size_t)(d.N * d.M) * sizeof(float)) : 0) +
-               forge_cuda_gemm_bias_work(bias, ct);
+               forge_cuda_gemm_bias_work(bias, ct) + u_work(d);
     }
-    bytes += forge_cuda_gemm_rows_work(node->src[0], d.T) + rank_work(d);
+    bytes += forge_cuda_gemm_rows_work(node->src[0], d.T) + forge_cuda_gemm_rows_work(node->src[5], d.T) + rank_work(d, d.T);
     const forge_tensor *dx = node->res[2];
     if (dx)
         bytes += forge_cuda_gemm_rows_work(d.w, d.T) +

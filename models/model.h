@@ -65,6 +65,8 @@ struct Model {
     bool has_lora = false;
     forge_ctx *ctx = nullptr;
     forge_type wtype = FORGE_TYPE_BF16; // frozen weights' type
+    bool recompute = false;             // the backward recomputes each MLP's GLU output instead of
+                                        // keeping it (ffn x tokens activations per layer)
     forge_tensor *tok_embd = nullptr, *output_norm = nullptr, *lm_head = nullptr;
     std::vector<Layer> layers;
     // host data for each weight, uploaded once the backend has given the tensors memory

@@ -146,9 +146,71 @@ static void test_training_graph() {
     forge_ctx_free(ctx);
 }
 
+// FORGE_FLAG_RECOMPUTE: a stack of MLP blocks h += lora(glu(lora(h))) with the GLU outputs marked
+// gives bitwise the same loss and gradients as without, runs one more GLU per block, and plans
+// less activation memory (the GLU outputs no longer live from the forward into the backward).
+struct RecomputeRun {
+    std::vector<float> loss, grads;
+    int n_glu = 0;
+    size_t act_bytes = 0;
+};
+
+static RecomputeRun recompute_run(bool recompute) {
+    const int64_t K = 24, F = 40, N = 64, r = 4, L = 3;
+    Rng rng(5);
+    forge_ctx *ctx = forge_ctx_new();
+    forge_tensor *h = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, N);
+    forge_tensor_set_flags(h, FORGE_FLAG_INPUT);
+    std::vector<forge_tensor *> leafs, params;
+    forge_tensor *x = h;
+    for (int l = 0; l < L; l++) {
+        forge_tensor *w1 = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, 2 * F), *w2 = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, F, K);
+        forge_tensor *a1 = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, 2 * r), *b1 = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, r, 2 * F);
+        forge_tensor *a2 = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, F, r), *b2 = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, r, K);
+        for (forge_tensor *p : {a1, b1, a2, b2}) forge_tensor_set_flags(p, FORGE_FLAG_PARAM), params.push_back(p);
+        for (forge_tensor *t : {w1, w2, a1, b1, a2, b2}) leafs.push_back(t);
+        const int64_t rows[2] = {F, F};
+        forge_tensor *f = forge_glu(ctx, forge_lora(ctx, x, w1, NULL, a1, b1, 0.5f, 2, rows), FORGE_GLU_SWIGLU);
+        if (recompute) forge_tensor_set_flags(f, FORGE_FLAG_RECOMPUTE);
+        x = forge_add(ctx, x, forge_lora(ctx, f, w2, NULL, a2, b2, 0.5f, 1, NULL));
+    }
+    forge_tensor *loss = forge_sum(ctx, forge_mul(ctx, x, x));
+    forge_graph *g = forge_graph_new(ctx);
+    REQUIRE_OK(forge_graph_build_forward(g, loss));
+    REQUIRE_OK(forge_graph_build_backward(g, loss));
+    forge_backend *be = forge_backend_cpu_new(1);
+    REQUIRE_OK(forge_backend_alloc_graph(be, g));
+    REQUIRE_OK(forge_graph_check_plan(g));
+    fill_random(h, rng);
+    for (forge_tensor *t : leafs) fill_random(t, rng, 0.3f);
+    REQUIRE_OK(forge_backend_compute(be, g));
+    RecomputeRun out;
+    out.loss = tensor_f32(loss);
+    for (forge_tensor *p : params) {
+        std::vector<float> gr = tensor_f32(forge_graph_grad(g, p));
+        out.grads.insert(out.grads.end(), gr.begin(), gr.end());
+    }
+    out.n_glu = forge_graph_count_op(g, FORGE_OP_GLU);
+    out.act_bytes = forge_graph_arena_bytes(g, FORGE_ARENA_ACTIVATIONS);
+    forge_backend_free(be);
+    forge_ctx_free(ctx);
+    return out;
+}
+
+static void test_recompute() {
+    const RecomputeRun keep = recompute_run(false), again = recompute_run(true);
+    CHECK(keep.loss == again.loss, "recompute changed the loss: %g vs %g", keep.loss[0], again.loss[0]);
+    CHECK(keep.grads == again.grads, "recompute changed the gradients");
+    CHECK(keep.n_glu == 3 && again.n_glu == 6, "GLU nodes: %d without recompute (want 3), %d with (want 6)", keep.n_glu, again.n_glu);
+    CHECK(again.act_bytes < keep.act_bytes, "recompute planned %zu activation bytes, not less than %zu", again.act_bytes, keep.act_bytes);
+    std::printf("recompute: activations %zu -> %zu bytes, GLU nodes %d -> %d, loss and gradients bitwise equal\n", keep.act_bytes,
+                again.act_bytes, keep.n_glu, again.n_glu);
+}
+
 int main() {
     test_chain_peak();
     test_checker_catches_overlap();
     test_training_graph();
+    test_recompute();
     return test_finish("test-alloc");
 }

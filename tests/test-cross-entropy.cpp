@@ -33,7 +33,8 @@ struct Naive {
     std::vector<float> dh, dw;
 };
 
-// The full [N, V] logits in double, then loss, dH = dz W and dW = dz^T h.
+// The full [N, V] logits in double (rounded to bf16 for a bf16 lm_head, as the op does), then
+// loss, dH = dz W and dW = dz^T h.
 Naive naive_ce(const Case &c, const std::vector<float> &h, const std::vector<float> &w, const std::vector<int32_t> &labels,
                float count) {
     const int64_t N = tokens(c), C = c.C, V = c.V;
@@ -47,6 +48,7 @@ Naive naive_ce(const Case &c, const std::vector<float> &h, const std::vector<flo
         for (int64_t v = 0; v < V; v++) {
             double s = 0;
             for (int64_t k = 0; k < C; k++) s += (double)h[(size_t)(t * C + k)] * w[(size_t)(v * C + k)];
+            if (c.type == FORGE_TYPE_BF16) s = bf16_round((float)s); // a bf16 lm_head gives bf16 logits
             z[(size_t)v] = c.cap > 0 ? c.cap * std::tanh(s / c.cap) : s;
             m = std::max(m, z[(size_t)v]);
         }

@@ -3,7 +3,10 @@
 // concatenated 3-block q/k/v form with a bias and the 2-block gate/up form at Qwen2.5-0.5B shapes,
 // Qwen3-0.6B and Gemma2-2B q/k/v, F32 (fp32 throughout: tight tolerance) and BF16; awkward
 // shapes (odd K, unequal tiny blocks, rank 3 and 5, 3-D x, one row); biases of the output's
-// type, F32 and F16; x as a strided slice of a wider tensor; mixed x/W types.
+// type, F32 and F16; x as a strided slice of a wider tensor; mixed x/W types. Then the saved
+// u = x A^T (the LORA's res[1], which LORA_BACK reads instead of recomputing it): CUDA's u
+// against the CPU's, u of x's type also when the GEMM type differs (mixed x/W), and the CUDA
+// forward-only graph (no u result) giving bitwise the training graph's y.
 #include "cuda-util.h"
 
 namespace {
@@ -35,6 +38,62 @@ void lora_case(const char *name, forge_type xt, forge_type wt, int bt, const Lor
         c.scales[b] = 0.5f / std::sqrt((float)s.r);
         return c;
     });
+}
+
+// The saved u of one LORA: built with a backward on the CPU and on CUDA (conf_setup), u compared
+// like an output; then a forward-only CUDA graph of the same case, which must have no u and
+// give bitwise the same y.
+void saved_u_case(const char *name, forge_type xt, forge_type wt, const LoraShape &s, float scale = 2.0f) {
+    int64_t M = 0;
+    for (int64_t rows : s.blocks) M += rows;
+    const int nb = (int)s.blocks.size();
+    auto build = [=](forge_ctx *ctx) {
+        ConfCase c;
+        forge_tensor *x = forge_tensor_new_3d(ctx, xt, s.K, s.T, s.B), *w = forge_tensor_new_2d(ctx, wt, s.K, M);
+        forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, s.K, s.r * nb), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, s.r, M);
+        c.y = forge_lora(ctx, x, w, nullptr, a, b, scale, nb, s.blocks.data());
+        c.params = {a, b};
+        c.scales[w] = c.scales[a] = 1.0f / std::sqrt((float)s.K);
+        c.scales[b] = 0.5f / std::sqrt((float)s.r);
+        return c;
+    };
+    const uint64_t seed = 12345;
+    ConfSide cpu, gpu, eval;
+    if (!conf_setup(cpu, build, forge_backend_cpu_new(0), seed) || !conf_setup(gpu, build, forge_backend_cuda_new(0), seed)) {
+        CHECK(false, "%s: setup failed", name);
+        return;
+    }
+    auto eval_build = [&](forge_ctx *ctx) {
+        ConfCase c = build(ctx);
+        c.params.clear(); // forward only
+        return c;
+    };
+    if (!conf_setup(eval, eval_build, forge_backend_cuda_new(0), seed)) {
+        CHECK(false, "%s: forward-only setup failed", name);
+        return;
+    }
+    if (forge_backend_compute(cpu.be, cpu.g) != FORGE_OK || forge_backend_compute(gpu.be, gpu.g) != FORGE_OK ||
+        forge_backend_compute(eval.be, eval.g) != FORGE_OK) {
+        CHECK(false, "%s: compute failed: %s %s", name, forge_ctx_error(gpu.ctx), forge_ctx_error(eval.ctx));
+        return;
+    }
+    const forge_tensor *uc = cpu.c.y->res[1], *ug = gpu.c.y->res[1];
+    if (!uc || !ug || !ug->data) {
+        CHECK(false, "%s: the training graph's LORA has no saved u", name);
+        return;
+    }
+    CHECK(ug->type == xt && uc->type == xt, "%s: u has x's type", name);
+    CHECK(eval.c.y->res[1] == nullptr, "%s: a forward-only graph has no u result", name);
+    int n_back = 0;
+    for (const forge_tensor *t : gpu.g->nodes)
+        if (t->op == FORGE_OP_LORA_BACK) n_back += t->n_src == 6 && t->src[5] == ug;
+    CHECK(n_back == 1, "%s: LORA_BACK reads the saved u", name);
+    double l2, mx;
+    conf_errors(tensor_f32(ug), tensor_f32(uc), &l2, &mx);
+    const double tol = xt == FORGE_TYPE_F32 && wt == FORGE_TYPE_F32 ? 2e-4 : 1.5e-2;
+    CHECK(l2 <= tol && mx <= 4 * tol, "%s: u: relative L2 error %.3e, max %.3e (tolerance %.1e)", name, l2, mx, tol);
+    CHECK(tensor_f32(gpu.c.y) == tensor_f32(eval.c.y), "%s: y differs between the training and the forward-only graph", name);
+    std::printf("%-8s %-52s u l2 %.2e max %.2e\n", l2 <= tol && mx <= 4 * tol ? "ok" : "FAIL", name, l2, mx);
 }
 
 } // namespace
@@ -79,5 +138,11 @@ int main() {
         c.scales[b] = 0.125f;
         return c;
     });
+    // the saved u
+    saved_u_case("saved u bf16 qwen2.5 q/k/v", BF16, BF16, qkv);
+    saved_u_case("saved u f32 77->[33,9,9] r5", F32, F32, odd);
+    saved_u_case("saved u bf16 x, f32 W (GEMM in bf16)", BF16, F32, {128, 8, {96}, 300, 1}, 0.5f);
+    saved_u_case("saved u bf16 x, f32 W (GEMM in f32)", BF16, F32, {128, 8, {96}, 3, 1}, 0.5f);
+    saved_u_case("saved u f32 x, bf16 W (GEMM in bf16)", F32, BF16, {128, 8, {96}, 3, 1}, 0.5f);
     return test_finish("test-cuda-lora");
 }

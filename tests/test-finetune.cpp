@@ -5,7 +5,8 @@
 //  * a 30-step run: the loss falls, the adapter is written in both formats, the GGUF adapter obeys
 //    every llama.cpp loader rule of formats.md 5.2 (and corrupt variants are refused), and a
 //    reloaded adapter (PEFT, GGUF, checkpoint) gives the logits the run computed;
-//  * --resume from a mid-run checkpoint reproduces the uninterrupted run's losses bit for bit;
+//  * --resume from a mid-run checkpoint (with --recompute) reproduces the uninterrupted run's
+//    losses bit for bit;
 //  * gradient accumulation matches one large batch; model names resolve through $FORGE_MODELS and
 //    the Hugging Face cache layout;
 //  * every bad input of the issue: its message and its exit status, and nothing half-written.
@@ -406,9 +407,10 @@ int main() {
     test_gguf_rules(run1 + "/adapter.gguf", mc, 16, 32.0f);
     test_reload(run1);
 
-    // --resume from step 10 continues bit for bit: the same losses, the same adapter bytes
+    // --resume from step 10 continues bit for bit: the same losses, the same adapter bytes (with
+    // --recompute, which must not change a single bit either)
     const std::string run2 = g_tmp + "/run2";
-    r = run(train + "--out " + run2 + " --resume " + run1 + "/checkpoint-10");
+    r = run(train + "--recompute --out " + run2 + " --resume " + run1 + "/checkpoint-10");
     CHECK(r.rc == 0 && has(r, "resume  " + run1 + "/checkpoint-10: step 10"), "resume: exit %d\n%s", r.rc, r.out.c_str());
     std::map<int64_t, double> loss2 = metric(run2 + "/metrics.jsonl", "loss"), eval2 = metric(run2 + "/metrics.jsonl", "eval_loss");
     bool same = loss2.size() == 30;
@@ -456,7 +458,6 @@ int main() {
     expect_fail("unknown target", common + "--data " + data + " --lora-targets q,k,v,fc1" + out, 2, {"qwen2 has no projection 'fc1'"});
     expect_fail("partial q/k/v", common + "--data " + data + " --lora-targets q,v" + out, 2, {"adapts all three or none"});
     expect_fail("gate without up", common + "--data " + data + " --lora-targets gate" + out, 2, {"adapts both or neither"});
-    expect_fail("recompute", common + "--data " + data + " --recompute" + out, 2, {"--recompute: activation checkpointing is not implemented"});
     expect_fail("bad number", common + "--data " + data + " --lr fast" + out, 2, {"--lr: 'fast' is not a number"});
     expect_fail("model name not found", "-m qwen2.5-0.5b --data " + data + out, 1,
                 {"model 'qwen2.5-0.5b' not found", g_tmp + "/nohome/.cache/huggingface/hub/models--*--qwen2.5-0.5b", "./models/qwen2.5-0.5b",

@@ -3,7 +3,11 @@
 // output, rounded once at the end) - then LORA_BACK through finite differences for x, A and B
 // (1 and 3 blocks, W frozen, the bias too), LORA_BACK on BF16 x and W with more rows than one
 // chunk against naive sums, and a check that the frozen W gets no gradient while x, A, B do.
+// The saved u = x A^T (the LORA's res[1], rounded to x's type): absent from a forward-only
+// graph; with a backward, planned, holding round(x A^T), read by LORA_BACK as src5, and the
+// forward's y bitwise the same as without it.
 #include "test-util.h"
+#include "../forge-impl.h"
 
 #include <cstring>
 
@@ -17,7 +21,7 @@ std::vector<float> rounded(std::vector<float> v, float (*round)(float)) {
 }
 
 // y[n][m] = x[n] . W[m] + bias[m] + scale * sum_j B[m][j] u[n][blk(m)*r + j], u[n][i] = x[n] . A[i]
-// (row-major: W and B have M rows, of K and r elements; A has R rows of K).
+// rounded like x (row-major: W and B have M rows, of K and r elements; A has R rows of K).
 std::vector<float> naive_lora(const std::vector<float> &x, const std::vector<float> &w, const std::vector<float> &bias,
                               const std::vector<float> &a, const std::vector<float> &b, int64_t K, int64_t M, int64_t r,
                               const std::vector<int64_t> &blocks, float scale, float (*round)(float)) {
@@ -27,6 +31,7 @@ std::vector<float> naive_lora(const std::vector<float> &x, const std::vector<flo
         std::vector<double> u((size_t)R);
         for (int64_t i = 0; i < R; i++)
             for (int64_t k = 0; k < K; k++) u[i] += (double)x[n * K + k] * a[i * K + k];
+        for (double &v : u) v = round((float)v);
         for (int64_t m = 0, blk = 0, end = blocks[0]; m < M; m++) {
             if (m == end) end += blocks[++blk];
             double s = bias.empty() ? 0.0 : bias[m], low = 0;
@@ -68,7 +73,9 @@ void check_forward(forge_type type, int64_t K, int64_t r, std::vector<int64_t> b
     const std::vector<float> got = tensor_f32(y), want = naive_lora(vx, vw, vbias, va, vb, K, M, r, blocks, scale, round);
     int differ = 0;
     for (size_t i = 0; i < got.size(); i++) differ += got[i] != want[i];
-    CHECK(max_err(got, want, bf16 ? 1.0 / 128 : 1e-5, bf16 ? 1e-30 : 1e-5) <= 1 && (!bf16 || differ <= (int)got.size() / 100),
+    // bf16: the engine's u (an fp32 GEMM) and the naive one (double) can round to neighbouring
+    // bf16 values, which moves y by ~scale |B| ulp(u) absolutely: hence the small atol
+    CHECK(max_err(got, want, bf16 ? 1.0 / 128 : 1e-5, bf16 ? 1.0 / 256 : 1e-5) <= 1 && (!bf16 || differ <= (int)got.size() / 100),
           "lora %s K=%lld r=%lld, %d block(s)%s: %d of %zu differ", bf16 ? "bf16" : "f32", (long long)K, (long long)r, nb,
           with_bias ? " + bias" : "", differ, got.size());
     // the adapter matters: without it the result is different
@@ -136,11 +143,14 @@ void check_backward_bf16() {
     set_f32(xp, vx); set_f32(w, vw); set_f32(c, vc); set_f32(a, va); set_f32(b, vb);
     REQUIRE_OK(forge_backend_compute(be, g));
     CHECK(forge_graph_count_op(g, FORGE_OP_LORA_BACK) == 1, "one LORA_BACK node");
-    // naive: u = x A^T, du = dy Bb per block, dA = s du^T x, dB = s dy^T ub, dX = dy W + s du A
+    // naive: u = x A^T (rounded to bf16, x's type), du = dy Bb per block, dA = s du^T x,
+    // dB = s dy^T ub, dX = dy W + s du A
     std::vector<double> u(N * R), du(N * R), dA(R * K), dB(M * r), dX(N * K);
     for (int64_t n = 0; n < N; n++) {
-        for (int64_t i = 0; i < R; i++)
+        for (int64_t i = 0; i < R; i++) {
             for (int64_t k = 0; k < K; k++) u[n * R + i] += (double)vx[n * K + k] * va[i * K + k];
+            u[n * R + i] = bf16_round((float)u[n * R + i]);
+        }
         for (int64_t m = 0, blk = 0, end = blocks[0]; m < M; m++) {
             if (m == end) end += blocks[++blk];
             for (int64_t j = 0; j < r; j++) {
@@ -189,6 +199,86 @@ void check_frozen_weight() {
     forge_ctx_free(ctx);
 }
 
+// The saved u. A forward-only graph has no u result (the forward keeps u in scratch); with a
+// backward the LORA has res[1] = u [R, T, B] of x's type, a RESULT node of the graph with
+// memory that the plan keeps until the LORA_BACK, which reads it as src5; u holds round(x A^T)
+// after the run; and y is bitwise the same as the forward-only graph's.
+void check_saved_u(forge_type type) {
+    const int64_t K = 40, r = 4, T = 70, B = 5; // 350 rows: two forward chunks
+    const std::vector<int64_t> blocks{24, 8, 8};
+    const int64_t M = 40, R = 12;
+    const bool bf16 = type == FORGE_TYPE_BF16;
+    const char *tn = bf16 ? "bf16" : "f32";
+    Rng rng(77);
+    const std::vector<float> vx = rounded(random_vec(rng, K * T * B), bf16 ? bf16_round : identity);
+    const std::vector<float> vw = rounded(random_vec(rng, K * M, 0.3f), bf16 ? bf16_round : identity);
+    const std::vector<float> va = random_vec(rng, K * R, 0.3f), vb = random_vec(rng, r * M), vbias = random_vec(rng, M);
+    std::vector<float> y_eval;
+    for (int train = 0; train < 2; train++) {
+        forge_ctx *ctx = forge_ctx_new();
+        forge_tensor *x = forge_tensor_new_3d(ctx, type, K, T, B), *w = forge_tensor_new_2d(ctx, type, K, M);
+        forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, R), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, r, M);
+        forge_tensor *bias = forge_tensor_new_1d(ctx, FORGE_TYPE_F32, M);
+        forge_tensor *y = forge_lora(ctx, x, w, bias, a, b, 0.5f, 3, blocks.data());
+        REQUIRE_T(ctx, y);
+        forge_graph *g = forge_graph_new(ctx);
+        if (!train) {
+            REQUIRE_OK(forge_graph_build_forward(g, y));
+        } else {
+            for (forge_tensor *p : {a, b}) forge_tensor_set_flags(p, FORGE_FLAG_PARAM);
+            forge_tensor *loss = forge_sum(ctx, forge_cast(ctx, y, FORGE_TYPE_F32));
+            REQUIRE_T(ctx, loss);
+            REQUIRE_OK(forge_graph_build_forward(g, y));
+            REQUIRE_OK(forge_graph_build_forward(g, loss));
+            REQUIRE_OK(forge_graph_build_backward(g, loss));
+        }
+        forge_backend *be = forge_backend_cpu_new(0);
+        REQUIRE_OK(forge_backend_alloc_graph(be, g));
+        REQUIRE_OK(forge_graph_check_plan(g));
+        set_f32(x, vx); set_f32(w, vw); set_f32(a, va); set_f32(b, vb); set_f32(bias, vbias);
+        REQUIRE_OK(forge_backend_compute(be, g));
+        const forge_tensor *u = y->res[1];
+        if (!train) {
+            CHECK(u == nullptr && forge_graph_count_op(g, FORGE_OP_RESULT) == 0, "%s: a forward-only LORA has no u result", tn);
+            y_eval = tensor_f32(y);
+        } else {
+            CHECK(u != nullptr, "%s: with a backward the LORA saves u as res[1]", tn);
+            if (!u) return;
+            CHECK(u->op == FORGE_OP_RESULT && u->src[0] == y && u->op_i[0] == 1 && u->type == type && u->ne[0] == R && u->ne[1] == T &&
+                      u->ne[2] == B && u->ne[3] == 1 && forge_tensor_is_contiguous(u),
+                  "%s: u is RESULT 1 of the LORA, [R, T, B] of x's type, contiguous (got %s)", tn, forge_shape_str(u).c_str());
+            int i_lora = -1, i_u = -1, i_back = -1, n_back = 0;
+            for (int i = 0; i < (int)g->nodes.size(); i++) {
+                const forge_tensor *t = g->nodes[i];
+                if (t == y) i_lora = i;
+                if (t == u) i_u = i;
+                if (t->op == FORGE_OP_LORA_BACK) {
+                    n_back++;
+                    i_back = i;
+                    CHECK(t->n_src == 6 && t->src[5] == u, "%s: LORA_BACK reads the forward's u as src5", tn);
+                }
+            }
+            CHECK(n_back == 1 && i_lora >= 0 && i_u >= 0 && u->data != nullptr, "%s: u is a node of the graph, with memory", tn);
+            bool planned = false;
+            for (const auto &p : g->plan)
+                if (p.t == u) planned = p.first == i_lora && p.last >= i_back && forge_tensor_nbytes(u) <= p.size;
+            CHECK(planned, "%s: u lives from the LORA (node %d) to the LORA_BACK (node %d)", tn, i_lora, i_back);
+            // u = round(x A^T)
+            std::vector<float> want((size_t)(T * B * R));
+            for (int64_t n = 0; n < T * B; n++)
+                for (int64_t i = 0; i < R; i++) {
+                    double s = 0;
+                    for (int64_t k = 0; k < K; k++) s += (double)vx[n * K + k] * va[i * K + k];
+                    want[n * R + i] = bf16 ? bf16_round((float)s) : (float)s;
+                }
+            CHECK(max_err(tensor_f32(u), want, bf16 ? 1.0 / 128 : 1e-5, bf16 ? 1e-30 : 1e-5) <= 1, "%s: u holds x A^T", tn);
+            CHECK(tensor_f32(y) == y_eval, "%s: y is bitwise the same with u saved and without", tn);
+        }
+        forge_backend_free(be);
+        forge_ctx_free(ctx);
+    }
+}
+
 } // namespace
 
 int main() {
@@ -201,5 +291,7 @@ int main() {
     check_backward({5, 2, 3}, true, 56);
     check_backward_bf16();
     check_frozen_weight();
+    check_saved_u(FORGE_TYPE_F32);
+    check_saved_u(FORGE_TYPE_BF16);
     return test_finish("test-lora");
 }
