@@ -43,6 +43,7 @@
 #include "../models/safetensors.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -307,15 +308,20 @@ std::string gpu_name() {
     return prop.name;
 }
 
-// The NVIDIA kernel module's version ("580.159.04"): the word after "Kernel Module" in
-// /proc/driver/nvidia/version.
+// The NVIDIA kernel module's version ("580.159.04"): the first word after "Kernel Module" in
+// /proc/driver/nvidia/version that starts with a digit.
 std::string driver_version() {
     FILE *f = std::fopen("/proc/driver/nvidia/version", "r");
-    char line[512] = "", v[64] = "unknown";
-    if (f && std::fgets(line, sizeof line, f))
-        if (const char *p = std::strstr(line, "Kernel Module")) std::sscanf(p + 13, "%63s", v);
+    char line[512] = "", v[64];
+    std::string out = "unknown";
+    const char *p = f && std::fgets(line, sizeof line, f) ? std::strstr(line, "Kernel Module") : nullptr;
+    for (int n = 0; p && std::sscanf(p, "%63s%n", v, &n) == 1; p += n)
+        if (std::isdigit((unsigned char)v[0])) {
+            out = v;
+            break;
+        }
     if (f) std::fclose(f);
-    return v;
+    return out;
 }
 
 std::string today() {

@@ -5,13 +5,15 @@
 #   bench/gpu-check.sh [tests] [bench] [peers] [step] [fullmodels] [models] [finetune] [fixtures] [dist]   (no argument: tests bench peers)
 # FORGE_COMMIT names the commit in the results (the GPU machine's copy has no .git);
 # TESTS selects CTest tests by regex; PEERS_DEADLINE bounds the peers' run in seconds; TARGETS limits
-# the build to some targets; STEP_CONFIGS picks bench-step's configurations, PEER_MODES the peers'.
+# the build to some targets (SKIP_BUILD: none); STEP_CONFIGS picks bench-step's configurations,
+# PEER_MODES the peers', NO_RC skips the --recompute run, LANE suffixes the stepvs files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/forge-out}
 mkdir -p "$OUT"
 stages=" ${*:-tests bench peers} "
 has() { [[ $stages == *" $1 "* ]]; }
+lane=${LANE:+-$LANE} curves=/tmp/curves$lane # LANE: several stepvs runs side by side, one per GPU
 export FORGE_COMMIT=${FORGE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 gen=; command -v ninja >/dev/null && gen="-G Ninja"
 t0=$(date +%s)
@@ -21,12 +23,14 @@ nccl_root=
   nccl_root=$(python3 -c 'import nvidia.nccl as m; print("-DNCCL_ROOT=" + list(m.__path__)[0])' 2>/dev/null)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON -DFORGE_CUDA_ARCH=90a $nccl_root &&
-  cmake --build build-gpu -j "$(nproc)" ${TARGETS:+--target $TARGETS}
-} > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
-stamp "build ok"
+if [ -z "${SKIP_BUILD:-}" ]; then
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON -DFORGE_CUDA_ARCH=90a $nccl_root &&
+    cmake --build build-gpu -j "$(nproc)" ${TARGETS:+--target $TARGETS}
+  } > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+  stamp "build ok"
+fi
 
 rc=0
 if has tests; then
@@ -48,8 +52,8 @@ if has step || has stepvs; then
   # one whole LoRA step of the released configurations (random weights, real vocabularies), as it
   # is and with --recompute
   configs=${STEP_CONFIGS:-qwen2.5-0.5b:4x1024 qwen2.5-0.5b:1x512 qwen3-0.6b:4x1024 gemma2-2b:4x1024}
-  build-gpu/bench-step --json "$OUT/bench-step.json" --profile $configs || rc=1
-  build-gpu/bench-step --json "$OUT/bench-step-rc.json" --recompute $configs || rc=1
+  build-gpu/bench-step --json "$OUT/bench-step$lane.json" --profile $configs || rc=1
+  [ -z "${NO_RC:-}" ] && { build-gpu/bench-step --json "$OUT/bench-step-rc$lane.json" --recompute $configs || rc=1; }
   stamp "bench-step done"
 fi
 if has stepvs; then
@@ -58,17 +62,17 @@ if has stepvs; then
   # batches, forge's curve from the same files, and the joined table
   [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
     export PYTHONPATH=/tmp/site
-  python3 bench/peers/step.py --modes "${PEER_MODES:-eager,liger}" --configs "$(echo $configs | tr ' ' ,)" --curve-dir /tmp/curves \
-    --json "$OUT/peers-step.json" --deadline "${PEERS_DEADLINE:-400}" 2>&1 | tail -25 || rc=1
+  python3 bench/peers/step.py --modes "${PEER_MODES:-eager,liger}" --configs "$(echo $configs | tr ' ' ,)" --curve-dir $curves \
+    --json "$OUT/peers-step$lane.json" --deadline "${PEERS_DEADLINE:-400}" 2>&1 | tail -25 || rc=1
   stamp "peers done"
-  for d in /tmp/curves/*x*/; do
+  for d in $curves/*x*/; do
     m=$(basename "$d"); m=${m%-*}
-    [ -f "$d/tokens.safetensors" ] && build-gpu/bench-step --curve "$d" --model /tmp/curves/$m/model --adapter /tmp/curves/$m/adapter0 \
+    [ -f "$d/curve-eager.json" ] && build-gpu/bench-step --curve "$d" --model $curves/$m/model --adapter $curves/$m/adapter0 \
       --curve-out "$d/curve-forge.json" 2>&1 | tail -1
   done
-  python3 bench/combine-step.py --forge "$OUT/bench-step.json" --forge "$OUT/bench-step-rc.json" --peers "$OUT/peers-step.json" \
-    --curves /tmp/curves -o "$OUT/step-table.md" --json /tmp/curves/step-summary.json || rc=1
-  (cd /tmp/curves && tar czf "$OUT/curves.tar.gz" step-summary.json */curve-*.json)
+  python3 bench/combine-step.py --forge "$OUT/bench-step$lane.json" $([ -f "$OUT/bench-step-rc$lane.json" ] && echo --forge "$OUT/bench-step-rc$lane.json") --peers "$OUT/peers-step$lane.json" \
+    --curves $curves -o "$OUT/step-table$lane.md" --json $curves/step-summary.json || rc=1
+  (cd $curves && tar czf "$OUT/curves$lane.tar.gz" step-summary.json */curve-*.json)
   stamp "step vs peers done"
 fi
 if has fullmodels; then
