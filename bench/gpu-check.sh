@@ -60,8 +60,9 @@ if has stepvs; then
   # the peers of the same step in the same call (HF + PEFT eager, Liger from the carried wheel in
   # .whl/, torch.compile: PEER_MODES), their loss curves over 50 updates from saved weights and
   # batches, forge's curve from the same files, and the joined table
-  [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
-    export PYTHONPATH=/tmp/site
+  [ -d .whl ] && [ ! -d /tmp/site/liger_kernel ] &&
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  [ -d /tmp/site ] && export PYTHONPATH=/tmp/site
   python3 bench/peers/step.py --modes "${PEER_MODES:-eager,liger}" --configs "$(echo $configs | tr ' ' ,)" --curve-dir $curves \
     --json "$OUT/peers-step$lane.json" --deadline "${PEERS_DEADLINE:-400}" 2>&1 | tail -25 || rc=1
   stamp "peers done"
@@ -108,7 +109,8 @@ fi
 if [[ $stages == *dist* ]]; then
   # Data parallelism on two GPUs (docs/multi-gpu.md), Qwen2.5-0.5B-shaped, 4 x 1024 tokens per GPU:
   # (a) one GPU with --grad-accum 2 against (b) two GPUs, the same global batch of 8 x 1024, 50 steps:
-  # loss curves and adapters (bench/compare-runs.py); (c) tokens/s of one and two GPUs, 30 steps each;
+  # loss curves and adapters (bench/compare-runs.py); (c) tokens/s of one and two GPUs, 60 steps each
+# (all tokens of steps 6 to 60 over their time);
   # (d) kill -9 of rank 1 mid-run: the run must end within 30 s with a message, then --resume finishes.
   export NCCL_NVLS_ENABLE=0
   m=/tmp/model-qwen2.5-0.5b
@@ -120,8 +122,8 @@ if [[ $stages == *dist* ]]; then
     echo "== (a) 1 GPU, batch 4 x grad-accum 2"; $ft --device cuda --batch 4 --grad-accum 2 --steps 50 --out /tmp/dist1 || rc=1
     echo "== (b) 2 GPUs, batch 4 each"; $fr $ft --batch 4 --steps 50 --out /tmp/dist2 || rc=1
     echo "== compare"; python3 bench/compare-runs.py /tmp/dist1 /tmp/dist2 --json /tmp/dist-compare.json || rc=1
-    echo "== (c) throughput"; $ft --device cuda --batch 4 --steps 30 --out /tmp/dist-tp1 || rc=1
-    $fr $ft --batch 4 --steps 30 --out /tmp/dist-tp2 || rc=1
+    echo "== (c) throughput"; $ft --device cuda --batch 4 --steps 60 --out /tmp/dist-tp1 || rc=1
+    $fr $ft --batch 4 --steps 60 --out /tmp/dist-tp2 || rc=1
     echo "== (d) kill -9 rank 1 after 20 steps"
     $fr $ft --batch 4 --steps 300 --save-every 10 --out /tmp/dist-kill > /tmp/dist-kill.log 2>&1 &
     frpid=$!
@@ -144,9 +146,9 @@ import json, re, statistics, subprocess, sys, time
 def steps(run):
     try: return [json.loads(l) for l in open(run + "/metrics.jsonl") if '"loss"' in l]
     except OSError: return []
-def tps(run):
-    s = [m["tokens_per_s"] for m in steps(run) if m["step"] > 5]
-    return statistics.median(s) if s else 0.0
+def tps(run): # tokens over time, steps 6 and on (the first steps warm up)
+    s = [m for m in steps(run) if m["step"] > 5]
+    return sum(m["tokens"] for m in s) / (sum(m["ms"] for m in s) / 1000) if s else 0.0
 log = open(sys.argv[1].replace("dist.json", "dist.log")).read()
 kill = dict(re.findall(r"(\w+)=(\S+)", (re.findall(r"^KILL .*$", log, re.M) or [""])[-1]))
 gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip().splitlines()
