@@ -93,7 +93,7 @@ def main():
                 row += ["-", "-"]
         cv = curve_verdict(a.curves, *key) if a.curves else None
         entry["curve"] = cv
-        row.append(f"{'agree' if cv['agree'] else 'DIFFER'}: max |forge - eager| {cv['max_abs_diff']:.3f} "
+        row.append(f"{'agree' if cv['agree'] else 'DIFFER'}: max diff from eager {cv['max_abs_diff']:.3f} "
                    f"(HF vs HF {cv['hf_vs_hf_max_abs_diff']:.3f}); {cv['forge_first']:.2f} -> {cv['forge_last']:.2f}"
                    if cv else "-")
         lines.append("| " + " | ".join(row) + " |")
