@@ -185,6 +185,11 @@ void forge_dist_set_error(const char *fmt, ...);
 //             + scale * sum_j B[j, m] u[blk(m)*r + j, n], blk(m) = the block holding row m.
 //             res[1] = u (unscaled; x's type, contiguous) or NULL: autograd creates it for
 //             LORA_BACK; when NULL (or without memory: a forward-only graph) u stays in scratch.
+//             op_i[4] = 1 (forge_lora_set_spare): W is a view of a leaf whose every row is followed
+//             by R spare elements of the leaf (row stride >= K + R, checked by the constructor);
+//             the op may overwrite them (scratch: CUDA puts scale * B there, block-diagonally, and
+//             runs one GEMM of depth K + R over [x | u]). The math above is unchanged; a backend
+//             may ignore the flag (the CPU does). LORA_BACK copies it and ignores it.
 // LORA_BACK   src0 dy [M, ...], src1 x, src2 W, src3 A, src4 B, src5 u (the LORA's res[1]);
 //             same params. u is read, not recomputed.
 //             du[blk*r+j, n] = sum_{m in blk} B[j, m] dy[m, n];

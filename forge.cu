@@ -662,6 +662,24 @@ forge_tensor *forge_lora(forge_ctx *ctx, forge_tensor *x, forge_tensor *w, forge
     return t;
 }
 
+forge_tensor *forge_lora_set_spare(forge_ctx *ctx, forge_tensor *lora) {
+    if (!ctx) return NULL;
+    NEED(lora);
+    if (lora->op != FORGE_OP_LORA) OP_FAIL(ctx, FORGE_ERR_INVALID_ARG, "forge_lora_set_spare: %s is not a forge_lora node", forge_shape_str(lora).c_str());
+    forge_tensor *w = lora->src[1], *root = forge_view_root(w);
+    const int64_t K = w->ne[0], M = w->ne[1], R = lora->src[2]->ne[1];
+    const size_t es = forge_type_size(w->type), row = (size_t)(K + R) * es;
+    if (w->op != FORGE_OP_VIEW || !root || root->op != FORGE_OP_NONE || w->nb[0] != es || w->nb[1] < row ||
+        w->view_offs + (size_t)(M - 1) * w->nb[1] + row > forge_tensor_nbytes(root))
+        OP_FAIL(ctx, FORGE_ERR_SHAPE,
+                "forge_lora_set_spare: W %s (row stride %zu bytes, a %s) has no %lld spare elements after each row: want a view of a leaf with "
+                "a row stride of at least K + R = %lld elements inside it, e.g. the first %lld columns of a [%lld, %lld] leaf",
+                forge_shape_str(w).c_str(), w->nb[1], w->op == FORGE_OP_VIEW ? "view" : "tensor that is not a view", (long long)R,
+                (long long)(K + R), (long long)K, (long long)(K + R), (long long)M);
+    lora->op_i[4] = 1;
+    return lora;
+}
+
 forge_tensor *forge_attention(forge_ctx *ctx, forge_tensor *q, forge_tensor *k, forge_tensor *v, forge_tensor *doc_ids, float scale,
                               float softcap, int window) {
     if (!ctx) return NULL;

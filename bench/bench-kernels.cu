@@ -26,6 +26,8 @@
 //   add             3 N C es                       (a, b read; y written)
 //   rmsnorm         fwd 2 N C es + C es_w          bwd 3 N C es + C es_w   (w frozen: no dw)
 //   add_rmsnorm     4 N C es + C es_w              (x, r read; h, y written)
+//   rmsnorm_back_add fwd 7 N C es + C es_w         bwd 5 N C es + C es_w   (bwd: dy, x, g read;
+//                   dx, dx + g written; unfused: the same RMSNORM_BACK and ADD launched one by one)
 //   rope            2 N (Hq+Hkv) D es + 4 N        (x read, y written, positions; same bwd)
 //   swiglu/geglu    fwd 3 N F es                   bwd 5 N F es   (dy, gu read; dgu written)
 //   embedding       fwd 4 N + 2 N C es             bwd 4 N + N C es + 4 V C (dtable F32 written)
@@ -34,7 +36,9 @@
 //   linear          fwd 2 N K M                    bwd 2 N K M (dX; the base weight is frozen)
 //   lora (R = blocks r)  fwd 2 N (K M + K R + r M)  bwd 2 N (M K + 2 K R + 2 r M)
 //                   (bwd: dX, dA + dX's low-rank term, du + dB; u = x A^T is the forward's
-//                   saved res[1], which the forward writes and LORA_BACK reads: not recomputed)
+//                   saved res[1], which the forward writes and LORA_BACK reads: not recomputed;
+//                   lora_mlp's W is the model's padded gate/up, so its forward is the folded
+//                   GEMM of depth K + R: the same FLOPs counted, R/K more done)
 //   attention       fwd 2 B Hq D T (T+1) (causal)  bwd 2.5 x fwd
 //   cross_entropy   fwd 2 N C V                    fwd+bwd 4 N C V (loss and dH in one pass)
 // The fraction of ceiling compares GB/s with the copy bandwidth - a plain kernel copying 1 GiB,
@@ -144,6 +148,7 @@ struct Case {
     const char *fwd_dir = "fwd";
     double fwd_cost = 0, bwd_cost = 0; // bytes (MEM) or FLOPs (GEMM)
     std::function<void(Bld &)> build, unfused;
+    bool split = false;        // no unfused builder: "unfused" is build's graph launched node by node (no launch-time fusion)
     // adamw: appends the node to time after the backward (it is the only timed node)
     std::function<forge_tensor *(Bld &, forge_graph *)> post;
 
@@ -191,6 +196,25 @@ static Case add_rmsnorm_case(const std::string &shape, int64_t C, int64_t N, flo
     c.build = [=](Bld &b) {
         forge_tensor *h = forge_add(b.ctx, b.train({C, N}), b.train({C, N}));
         b.ys = {h, forge_rmsnorm(b.ctx, h, b.weight({C}), kEps, offset, cast)};
+    };
+    return c;
+}
+
+// The norm's backward followed by the residual gradient's ADD, as in every decoder layer: the
+// residual stream h = x + c0 (not a PARAM: a PARAM's gradient contributions go to ACCs instead)
+// and ys = {n = rmsnorm(h), h + c} make autograd emit RMSNORM_BACK(dn, h, w) then ADD(dh2, dx),
+// with dn and dh2 from the loss (not timed) and x's gradient cast + ACC (not timed): "bwd" is
+// exactly the pair (fused by forge_cuda_launch_nodes when the backend fuses it); "fwd" is the
+// fused add + norm and the add. Unfused: the same nodes launched one by one.
+static Case rmsnorm_back_add_case(const std::string &shape, int64_t C, int64_t N, float offset, forge_norm_cast cast) {
+    Case c{"rmsnorm_back_add", shape};
+    c.grad = c.dirs3 = c.split = true;
+    c.fwd_cost = 7.0 * N * C * 2 + C * 2;
+    c.bwd_cost = 5.0 * N * C * 2 + C * 2;
+    c.build = [=](Bld &b) {
+        forge_tensor *h = forge_add(b.ctx, b.train({C, N}), b.weight({C, N}));
+        forge_tensor *n = forge_rmsnorm(b.ctx, h, b.weight({C}), kEps, offset, cast);
+        b.ys = {n, forge_add(b.ctx, h, b.weight({C, N}))};
     };
     return c;
 }
@@ -247,8 +271,11 @@ static Case linear_case(const std::string &shape, int64_t K, int64_t M, int64_t 
 // LoRA over 1..3 concatenated blocks (q/k/v, gate/up); unfused, one PEFT-style projection per
 // block: linear(x, W_i) + scale * matmul(matmul(x, A_i^T), B_i^T). The fused graph has a
 // backward, so its LORA saves u (res[1], kept alive like every timed node's results): "fwd"
-// includes writing u, "bwd" (LORA_BACK) reads it instead of recomputing it.
-static Case lora_case(const char *kernel, const std::string &shape, int64_t K, std::vector<int64_t> rows, int64_t r, int64_t N, float scale) {
+// includes writing u, "bwd" (LORA_BACK) reads it instead of recomputing it. spare: W as the
+// model builds gate/up (models/model.cpp model_add_lora): the first K columns of a [K + R, M]
+// leaf, the LORA flagged by forge_lora_set_spare, so its forward is the folded one GEMM.
+static Case lora_case(const char *kernel, const std::string &shape, int64_t K, std::vector<int64_t> rows, int64_t r, int64_t N, float scale,
+                      bool spare = false) {
     Case c{kernel, shape};
     c.bound = GEMM;
     c.grad = c.dirs3 = true;
@@ -259,7 +286,13 @@ static Case lora_case(const char *kernel, const std::string &shape, int64_t K, s
     c.bwd_cost = 2.0 * N * ((double)M * K + 2.0 * K * R + 2.0 * r * M);
     c.build = [=](Bld &b) {
         forge_tensor *x = b.train({K, N}), *w = b.weight({K, M}), *a = b.train({K, R}), *bm = b.train({r, M});
-        b.ys = {forge_lora(b.ctx, x, w, NULL, a, bm, scale, (int)rows.size(), rows.data())};
+        if (spare) {
+            const int64_t ne[2] = {K, M};
+            const size_t nb[2] = {2, (size_t)(K + R) * 2};
+            w = forge_view(b.ctx, b.weight({K + R, M}), 2, ne, nb, 0);
+        }
+        forge_tensor *y = forge_lora(b.ctx, x, w, NULL, a, bm, scale, (int)rows.size(), rows.data());
+        b.ys = {spare ? forge_lora_set_spare(b.ctx, y) : y};
     };
     c.unfused = [=](Bld &b) {
         forge_tensor *x = b.train({K, N});
@@ -345,6 +378,7 @@ static std::vector<Case> make_cases() {
     each_model([&](const Model &m, int64_t N) {
         cs.push_back(add_rmsnorm_case(fmt("%s %lldx%lld", m.name, (long long)N, (long long)m.H), m.H, N, m.gemma ? 1.0f : 0.0f, norm_cast(m)));
     });
+    cs.push_back(rmsnorm_back_add_case(fmt("%s 16384x%lld", kModels[0].name, (long long)kModels[0].H), kModels[0].H, 16384, 0.0f, norm_cast(kModels[0])));
     each_model([&](const Model &m, int64_t N) {
         cs.push_back(rope_case(fmt("%s %lldx%lld/%lldx%lld", m.name, (long long)N, (long long)m.Hq, (long long)m.Hkv, (long long)m.D), m.D, m.Hq,
                                m.Hkv, N, 1, m.gemma ? 1e4f : 1e6f));
@@ -370,9 +404,9 @@ static std::vector<Case> make_cases() {
     });
     cs.push_back(lora_case("lora_qkv", "liger 4x2048 4096->4096/1024/1024 r8", 4096, {4096, 1024, 1024}, 8, 8192, 2.0f));
     each_model([&](const Model &m, int64_t N) {
-        cs.push_back(lora_case("lora_mlp", fmt("%s %lldx%lld->2x%lld r16", m.name, (long long)N, (long long)m.H, (long long)m.F), m.H, {m.F, m.F}, 16, N, 2.0f));
+        cs.push_back(lora_case("lora_mlp", fmt("%s %lldx%lld->2x%lld r16", m.name, (long long)N, (long long)m.H, (long long)m.F), m.H, {m.F, m.F}, 16, N, 2.0f, true));
     });
-    cs.push_back(lora_case("lora_mlp", "liger 4x2048 4096->2x14336 r16", 4096, {14336, 14336}, 16, 8192, 2.0f));
+    cs.push_back(lora_case("lora_mlp", "liger 4x2048 4096->2x14336 r16", 4096, {14336, 14336}, 16, 8192, 2.0f, true));
     for (const Model &m : kModels)
         for (int64_t T : {1024, 4096})
             cs.push_back(attention_case(fmt("%s B4 T%lld %lld/%lldx%lld causal%s", m.name, (long long)T, (long long)m.Hq, (long long)m.Hkv, (long long)m.D,
@@ -464,7 +498,8 @@ static std::map<std::string, double> run_variant(const Case &c, bool unfused, st
     Bld b;
     b.ctx = ctx;
     b.grad = c.grad;
-    (unfused ? c.unfused : c.build)(b);
+    const bool split = unfused && !c.unfused; // the fused graph, its nodes launched one by one
+    (unfused && c.unfused ? c.unfused : c.build)(b);
     forge_graph *g = forge_graph_new(ctx);
     std::vector<forge_tensor *> rs; // the random r of loss = sum(y * r)
     size_t n_fwd = 0;
@@ -547,7 +582,10 @@ static std::map<std::string, double> run_variant(const Case &c, bool unfused, st
 
     auto time_set = [&](const std::vector<forge_tensor *> &nodes) {
         std::string e;
-        double t = time_us(p->stream, [&] { forge_cuda_launch_nodes(nodes, p); }, &e);
+        double t = time_us(p->stream, [&] {
+            if (!split) forge_cuda_launch_nodes(nodes, p);
+            else for (forge_tensor *n : nodes) forge_cuda_launch_node(n, p);
+        }, &e);
         int code = 0;
         CK(cudaMemcpy(&code, p->error, sizeof code, cudaMemcpyDeviceToHost));
         if (code) e = fmt("device error code %d", code);
@@ -744,7 +782,7 @@ int main(int argc, char **argv) {
     for (const Case &c : cases) {
         std::string err, uerr;
         std::map<std::string, double> t = run_variant(c, false, &err), u;
-        if (c.unfused) u = run_variant(c, true, &uerr);
+        if (c.unfused || c.split) u = run_variant(c, true, &uerr);
         for (auto &d : c.dirs()) {
             Row r{&c, d, err};
             if (t.count(d)) r.us = t[d];

@@ -18,10 +18,11 @@
 // (cudaMemGetInfo before the backend starts and after the timed steps: arenas, scratch,
 // cuBLASLt workspace and handle), the planned arenas, the CUDA graph's kernel nodes and the host
 // synchronisations per step. --recompute recomputes each MLP's GLU output in the backward pass
-// (models/model.h), trading a little time for memory. With --profile, the graph is also run node by node with a CUDA
-// event after each node (the ADD + RMSNORM pair the backend fuses counts as one), and the time
-// is summed per op family, forward and backward apart (medians of 5 runs; launch gaps between
-// small nodes land in the following node, so the total exceeds the replayed step's time).
+// (models/model.h), trading a little time for memory. With --profile, the graph is also run
+// without capture with a CUDA event after each unit the backend enqueues (a node, or a pair it
+// fuses), and the time is summed per op family, forward and backward apart (medians of 5 runs;
+// launch gaps between small nodes land in the following node, so the total exceeds the replayed
+// step's time).
 //
 // FLOPs of a step (what MFU counts): the GEMMs, 2 x tokens x params for each of the forward and
 // the backward's dX (frozen weights need no dW), over every layer's projections and the
@@ -127,8 +128,8 @@ void fill(forge_tensor *t, float std, float add, uint64_t seed) {
 void random_weights(Model &m) {
     uint64_t seed = 1;
     const float norm = 1.0f - m.cfg.norm_offset;
-    auto w = [&](forge_tensor *t, float std, float add) {
-        if (t) fill(t, std, add, seed++);
+    auto w = [&](forge_tensor *t, float std, float add) { // a padded weight's view: its whole buffer
+        if (t) fill(t->view_src ? forge_view_root(t) : t, std, add, seed++);
     };
     w(m.tok_embd, 0.02f, 0.0f);
     w(m.output_norm, 0.0f, norm);
@@ -258,41 +259,51 @@ double measure_gemm_tflops() {
     return 2.0 * n * n * n / (ms[ms.size() / 2] * 1e-3) / 1e12;
 }
 
-// Node-by-node timing, summed per op family and direction (forward / backward).
+// Node-by-node timing, summed per op family and direction (forward / backward): the graph's nodes
+// are enqueued as the backend enqueues them (forge_cuda_launch_nodes, with its fusions) and a
+// CUDA event is recorded after each enqueued unit.
+struct Profiler {
+    cudaStream_t stream;
+    std::vector<cudaEvent_t> events;
+    std::vector<const forge_tensor *> units;
+    size_t at = 0;
+    static void launched(const forge_tensor *t, void *self) {
+        Profiler &p = *(Profiler *)self;
+        if (p.at == p.events.size()) {
+            p.events.emplace_back();
+            cudaEventCreate(&p.events.back());
+        }
+        cudaEventRecord(p.events[p.at++], p.stream);
+        if (p.units.size() < p.at) p.units.push_back(t);
+    }
+};
+
 std::map<std::string, double> profile(Step &s) {
     const forge_cuda_params *p = forge_cuda_backend_params(s.be);
-    std::vector<std::vector<forge_tensor *>> groups;
-    const int n = forge_graph_n_nodes(s.g);
-    for (int i = 0; i < n; i++) {
-        forge_tensor *t = forge_graph_node(s.g, i);
-        if (forge_op_family(t->op) == FORGE_FAMILY_NONE) continue;
-        forge_tensor *next = i + 1 < n ? forge_graph_node(s.g, i + 1) : nullptr;
-        if (t->op == FORGE_OP_ADD && next && next->op == FORGE_OP_RMSNORM && next->src[0] == t) groups.push_back({t, next}), i++;
-        else groups.push_back({t});
-    }
-    std::vector<cudaEvent_t> ev(groups.size() + 1);
-    for (auto &e : ev) cudaEventCreate(&e);
-    std::vector<std::vector<float>> times(groups.size());
+    Profiler pr{p->stream, {}, {}, 0};
+    cudaEvent_t start;
+    cudaEventCreate(&start);
+    std::vector<std::vector<float>> times;
     for (int rep = 0; rep < 5; rep++) {
-        cudaEventRecord(ev[0], p->stream);
-        for (size_t i = 0; i < groups.size(); i++) {
-            forge_cuda_launch_nodes(groups[i], p);
-            cudaEventRecord(ev[i + 1], p->stream);
-        }
+        pr.at = 0;
+        cudaEventRecord(start, p->stream);
+        forge_cuda_launch_nodes(s.g->nodes, p, Profiler::launched, &pr);
         FORGE_CUDA_CHECK(cudaStreamSynchronize(p->stream));
-        for (size_t i = 0; i < groups.size(); i++) {
+        times.resize(pr.at);
+        for (size_t i = 0; i < pr.at; i++) {
             float t;
-            cudaEventElapsedTime(&t, ev[i], ev[i + 1]);
+            cudaEventElapsedTime(&t, i ? pr.events[i - 1] : start, pr.events[i]);
             times[i].push_back(t);
         }
     }
-    for (auto &e : ev) cudaEventDestroy(e);
+    cudaEventDestroy(start);
+    for (cudaEvent_t e : pr.events) cudaEventDestroy(e);
     // the nodes after the fused loss (which makes dH itself) are the backward pass
     std::map<std::string, double> out;
     bool bwd = false;
-    for (size_t i = 0; i < groups.size(); i++) {
+    for (size_t i = 0; i < times.size(); i++) {
         std::sort(times[i].begin(), times[i].end());
-        const forge_tensor *t = groups[i].back();
+        const forge_tensor *t = pr.units[i];
         std::string fam = forge_family_names[forge_op_family(t->op)];
         if (t->op == FORGE_OP_ADAMW) fam = "adamw";
         else if (t->op == FORGE_OP_CROSS_ENTROPY) fam = "cross_entropy (fwd+bwd)", bwd = true;

@@ -1,10 +1,12 @@
 // forge-cuda/backend.cu - the CUDA backend: device buffers for the allocator's arenas, one
 // stream, one cuBLASLt handle and workspace, one scratch buffer sized before the first run, and
 // the step runner. The first compute of a graph captures every node's launches into a CUDA
-// graph; later computes replay it with one cudaGraphLaunch. One pattern of nodes is fused at
-// launch: a residual ADD followed by the RMSNORM of its result. Inputs live at fixed addresses in
-// the activation arena (the allocator never moves them), so the host copies new inputs there
-// before a replay. The only host synchronisation is at the end of a step, to read the device
+// graph; later computes replay it with one cudaGraphLaunch. Three patterns of nodes are fused at
+// launch (forge_cuda_launch_nodes): a residual ADD followed by the RMSNORM of its result, an
+// RMSNORM_BACK followed by the ADD of its dx to the residual gradient, and a LORA_BACK with the
+// ACCs of its dA and dB into the persistent gradients. Inputs live at fixed
+// addresses in the activation arena (the allocator never moves them), so the host copies new
+// inputs there before a replay. The only host synchronisation is at the end of a step, to read the device
 // error word (a bad token id or label) - never inside the step.
 //
 // Data parallelism: with a communicator attached (forge_backend_set_dist), ALLREDUCE nodes run on
@@ -15,6 +17,7 @@
 #include "cuda.cuh"
 
 #include <map>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace {
@@ -224,20 +227,76 @@ void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p) {
     if (f != FORGE_FAMILY_NONE) kKernels[f](node, p);
 }
 
-void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const forge_cuda_params *p) {
+namespace {
+
+// The persistent gradients a LORA_BACK adds its dA / dB into.
+struct lora_acc {
+    float *a = nullptr, *b = nullptr;
+};
+
+// ACC nodes whose addend is a LORA_BACK's dA (the node) or dB (its result 1), read by nothing
+// else: the LORA_BACK's GEMMs add into the gradient themselves (beta = 1) and the ACC is skipped,
+// which saves two launches per adapted projection. Same sums: only the GEMM epilogue's fused
+// multiply-add replaces the ACC's separate rounding of dB = scale * dy^T u.
+void find_lora_accs(const std::vector<forge_tensor *> &nodes, std::unordered_map<const forge_tensor *, lora_acc> *into,
+                    std::unordered_set<const forge_tensor *> *skip) {
+    std::unordered_map<const forge_tensor *, int> uses;
+    for (const forge_tensor *t : nodes)
+        for (int j = t->op == FORGE_OP_RESULT ? 1 : 0; j < t->n_src; j++) // a result does not read its producer
+            if (t->src[j]) uses[t->src[j]]++;
+    for (const forge_tensor *acc : nodes) {
+        if (acc->op != FORGE_OP_ACC || acc->type != FORGE_TYPE_F32) continue;
+        const forge_tensor *add = acc->src[1];
+        const bool is_b = add->op == FORGE_OP_RESULT && add->op_i[0] == 1;
+        const forge_tensor *back = is_b ? add->src[0] : add;
+        if (back->op != FORGE_OP_LORA_BACK || add->type != FORGE_TYPE_F32 || uses[add] != 1 || (add->flags & FORGE_FLAG_OUTPUT) ||
+            forge_tensor_nelements(add) != forge_tensor_nelements(acc) || !forge_tensor_is_contiguous(add))
+            continue;
+        (is_b ? (*into)[back].b : (*into)[back].a) = (float *)acc->data;
+        skip->insert(acc);
+    }
+}
+
+} // namespace
+
+void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const forge_cuda_params *p,
+                             void (*launched)(const forge_tensor *, void *), void *user) {
+    std::unordered_map<const forge_tensor *, lora_acc> acc_into;
+    std::unordered_set<const forge_tensor *> skip;
+    find_lora_accs(nodes, &acc_into, &skip);
     const size_t n = nodes.size();
     for (size_t i = 0; i < n; i++) {
-        forge_cuda_comm_before(nodes[i], p); // wait for an all-reduce of memory this node touches
+        forge_tensor *t = nodes[i];
+        forge_cuda_comm_before(t, p); // wait for an all-reduce of memory this node touches
+        if (skip.count(t) || forge_op_family(t->op) == FORGE_FAMILY_NONE) continue;
         // an ADD directly followed by the RMSNORM of its result (the residual stream of every
         // layer) runs as one fused kernel
-        if (nodes[i]->op == FORGE_OP_ADD && i + 1 < n) {
+        if (t->op == FORGE_OP_ADD && i + 1 < n) {
             forge_cuda_comm_before(nodes[i + 1], p);
-            if (forge_cuda_add_rmsnorm(nodes[i], nodes[i + 1], p)) {
-                i++;
+            if (forge_cuda_add_rmsnorm(t, nodes[i + 1], p)) {
+                t = nodes[++i];
+                if (launched) launched(t, user);
                 continue;
             }
         }
-        forge_cuda_launch_node(nodes[i], p);
+        // an RMSNORM_BACK followed (past the result node of its dw) by the ADD of its dx to the
+        // residual stream's gradient runs as one kernel writing both
+        if (t->op == FORGE_OP_RMSNORM_BACK) {
+            size_t j = i + 1;
+            while (j < n && nodes[j]->op == FORGE_OP_RESULT) j++;
+            if (j < n && nodes[j]->op == FORGE_OP_ADD && !skip.count(nodes[j])) {
+                forge_cuda_comm_before(nodes[j], p);
+                if (forge_cuda_rmsnorm_back_add(t, nodes[j], p)) {
+                    i = j;
+                    if (launched) launched(nodes[j], user);
+                    continue;
+                }
+            }
+        }
+        auto it = acc_into.find(t);
+        if (it != acc_into.end()) forge_cuda_lora_back_into(t, p, it->second.a, it->second.b);
+        else forge_cuda_launch_node(t, p);
+        if (launched) launched(t, user);
     }
     forge_cuda_comm_join(p); // the step (or its capture) ends with every stream joined
 }

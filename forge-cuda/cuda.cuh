@@ -165,6 +165,11 @@ std::string forge_cuda_comm_take_error(forge_cuda_comm *c);
 // it, run as one kernel writing both results, bitwise equal to running them one after the other.
 // Returns false, enqueueing nothing, when the pair does not match.
 bool forge_cuda_add_rmsnorm(forge_tensor *add, forge_tensor *norm, const forge_cuda_params *p);
+// RMSNORM_BACK + the ADD(g, dx) after it as one kernel writing dx and dx + g (see rmsnorm.cu).
+bool forge_cuda_rmsnorm_back_add(forge_tensor *back, forge_tensor *add, const forge_cuda_params *p);
+// LORA_BACK with dA and/or dB added straight into F32 gradient buffers (beta = 1) instead of its
+// outputs; NULL: the output as usual (forge-cuda/lora.cu).
+void forge_cuda_lora_back_into(forge_tensor *node, const forge_cuda_params *p, float *acc_a, float *acc_b);
 
 // The launch parameters of a CUDA backend (stream, cuBLASLt handle, scratch), so that benchmarks
 // can enqueue a single node's kernels with forge_cuda_<family>(node, params) and time them.
@@ -172,9 +177,13 @@ bool forge_cuda_add_rmsnorm(forge_tensor *add, forge_tensor *norm, const forge_c
 const forge_cuda_params *forge_cuda_backend_params(forge_backend *be);
 // Enqueues one node's kernels (nothing for leafs, views and results).
 void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p);
-// Enqueues nodes in order as the backend runs a graph: a residual ADD followed by the RMSNORM of
-// its result is fused into one kernel.
-void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const forge_cuda_params *p);
+// Enqueues nodes in order as the backend runs a graph, with three fusions: a residual ADD followed
+// by the RMSNORM of its result runs as one kernel, so does an RMSNORM_BACK with the ADD of its dx
+// to the residual gradient, and a LORA_BACK adds its dA and dB straight into the persistent
+// gradients whose ACC nodes are then skipped. launched (may be NULL) is
+// called after each enqueued unit with its last node (a benchmark's per-node timing).
+void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const forge_cuda_params *p,
+                             void (*launched)(const forge_tensor *, void *) = nullptr, void *user = nullptr);
 
 // The cuBLASLt GEMM shared by linear, lora and cross_entropy (in linear.cu), in the same terms
 // as the CPU's forge_cpu_gemm: C[m][n] = alpha * sum_k A(m, k) B(k, n) + beta * C[m][n], with

@@ -35,17 +35,34 @@
 // write of the low-rank y (9 MB at q/k/v, 80 MB at gate/up), plus three launches. Expected:
 // ~1.25x at gate/up (the 80 MB write) and down (the 40 MB read of x), ~1.4x at q/k/v and o,
 // where the base GEMM takes only ~12-15 us and the three small launches cost ~2 us each. The
-// 1.15x target needs the low-rank product inside the base GEMM's mainloop (a K-concatenated
-// [x | u] [W | Bd]^T; as separate cuBLASLt calls that costs a copy of x and W per call, which is
-// more than it saves) - a custom GEMM, not cuBLASLt. The backward adds du (one more read of
-// dy), dA, dB (one more read of dy; u itself is the forward's, 0.1-0.4 MB, so the backward no
-// longer reads x for it: that recompute cost ~0.9 ms of a 34 ms Qwen2.5-0.5B step) and the
-// low-rank dX to the base dX GEMM: expect ~1.4x at gate/up (dy is 80 MB) and ~1.3x at the
-// smaller shapes, for the same reasons.
+// 1.15x target needs the low-rank product inside the base GEMM's mainloop: the K-concatenated
+// form below, for the wide projections whose W the model stores with spare columns. The
+// backward adds du (one more read of dy), dA, dB (one more read of dy; u itself is the
+// forward's, 0.1-0.4 MB, so the backward no longer reads x for it: that recompute cost ~0.9 ms
+// of a 34 ms Qwen2.5-0.5B step) and the low-rank dX to the base dX GEMM: expect ~1.4x at
+// gate/up (dy is 80 MB) and ~1.3x at the smaller shapes, for the same reasons.
 // Precision: in a BF16 model Ac, Bd, u, du and the low-rank y are rounded to bf16 (the CPU keeps
 // them in fp32 except u, which it rounds to x's type too, so both save and use the same u): a
 // few bf16 roundings of the low-rank term only, well inside bf16 tolerance.
 // F32 models are fp32 throughout. Deterministic: fixed cuBLASLt algorithms, no atomics.
+//
+// The folded forward (a LORA marked by forge_lora_set_spare, op_i[4]: W is a view whose rows
+// are each followed by R spare elements of its leaf; x and W of one 16-bit type T). The model
+// does it for gate/up (models/model.cpp: W [K, M] = the first K columns of a [K + R, M] leaf);
+// q/k/v, o and down stay on the path above, where it does not pay (narrow y, or K already large):
+//     prep      Ac (R x K, as above) and W's spare columns = scale * Bd (rounded to T): W' = [W | s Bd]
+//     u         u = x Ac^T (res[1] or scratch, as above)
+//     copy      X' = [x | u] (N rows of K + R, T, scratch; 16-byte accesses when rows align)
+//     GEMM      y = X' W'^T + bias (depth K + R, lda K + R, ldb = W's row stride, beta = 0)
+// Four launches; the traffic added to the base GEMM is the copy (2 N (K + R) es: 15 MB at
+// Qwen2.5 gate/up, 4096 tokens) and u (one read of x), instead of the low-rank y's write and its
+// read back as C (160 MB there, ~50 us on a ~100 us GEMM; ~300 MB at Gemma2-2B's gate/up). The
+// extra depth R = 32 adds R / K of the GEMM's math (3.6% at K = 896, 1.4% at 2304). Expected
+// ~1.1x of the base GEMM at gate/up. Precision: better than above - the low-rank term is summed
+// in the base product's fp32 accumulator and y is rounded once; only s B and u are rounded to T
+// (u as the contract says). The spare columns are rewritten by every forward (they are scratch:
+// nothing else reads them; LORA_BACK reads W through its view, K columns per row). Off switch:
+// kFoldLowRank below (false: every LORA takes the path above; the padded W stays valid).
 #include "cuda.cuh"
 
 #include <algorithm>
@@ -162,7 +179,94 @@ const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora
     return ut_copy;
 }
 
+// ---- the folded forward (forge_lora_set_spare: op_i[4]) ------------------------------------------
+// The switch: false sends every LORA down the three-GEMM path, whatever its flag.
+constexpr bool kFoldLowRank = true;
+
+// Whether the node's forward runs as one GEMM over [x | u] [W | scale Bd]^T: flagged, x and W of
+// one 16-bit type T (so u, of x's type, is T as it is), W's rows read in place and followed by R
+// spare elements (*ldw = W's row stride, >= K + R).
+bool folds(const forge_tensor *node, const lora_dims &d, int64_t *ldw) {
+    int64_t ld = 0;
+    const bool ok = kFoldLowRank && node->op == FORGE_OP_LORA && node->op_i[4] == 1 && d.T != FORGE_TYPE_F32 && d.x->type == d.T &&
+                    d.w->type == d.T && forge_rows_in_place(d.w, &ld) && ld >= d.K + d.R;
+    *ldw = ld;
+    return ok;
+}
+
+// ac (R x K) = A cast to t (as lora_prep_kernel), and W's spare columns: w[m * ldw + K + c] =
+// scale * B[c % r][m] when c / r is m's block, else 0, rounded to t. Grid-stride over both.
+__global__ void lora_prep_spare_kernel(forge_cuda_view a, forge_cuda_view b, char *ac, char *w, int64_t ldw, forge_type t, int64_t K,
+                                       int64_t R, int64_t M, int64_t r, lora_blocks blocks, float scale) {
+    const int64_t na = R * K, n = na + M * R, ts = type_size(t);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        if (i < na) {
+            forge_cuda_store(t, ac + i * ts, forge_cuda_load(a.type, forge_cuda_ptr(a, i % K, i / K, 0, 0)));
+        } else {
+            const int64_t j = i - na, m = j / R, c = j % R;
+            const int blk = m < blocks.end[0] ? 0 : m < blocks.end[1] ? 1 : 2;
+            const float v = c / r == blk ? scale * forge_cuda_load(b.type, forge_cuda_ptr(b, c % r, m, 0, 0)) : 0.0f;
+            forge_cuda_store(t, w + (m * ldw + K + c) * ts, v);
+        }
+    }
+}
+
+// xp (N rows of K + R 16-bit elements, dense) = [x | u]: x's rows ldx apart, u dense N x R.
+// V elements per access: uint4 (8 elements) when every row start is 16-byte aligned, else one.
+template <typename V>
+__global__ void lora_concat_kernel(const V *x, int64_t ldx, const V *u, V *xp, int64_t N, int64_t K, int64_t R) {
+    const int64_t w = K + R, n = N * w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / w, j = i % w;
+        xp[i] = j < K ? x[row * ldx + j] : u[row * R + j - K];
+    }
+}
+
+void concat(const forge_cuda_params *p, const void *x, int64_t ldx, const void *u, void *xp, int64_t N, int64_t K, int64_t R) {
+    const bool vec = K % 8 == 0 && R % 8 == 0 && ldx % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)u % 16 == 0 && (uintptr_t)xp % 16 == 0;
+    const int64_t per = vec ? 8 : 1, n = N * (K + R) / per;
+    const int blocks = (int)std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, (int64_t)std::max(p->sm_count, 1) * 16));
+    if (vec)
+        lora_concat_kernel<uint4><<<blocks, 256, 0, p->stream>>>((const uint4 *)x, ldx / 8, (const uint4 *)u, (uint4 *)xp, N, K / 8, R / 8);
+    else
+        lora_concat_kernel<uint16_t><<<blocks, 256, 0, p->stream>>>((const uint16_t *)x, ldx, (const uint16_t *)u, (uint16_t *)xp, N, K, R);
+    FORGE_CUDA_CHECK(cudaGetLastError());
+}
+
+size_t folded_work(const forge_tensor *node, const lora_dims &d) {
+    const forge_type ct = forge_cuda_gemm_out_type(node->type, d.T);
+    const forge_tensor *bias = node->n_src > 4 ? node->src[4] : nullptr;
+    return forge_cuda_gemm_rows_work(d.x, d.T) + align_up((size_t)(d.R * d.K * type_size(d.T))) +
+           (ct != node->type ? align_up((size_t)(d.N * d.M) * sizeof(float)) : 0) + forge_cuda_gemm_bias_work(bias, ct) + u_work(d) +
+           align_up((size_t)(d.N * (d.K + d.R) * type_size(d.T)));
+}
+
+// prep (Ac; scale Bd into W's spare columns), u = x Ac^T, xp = [x | u], y = xp [W | scale Bd]^T + bias.
+void lora_forward_folded(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, int64_t ldw) {
+    const forge_tensor *bias_t = node->n_src > 4 ? node->src[4] : nullptr;
+    const forge_type T = d.T, ct = forge_cuda_gemm_out_type(node->type, T);
+    const int64_t KR = d.K + d.R;
+    char *scratch = (char *)p->work;
+    int64_t ldx;
+    const void *x = forge_cuda_gemm_rows(p, d.x, T, &ldx, &scratch);
+    char *ac = take(&scratch, (size_t)(d.R * d.K * type_size(T)));
+    const int64_t n = d.R * d.K + d.M * d.R;
+    const int blocks = (int)std::min<int64_t>((n + kPrepThreads - 1) / kPrepThreads, (int64_t)std::max(p->sm_count, 1) * 8);
+    lora_prep_spare_kernel<<<blocks, kPrepThreads, 0, p->stream>>>(forge_cuda_view_of(d.a), forge_cuda_view_of(d.b), ac, (char *)d.w->data,
+                                                                   ldw, T, d.K, d.R, d.M, d.r, d.blocks, d.scale);
+    FORGE_CUDA_CHECK(cudaGetLastError());
+    void *y = ct == node->type ? node->data : take(&scratch, (size_t)(d.N * d.M) * sizeof(float));
+    const void *bias = forge_cuda_gemm_bias(p, bias_t, ct, &scratch);
+    const void *u = forward_u(node, p, d, x, ldx, ac, &scratch); // x's type = T: u itself, ld R
+    char *xp = take(&scratch, (size_t)(d.N * KR * type_size(T)));
+    concat(p, x, ldx, u, xp, d.N, d.K, d.R);
+    forge_cuda_gemm(p, d.N, d.M, KR, xp, KR, 0, d.w->data, ldw, 1, T, y, d.M, ct, 1.0f, 0.0f, bias, ct);
+    if (y != node->data) forge_cuda_convert(p, forge_cuda_dense_view(y, FORGE_TYPE_F32, node->ne), node->data, node->type);
+}
+
 void lora_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d) {
+    int64_t ldw_folded;
+    if (folds(node, d, &ldw_folded)) return lora_forward_folded(node, p, d, ldw_folded);
     const forge_tensor *bias_t = node->n_src > 4 ? node->src[4] : nullptr;
     const forge_type T = d.T, ct = forge_cuda_gemm_out_type(node->type, T);
     char *scratch = (char *)p->work;
@@ -178,7 +282,9 @@ void lora_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dim
     if (y != node->data) forge_cuda_convert(p, forge_cuda_dense_view(y, FORGE_TYPE_F32, node->ne), node->data, node->type);
 }
 
-void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d) {
+// acc_a / acc_b: when not NULL, dA / dB are added into these F32 buffers (the persistent
+// gradients, beta = 1) instead of being written to the node's outputs (forge_cuda_lora_back_into).
+void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, float *acc_a, float *acc_b) {
     forge_tensor *dx_t = node->res[2];
     const forge_type T = d.T;
     char *scratch = (char *)p->work;
@@ -191,11 +297,12 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     // du = scale dy Bd
     forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T);
     // dA (R x K) = du^T x; dB (M x r) = scale dy^T u, one block at a time
-    forge_cuda_gemm(p, d.R, d.K, d.N, du, d.R, 1, x, ldx, 0, T, node->data, d.K, FORGE_TYPE_F32, 1.0f, 0.0f, nullptr, T);
-    float *dB = (float *)node->res[1]->data;
+    forge_cuda_gemm(p, d.R, d.K, d.N, du, d.R, 1, x, ldx, 0, T, acc_a ? acc_a : node->data, d.K, FORGE_TYPE_F32, 1.0f, acc_a ? 1.0f : 0.0f,
+                    nullptr, T);
+    float *dB = acc_b ? acc_b : (float *)node->res[1]->data;
     for (int i = 0; i < d.blocks.n; i++)
         forge_cuda_gemm(p, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(T), ldy, 1, u + i * d.r * type_size(T),
-                        ldu, 0, T, dB + d.start[i] * d.r, d.r, FORGE_TYPE_F32, d.scale, 0.0f, nullptr, T);
+                        ldu, 0, T, dB + d.start[i] * d.r, d.r, FORGE_TYPE_F32, d.scale, acc_b ? 1.0f : 0.0f, nullptr, T);
     if (!dx_t) return;
     // dX = du Ac, then dX = dy W + dX
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
@@ -211,6 +318,8 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
 size_t forge_cuda_lora_work(const forge_tensor *node) {
     const lora_dims d = dims_of(node);
     size_t bytes = forge_cuda_gemm_rows_work(d.x, d.T) + prep_work(d);
+    int64_t ldw_folded;
+    if (folds(node, d, &ldw_folded)) return folded_work(node, d);
     if (node->op == FORGE_OP_LORA) {
         const forge_type ct = forge_cuda_gemm_out_type(node->type, d.T);
         const forge_tensor *bias = node->n_src > 4 ? node->src[4] : nullptr;
@@ -228,5 +337,9 @@ size_t forge_cuda_lora_work(const forge_tensor *node) {
 void forge_cuda_lora(forge_tensor *node, const forge_cuda_params *p) {
     const lora_dims d = dims_of(node);
     if (node->op == FORGE_OP_LORA) lora_forward(node, p, d);
-    else lora_backward(node, p, d);
+    else lora_backward(node, p, d, nullptr, nullptr);
+}
+
+void forge_cuda_lora_back_into(forge_tensor *node, const forge_cuda_params *p, float *acc_a, float *acc_b) {
+    lora_backward(node, p, dims_of(node), acc_a, acc_b);
 }

@@ -17,8 +17,31 @@
 // disjoint from a and b or exactly one of them (in place). h stays a normal node output: the
 // residual stream reads it later.
 //
+// The backward's mirror, the residual gradient summed after the norm's backward:
+//
+//     bool forge_cuda_rmsnorm_back_add(forge_tensor *back, forge_tensor *add, const forge_cuda_params *p);
+//
+// runs an RMSNORM_BACK node dx = back(dy, x, w) (and dw, res[1], when w trains) and the ADD node
+// s = g + dx or dx + g after it in one kernel: each row reads dy, x and g once and writes dx
+// (rounded to its type, exactly as the RMSNORM_BACK kernel does: same partition, same sums, same
+// fp32 math) and s = dx as rounded + g in fp32 (__fadd_rn: never fused with dx's math), rounded
+// to s's type - bit for bit forge_cuda_rmsnorm(back) then forge_cuda_elementwise(add); dw is
+// untouched (same plan, same partials). dx is still written because the kernel cannot see the
+// graph: another node may read it. Traffic: reads dy, x, g, writes dx, s = 5 N C elements, against
+// 3 + 3 for the pair (the ADD read dx and g and wrote s): one N C read of dx saved, one launch
+// less; with s in place over dx, dx is not stored (4 N C). It returns false and enqueues nothing
+// unless: back->op == RMSNORM_BACK, add->op == ADD, exactly one of add's sources is back (the
+// node itself, not a view); g (the other source), dy, x, dx and s have one shape; dx and s are
+// contiguous; the rows of dy, x, dx, g and s have the chunk width the backward alone would use
+// (so a strided g is fine on the element path, or with dense 16-byte aligned rows); dx overlaps
+// none of dy, x, w, g; s is disjoint from each of dx, g, dy, x or exactly it (same address, type
+// and layout, contiguous: a planner that gives s the memory of a dying dy or x, or ADD in place
+// over g or dx, keeps the fusion: each chunk is read, then written, by one thread), and disjoint
+// from w and dw. The caller must only call it for an ADD that comes right after back in node
+// order (nothing in between reads s's memory or writes dy, x, g), as forge_cuda_launch_nodes does.
+//
 // One kernel, rmsnorm_kernel<V, MODE, OVF> (MODE: forward, fused add + forward, backward,
-// backward with the weight gradient), rows held in registers. A row is cut into chunks of 16
+// backward with the weight gradient, either backward + add), rows held in registers. A row is cut into chunks of 16
 // bytes - V = 8 elements of BF16/F16 or 4 of F32 - when all its tensors are dense, 16-byte aligned
 // and of one element size (else V = 1, one element of any type per chunk), and belongs to a
 // group of T threads: T a power of two up to 32 (sub-warps or one warp; 128-thread blocks hold
@@ -33,9 +56,10 @@
 // (OVF: C > 16384 bf16, 8192 f32 or on the element path; half that with dw) read their later
 // chunks again (from L2) in the output pass.
 // Traffic: the forward reads x and writes y, the backward reads x and dy and writes dx, the fused
-// add reads a and b and writes h and y - each exactly once, the memory roofline; w (C elements)
-// comes from L1/L2. Each thread has NV x 16 bytes per source in flight: at 63 / 79 / 91 registers
-// (bf16 forward / fused add / backward) that is 64 / 96 / 80 KB of loads in flight per SM, well
+// add reads a and b and writes h and y, the backward + add reads x, dy and g and writes dx and s -
+// each exactly once, the memory roofline; w (C elements) comes from L1/L2. Each thread has NV x
+// 16 bytes per source in flight: at 63 / 79 / 91 / 125 registers (bf16 forward / fused add /
+// backward / backward + add, sm_90) that is 64 / 96 / 80 / 96 KB of loads in flight per SM, well
 // above what the H200's bandwidth-latency product asks (~30 KB per SM).
 //
 // Backward: g = dy * w', x_hat = x * r, dx = r * (g - x_hat * m) with m = mean(g * x_hat), taken
@@ -57,11 +81,14 @@ constexpr int MAX_T = 512;        // threads of one row at most
 constexpr int64_t DW_MAX_SLOTS = 1024;
 constexpr size_t DW_SLOT_BYTES = 16u << 20; // fp64 partials of dw at most (then fewer slots)
 
-enum rms_mode { RMS_FWD, RMS_ADD_FWD, RMS_BACK, RMS_BACK_DW };
+// RMS_BACK_ADD / RMS_BACK_DW_ADD: the backward followed by the residual gradient's ADD.
+enum rms_mode { RMS_FWD, RMS_ADD_FWD, RMS_BACK, RMS_BACK_DW, RMS_BACK_ADD, RMS_BACK_DW_ADD };
+__host__ __device__ constexpr bool is_back(int mode) { return mode >= RMS_BACK; }
+__host__ __device__ constexpr bool is_dw(int mode) { return mode == RMS_BACK_DW || mode == RMS_BACK_DW_ADD; }
 
-// Chunks a thread keeps in registers (the forward and the fused add must agree: same partition,
+// Chunks a thread keeps in registers (a kernel and its fused variant must agree: same partition,
 // same sums, same bits).
-__host__ __device__ constexpr int nv_of(int V, int mode) { return V > 1 ? (mode == RMS_BACK_DW ? 2 : 4) : (mode == RMS_BACK_DW ? 8 : 16); }
+__host__ __device__ constexpr int nv_of(int V, int mode) { return V > 1 ? (is_dw(mode) ? 2 : 4) : (is_dw(mode) ? 8 : 16); }
 
 // A chunk as loaded: 16 bytes (V = 8 BF16/F16 or 4 F32 elements), or one element as a float.
 template <int V> struct chunk {
@@ -169,9 +196,10 @@ template <int V> __device__ inline void store_chunk(const rows_t &d, char *row, 
 struct rms_args {
     rows_t x;           // the norm's input (fused add: h, read back for chunks past the registers)
     rows_t dy;          // backward
-    rows_t a, b;        // the fused add's sources
+    rows_t a, b;        // the fused add's sources (backward + add: b is g, the ADD's other source)
     rows_t dst;         // y or dx
-    rows_t h;           // the fused add's result
+    rows_t h;           // the fused add's result (backward + add: dx + g)
+    bool dst_store;     // false: backward + add in place over dx, only the sum is stored
     const char *w;      // [C], elements w_nb apart
     forge_type wtype;
     int64_t w_nb;
@@ -231,7 +259,7 @@ template <int N> __device__ inline void group_sum(double (&v)[N], int T, double 
 
 template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1) rmsnorm_kernel(rms_args a) {
     constexpr int NV = nv_of(V, MODE);
-    constexpr bool BACK = MODE == RMS_BACK || MODE == RMS_BACK_DW, DW = MODE == RMS_BACK_DW, ADD = MODE == RMS_ADD_FWD;
+    constexpr bool BACK = is_back(MODE), DW = is_dw(MODE), ADD = MODE == RMS_ADD_FWD, BADD = MODE == RMS_BACK_ADD || MODE == RMS_BACK_DW_ADD;
     constexpr int NS = BACK ? 2 : 1; // sums per row
     __shared__ double red[MAX_T / 32][2];
     const int T = a.T, lt = threadIdx.x % T, grp = threadIdx.x / T;
@@ -255,10 +283,12 @@ template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1)
         forge_cuda_divmod(q, a.ne2, i3, i2);
         auto row = [&](const rows_t &s) { return s.data + i1 * s.nb[1] + i2 * s.nb[2] + i3 * s.nb[3]; };
         const char *xr = row(a.x), *dyr = BACK ? row(a.dy) : nullptr;
-        char *dr = a.dst.data + r * C * a.dst.nb[0], *hr = ADD ? a.h.data + r * C * a.h.nb[0] : nullptr;
+        char *dr = a.dst.data + r * C * a.dst.nb[0], *hr = ADD || BADD ? a.h.data + r * C * a.h.nb[0] : nullptr;
+        const char *gr = BADD ? row(a.b) : nullptr;
         auto has = [&](int i) { return live && lt + (int64_t)T * i < nch; };
         // pass 1: the thread's chunks into registers (fused add: h = a + b, rounded and stored)
         chunk<V> xv[NV], dv[BACK || ADD ? NV : 1]; // the fused add: dv holds b
+        chunk<V> gv[BADD ? NV : 1];                 // backward + add: g, used in the output pass
 #pragma unroll
         for (int i = 0; i < NV; i++) {
             const int64_t k = lt + (int64_t)T * i;
@@ -269,6 +299,7 @@ template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1)
             } else {
                 xv[i] = load_chunk<V>(a.x, xr, k);
                 if constexpr (BACK) dv[i] = load_chunk<V>(a.dy, dyr, k);
+                if constexpr (BADD) gv[i] = load_chunk<V>(a.b, gr, k);
             }
         }
         if constexpr (ADD) // (every load above is in flight before the first store: h may be a)
@@ -326,6 +357,7 @@ template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1)
         for (int i = 0; i < NV; i++) {
             opaque(xv[i]);
             if constexpr (BACK) opaque(dv[i]);
+            if constexpr (BADD) opaque(gv[i]);
         }
         group_sum<NS>(sums, T, red);
         const float rs = (float)(1.0 / sqrt(sums[0] / (double)C + (double)a.eps));
@@ -335,7 +367,7 @@ template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1)
         const char *w_out = a.w;
         asm volatile("" : "+l"(w_out) : "f"(rs));
         // pass 2: the output chunks
-        auto out = [&](int64_t k, const chunk<V> &xc, const chunk<V> &dc, double *dw) {
+        auto out = [&](int64_t k, const chunk<V> &xc, const chunk<V> &dc, const chunk<V> &gc, double *dw) {
             float x[V], d[V], w[V], o[V];
             unpack<V>(a.x.type, xc, x);
             if constexpr (BACK) unpack<V>(a.dy.type, dc, d);
@@ -353,14 +385,23 @@ template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1)
                     o[e] = xh[e] * w[e];
                 }
             }
-            store_chunk<V>(a.dst, dr, k, pack<V>(a.dst.type, o));
+            const chunk<V> dc_out = pack<V>(a.dst.type, o);
+            if (!BADD || a.dst_store) store_chunk<V>(a.dst, dr, k, dc_out);
+            if constexpr (BADD) { // dx + g as the ADD computes it: dx as stored (rounded) plus g, in fp32
+                float s[V], t[V];
+                unpack<V>(a.dst.type, dc_out, s);
+                unpack<V>(a.b.type, gc, t);
+#pragma unroll
+                for (int e = 0; e < V; e++) s[e] = __fadd_rn(s[e], t[e]); // never contracted into an FMA with dx's math
+                store_chunk<V>(a.h, hr, k, pack<V>(a.h.type, s));
+            }
         };
 #pragma unroll
         for (int i = 0; i < NV; i++)
-            if (has(i)) out(lt + (int64_t)T * i, xv[i], dv[BACK ? i : 0], acc[DW ? i : 0]);
+            if (has(i)) out(lt + (int64_t)T * i, xv[i], dv[BACK ? i : 0], gv[BADD ? i : 0], acc[DW ? i : 0]);
         for (int64_t k = lt + (int64_t)T * NV; OVF && live && k < nch; k += T) {
             const chunk<V> xc = load_chunk<V>(a.x, xr, k); // the fused add: h as this thread stored it
-            out(k, xc, BACK ? load_chunk<V>(a.dy, dyr, k) : xc, DW ? slot + k * V : nullptr);
+            out(k, xc, BACK ? load_chunk<V>(a.dy, dyr, k) : xc, BADD ? load_chunk<V>(a.b, gr, k) : xc, DW ? slot + k * V : nullptr);
         }
     }
     if constexpr (DW)
@@ -411,7 +452,7 @@ rms_plan plan_of(int V, int64_t C, int64_t rows, int mode) {
     pl.R = pl.threads / pl.T;
     const int64_t tiles = std::max<int64_t>(1, (rows + pl.R - 1) / pl.R);
     int64_t grid = tiles;
-    if (mode == RMS_BACK_DW) {
+    if (is_dw(mode)) {
         const int64_t slots = std::max<int64_t>(pl.R, std::min<int64_t>(DW_MAX_SLOTS, (int64_t)(DW_SLOT_BYTES / (8 * (size_t)C))));
         grid = std::min(tiles, slots / pl.R);
     }
@@ -446,19 +487,26 @@ rows_t rows_of(const forge_tensor *t) {
     return s;
 }
 
+// The source of an ADD that is not back (the residual stream's gradient g of a backward + add).
+const forge_tensor *other_src(const forge_tensor *add, const forge_tensor *back) { return add->src[0] == back ? add->src[1] : add->src[0]; }
+
 int mode_of(const forge_tensor *node, const forge_tensor *add) {
-    if (node->op == FORGE_OP_RMSNORM_BACK) return node->res[1] ? RMS_BACK_DW : RMS_BACK;
+    if (node->op == FORGE_OP_RMSNORM_BACK) return (node->res[1] ? RMS_BACK_DW : RMS_BACK) + (add ? RMS_BACK_ADD - RMS_BACK : 0);
     return add ? RMS_ADD_FWD : RMS_FWD;
 }
 // The chunk width of a node (with the fused add: of the whole pair).
 int width_of(const forge_tensor *node, const forge_tensor *add) {
-    if (node->op == FORGE_OP_RMSNORM_BACK) return common_width({node->src[1], node->src[0], node});
+    if (node->op == FORGE_OP_RMSNORM_BACK) {
+        if (add) return common_width({node->src[1], node->src[0], node, other_src(add, node), add});
+        return common_width({node->src[1], node->src[0], node});
+    }
     if (add) return common_width({add, add->src[0], add->src[1], node});
     return common_width({node->src[0], node});
 }
 
-// Runs an RMSNORM or RMSNORM_BACK node; add: the ADD node in front of a forward to fuse (its
-// sources are read instead of node->src[0], and its result is written too).
+// Runs an RMSNORM or RMSNORM_BACK node; add: for a forward, the ADD node in front to fuse (its
+// sources are read instead of node->src[0], and its result is written too); for a backward, the
+// ADD of dx and g after it (g is read, dx + g written besides dx).
 void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p) {
     const bool back = node->op == FORGE_OP_RMSNORM_BACK;
     const forge_tensor *x = node->src[back ? 1 : 0], *w = node->src[back ? 2 : 1];
@@ -469,10 +517,11 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
     rms_args a;
     a.x = rows_of(x);
     a.dy = rows_of(back ? node->src[0] : nullptr);
-    a.a = rows_of(add ? add->src[0] : nullptr);
-    a.b = rows_of(add ? add->src[1] : nullptr);
+    a.a = rows_of(add && !back ? add->src[0] : nullptr);
+    a.b = rows_of(add ? (back ? other_src(add, node) : add->src[1]) : nullptr);
     a.dst = rows_of(node);
     a.h = rows_of(add);
+    a.dst_store = !(add && back && add->data == node->data); // in place over dx: dx is dead, only the sum
     a.w = (const char *)w->data;
     a.wtype = w->type;
     a.w_nb = (int64_t)w->nb[0];
@@ -487,7 +536,7 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
     a.eps = node->op_f[0];
     a.offset = node->op_f[1];
     a.cast_before = node->op_i[0] == FORGE_NORM_CAST_BEFORE_WEIGHT;
-    a.part = mode == RMS_BACK_DW ? (double *)p->work : nullptr;
+    a.part = is_dw(mode) ? (double *)p->work : nullptr;
     const bool ovf = a.nch > (int64_t)pl.T * nv_of(V, mode);
     auto launch = [&](auto m) {
         constexpr int M = decltype(m)::value;
@@ -500,9 +549,11 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
     case RMS_FWD: launch(std::integral_constant<int, RMS_FWD>()); break;
     case RMS_ADD_FWD: launch(std::integral_constant<int, RMS_ADD_FWD>()); break;
     case RMS_BACK: launch(std::integral_constant<int, RMS_BACK>()); break;
-    default: launch(std::integral_constant<int, RMS_BACK_DW>()); break;
+    case RMS_BACK_DW: launch(std::integral_constant<int, RMS_BACK_DW>()); break;
+    case RMS_BACK_ADD: launch(std::integral_constant<int, RMS_BACK_ADD>()); break;
+    default: launch(std::integral_constant<int, RMS_BACK_DW_ADD>()); break;
     }
-    if (mode == RMS_BACK_DW)
+    if (is_dw(mode))
         dw_reduce_kernel<<<(unsigned)((C + 31) / 32), dim3(32, 32), 0, p->stream>>>(a.part, pl.slots, C, (float *)node->res[1]->data);
 }
 
@@ -542,6 +593,30 @@ bool fusable(const forge_tensor *add, const forge_tensor *norm) {
     return disjoint(add, norm);
 }
 
+// Whether s and t are the same memory with the same layout: one type, both contiguous (their
+// shapes are equal where this is asked).
+bool same_memory(const forge_tensor *s, const forge_tensor *t) { return s->data == t->data && s->type == t->type && contiguous(s) && contiguous(t); }
+
+// Whether an RMSNORM_BACK node and the ADD after it can run as one kernel (see the top of the file).
+bool back_fusable(const forge_tensor *back, const forge_tensor *add) {
+    if (!back || !add || back->op != FORGE_OP_RMSNORM_BACK || add->op != FORGE_OP_ADD || add->n_src < 2) return false;
+    if ((add->src[0] == back) == (add->src[1] == back)) return false; // back is exactly one source
+    const forge_tensor *g = other_src(add, back), *dy = back->src[0], *x = back->src[1], *w = back->src[2], *dw = back->res[1];
+    if (!g || !dy || !x || !w || !back->data || !add->data || !g->data) return false;
+    if (!contiguous(back) || !contiguous(add)) return false;
+    for (int i = 0; i < 4; i++)
+        if (g->ne[i] != back->ne[i] || add->ne[i] != back->ne[i] || x->ne[i] != back->ne[i] || dy->ne[i] != back->ne[i]) return false;
+    if (width_of(back, add) != width_of(back, nullptr)) return false; // the backward alone would cut rows differently
+    // dx (written) overlaps none of what the kernel reads
+    if (!disjoint(back, g) || !disjoint(back, dy) || !disjoint(back, x) || !disjoint(back, w)) return false;
+    // the sum: its own memory, or exactly that of dx, g, dy or x (each chunk is read, then written,
+    // by one thread), never w nor dw
+    for (const forge_tensor *s : {back, g, dy, x})
+        if (!same_memory(s, add) && !disjoint(s, add)) return false;
+    if (!disjoint(add, w) || (dw && !disjoint(add, dw))) return false;
+    return true;
+}
+
 } // namespace
 
 void forge_cuda_rmsnorm(forge_tensor *node, const forge_cuda_params *p) {
@@ -551,6 +626,12 @@ void forge_cuda_rmsnorm(forge_tensor *node, const forge_cuda_params *p) {
 bool forge_cuda_add_rmsnorm(forge_tensor *add_node, forge_tensor *norm_node, const forge_cuda_params *p) {
     if (!fusable(add_node, norm_node)) return false;
     run(norm_node, add_node, p);
+    return true;
+}
+
+bool forge_cuda_rmsnorm_back_add(forge_tensor *back, forge_tensor *add, const forge_cuda_params *p) {
+    if (!back_fusable(back, add)) return false;
+    run(back, add, p);
     return true;
 }
 

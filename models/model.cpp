@@ -62,6 +62,27 @@ static forge_tensor *lora_param(Model &m, int64_t ne0, int64_t ne1, const char *
     return forge_tensor_set_flags(weight(m, FORGE_TYPE_F32, ne0, ne1, name, layer), FORGE_FLAG_PARAM);
 }
 
+// Re-creates the frozen leaf *w [K, M] as the first K columns of a leaf [K + spare, M] (the
+// same bytes per row plus `spare` elements that a LORA may use as scratch: forge_lora_set_spare)
+// and moves the sources that were to fill *w to the view; model_upload pads the rows.
+static void give_spare_columns(Model &m, forge_tensor **w, int64_t spare) {
+    forge_tensor *old = *w;
+    const int64_t K = forge_tensor_ne(old, 0), M = forge_tensor_ne(old, 1);
+    const forge_type type = forge_tensor_type(old);
+    const size_t es = forge_type_size(type);
+    forge_tensor *leaf = forge_tensor_new_2d(m.ctx, type, K + spare, M);
+    if (!leaf) return;
+    forge_tensor_set_name(leaf, (std::string(forge_tensor_name(old)) + ".padded").c_str());
+    const int64_t ne[2] = {K, M};
+    const size_t nb[2] = {es, (size_t)(K + spare) * es};
+    forge_tensor *v = forge_view(m.ctx, leaf, 2, ne, nb, 0);
+    if (!v) return;
+    forge_tensor_set_name(v, forge_tensor_name(old));
+    for (auto &ts : m.sources)
+        if (ts.first == old) ts.first = v;
+    *w = v;
+}
+
 void model_add_lora(Model &m, const LoraConfig &lc) {
     const ModelConfig &c = m.cfg;
     const int64_t H = c.hidden, D = c.head_dim, r = lc.r;
@@ -81,6 +102,12 @@ void model_add_lora(Model &m, const LoraConfig &lc) {
         if (lc.gate || lc.up) {
             y.a_gu = lora_param(m, H, gu_blocks * r, "ffn_gate_up.lora_a", l);
             y.b_gu = lora_param(m, r, 2 * c.ffn, "ffn_gate_up.lora_b", l);
+            const bool half = m.wtype == FORGE_TYPE_BF16 || m.wtype == FORGE_TYPE_F16;
+            // not once the weight has memory (uploaded for generation before the adapter came)
+            if (m.lora_spare && half && y.wgu->op == FORGE_OP_NONE && !y.wgu->data) {
+                give_spare_columns(m, &y.wgu, gu_blocks * r);
+                if (y.wgu->op == FORGE_OP_VIEW) y.wgu_spare = gu_blocks * r;
+            }
         }
         if (lc.down) {
             y.a_down = lora_param(m, c.ffn, r, "ffn_down.lora_a", l);
@@ -105,25 +132,48 @@ void model_init_lora(Model &m, uint64_t seed) {
         }
 }
 
+// The leaf that model_upload fills for t and the row stride of t in it (elements): t itself and
+// ne0, or for a view of the first ne0 elements of each row of a leaf (a padded weight) that leaf
+// and its row length. NULL for any other view.
+static forge_tensor *upload_target(forge_tensor *t, int64_t *ld) {
+    *ld = t->ne[0];
+    if (t->op != FORGE_OP_VIEW) return t;
+    forge_tensor *root = forge_view_root(t);
+    const size_t es = forge_type_size(t->type);
+    if (!root || root->op != FORGE_OP_NONE || root->type != t->type || t->view_offs != 0 || t->nb[0] != es || t->nb[1] % es ||
+        t->ne[2] != 1 || t->ne[3] != 1 || !forge_tensor_is_contiguous(root))
+        return nullptr;
+    *ld = (int64_t)(t->nb[1] / es);
+    return *ld >= t->ne[0] && forge_tensor_nelements(root) == *ld * t->ne[1] ? root : nullptr;
+}
+
 bool model_upload(Model &m, std::string *err) {
     std::vector<float> staging;
     for (auto &ts : m.sources) {
-        forge_tensor *t = ts.first;
-        int64_t n = 0;
+        forge_tensor *t = ts.first, *dst;
+        int64_t n = 0, ld;
         for (const WeightSource &s : ts.second) n += s.n;
         if (n != forge_tensor_nelements(t)) {
             *err = std::string("weight ") + forge_tensor_name(t) + ": sources hold " + std::to_string(n) + " elements, the tensor " +
                    std::to_string(forge_tensor_nelements(t));
             return false;
         }
-        staging.resize((size_t)n);
-        int64_t at = 0;
+        if (!(dst = upload_target(t, &ld))) {
+            *err = std::string("weight ") + forge_tensor_name(t) + ": a view that is not the leading columns of a leaf's rows";
+            return false;
+        }
+        const int64_t K = t->ne[0], total = forge_tensor_nelements(dst);
+        if (ld == K) staging.resize((size_t)total);
+        else staging.assign((size_t)total, 0.0f); // the spare elements of a padded weight: zeros
+        int64_t row = 0, col = 0;                  // of the next source element in t
         for (const WeightSource &s : ts.second) {
             size_t es = forge_type_size(s.type);
-            for (int64_t i = 0; i < s.n; i++) staging[(size_t)(at + i)] = forge_load_f32(s.type, (const char *)s.data + (size_t)i * es);
-            at += s.n;
+            for (int64_t i = 0; i < s.n; i++) {
+                staging[(size_t)(row * ld + col)] = forge_load_f32(s.type, (const char *)s.data + (size_t)i * es);
+                if (++col == K) col = 0, row++;
+            }
         }
-        if (forge_tensor_set_f32(t, staging.data(), n) != FORGE_OK) {
+        if (forge_tensor_set_f32(dst, staging.data(), total) != FORGE_OK) {
             *err = std::string("weight ") + forge_tensor_name(t) + ": " + (forge_ctx_error(m.ctx) ? forge_ctx_error(m.ctx) : "upload failed");
             return false;
         }
@@ -138,10 +188,13 @@ static forge_tensor *input(forge_ctx *ctx, forge_type type, int64_t ne0, int64_t
 }
 
 // x W^T (+ bias) with the layer's LoRA when it has one.
+// spare: elements after each row of w (Layer::wgu_spare); when they hold A's R rows, the LORA
+// may use them (forge_lora_set_spare: on CUDA, one GEMM of depth K + R).
 static forge_tensor *project(Model &m, forge_tensor *x, forge_tensor *w, forge_tensor *b, forge_tensor *la, forge_tensor *lb, int blocks,
-                             const int64_t *rows) {
+                             const int64_t *rows, int64_t spare = 0) {
     if (!la) return forge_linear(m.ctx, x, w, b);
-    return forge_lora(m.ctx, x, w, b, la, lb, m.lora.scale(), blocks, rows);
+    forge_tensor *y = forge_lora(m.ctx, x, w, b, la, lb, m.lora.scale(), blocks, rows);
+    return y && spare > 0 && spare >= forge_tensor_ne(la, 1) ? forge_lora_set_spare(m.ctx, y) : y;
 }
 
 forge_tensor *model_norm(Model &m, forge_tensor *x, forge_tensor *w) {
@@ -187,7 +240,7 @@ forge_tensor *model_layer_out(Model &m, int l, forge_tensor *h, forge_tensor *at
     if (c.sandwich_norms) o = model_norm(m, o, y.post_attn_norm);
     h = forge_add(ctx, h, o);
     forge_tensor *x = model_norm(m, h, y.ffn_norm);
-    forge_tensor *f = forge_glu(ctx, project(m, x, y.wgu, nullptr, y.a_gu, y.b_gu, 2, gu_rows), c.act);
+    forge_tensor *f = forge_glu(ctx, project(m, x, y.wgu, nullptr, y.a_gu, y.b_gu, 2, gu_rows, y.wgu_spare), c.act);
     if (f && m.recompute) forge_tensor_set_flags(f, FORGE_FLAG_RECOMPUTE);
     f = project(m, f, y.wdown, nullptr, y.a_down, y.b_down, 1, nullptr);
     if (c.sandwich_norms) f = model_norm(m, f, y.post_ffn_norm);

@@ -45,7 +45,9 @@ struct LoraConfig {
 };
 
 // Where a weight's bytes come from: a host buffer of a given type and element count (memory
-// mapped from a file, usually). Several sources fill one tensor in order (concatenation).
+// mapped from a file, usually). Several sources fill one tensor in order (concatenation). The
+// tensor may be a view of a leaf whose rows are longer than its own (a padded gate/up): the
+// sources then fill each row's first ne0 elements and model_upload zeroes the rest.
 struct WeightSource {
     const void *data;
     forge_type type;
@@ -55,6 +57,10 @@ struct WeightSource {
 struct Layer {
     forge_tensor *attn_norm, *wqkv, *bqkv, *q_norm, *k_norm, *wo, *post_attn_norm;
     forge_tensor *ffn_norm, *wgu, *wdown, *post_ffn_norm;
+    // spare elements after each row of wgu (0: a plain leaf). model_add_lora makes a 16-bit wgu
+    // the first columns of a [hidden + R, 2 ffn] leaf, so that its LORA folds the low-rank term
+    // into the base GEMM on CUDA (forge_lora_set_spare); model_upload fills the spare ones with 0.
+    int64_t wgu_spare = 0;
     // LoRA (NULL when the projection carries none): A [in, blocks*r], B [r, out]
     forge_tensor *a_qkv, *b_qkv, *a_o, *b_o, *a_gu, *b_gu, *a_down, *b_down;
 };
@@ -67,6 +73,8 @@ struct Model {
     forge_type wtype = FORGE_TYPE_BF16; // frozen weights' type
     bool recompute = false;             // the backward recomputes each MLP's GLU output instead of
                                         // keeping it (ffn x tokens activations per layer)
+    bool lora_spare = true;             // model_add_lora pads 16-bit gate/up weights (Layer::wgu_spare);
+                                        // false keeps them plain (the unfolded LORA everywhere)
     forge_tensor *tok_embd = nullptr, *output_norm = nullptr, *lm_head = nullptr;
     std::vector<Layer> layers;
     // host data for each weight, uploaded once the backend has given the tensors memory
@@ -77,7 +85,9 @@ struct Model {
 // Creates the weight tensors of cfg in ctx (no data): frozen weights of type wtype, norms F32.
 void model_create(Model &m, forge_ctx *ctx, const ModelConfig &cfg, forge_type wtype);
 // Adds LoRA A/B (F32, PARAM) to the chosen projections; A gets PEFT's kaiming-uniform
-// initialisation from seed once allocated, B zeros (see model_init_lora).
+// initialisation from seed once allocated, B zeros (see model_init_lora). With m.lora_spare and
+// a 16-bit model, gate/up's weight becomes a view with R = 2 r spare elements per row (its
+// sources follow it): call it before allocating, and fill weights through model_upload.
 void model_add_lora(Model &m, const LoraConfig &lc);
 // Uploads every weight from its sources (after forge_backend_alloc_graph). Errors name the tensor.
 bool model_upload(Model &m, std::string *err);

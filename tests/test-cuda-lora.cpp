@@ -6,7 +6,10 @@
 // type, F32 and F16; x as a strided slice of a wider tensor; mixed x/W types. Then the saved
 // u = x A^T (the LORA's res[1], which LORA_BACK reads instead of recomputing it): CUDA's u
 // against the CPU's, u of x's type also when the GEMM type differs (mixed x/W), and the CUDA
-// forward-only graph (no u result) giving bitwise the training graph's y.
+// forward-only graph (no u result) giving bitwise the training graph's y. Then the folded
+// forward of a LORA whose W has R spare elements per row (forge_lora_set_spare, the model's
+// gate/up): Qwen2.5 and Gemma2 gate/up shapes, shapes off its 16-byte copy path, F16, biases, and
+// its saved u / forward-only agreement.
 #include "cuda-util.h"
 
 namespace {
@@ -19,21 +22,34 @@ struct LoraShape {
     int64_t T, B;
 };
 
-// x [K, T, B] (xt), W [K, M] (wt), A F32 [K, r * blocks], B F32 [r, M], bias [M] (bt or none).
-void lora_case(const char *name, forge_type xt, forge_type wt, int bt, const LoraShape &s, float scale = 2.0f) {
+// W [K, M] of type wt: a plain leaf, or (spare) the first K columns of a leaf [K + R, M], the
+// model's padded gate/up, whose LORA is then flagged (forge_lora_set_spare: on CUDA, the folded
+// forward, one GEMM of depth K + R). The harness fills the whole leaf, spare elements included.
+forge_tensor *weight_of(forge_ctx *ctx, forge_type wt, int64_t K, int64_t M, int64_t R, bool spare) {
+    if (!spare) return forge_tensor_new_2d(ctx, wt, K, M);
+    forge_tensor *wp = forge_tensor_new_2d(ctx, wt, K + R, M);
+    const int64_t ne[2] = {K, M};
+    const size_t es = forge_type_size(wt), nb[2] = {es, (size_t)(K + R) * es};
+    return forge_view(ctx, wp, 2, ne, nb, 0);
+}
+
+// x [K, T, B] (xt), W [K, M] (wt; spare: see weight_of), A F32 [K, r * blocks], B F32 [r, M],
+// bias [M] (bt or none).
+void lora_case(const char *name, forge_type xt, forge_type wt, int bt, const LoraShape &s, float scale = 2.0f, bool spare = false) {
     conformance(name, [=](forge_ctx *ctx) {
         ConfCase c;
         int64_t M = 0;
         for (int64_t rows : s.blocks) M += rows;
         const int nb = (int)s.blocks.size();
-        forge_tensor *x = forge_tensor_new_3d(ctx, xt, s.K, s.T, s.B), *w = forge_tensor_new_2d(ctx, wt, s.K, M);
+        forge_tensor *x = forge_tensor_new_3d(ctx, xt, s.K, s.T, s.B), *w = weight_of(ctx, wt, s.K, M, s.r * nb, spare);
         forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, s.K, s.r * nb), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, s.r, M);
         forge_tensor *bias = bt == kNone ? nullptr : forge_tensor_new_1d(ctx, (forge_type)bt, M);
         c.y = forge_lora(ctx, x, w, bias, a, b, scale, nb, s.blocks.data());
+        if (spare) c.y = forge_lora_set_spare(ctx, c.y);
         c.params = {x, a, b};
         if (bias) c.params.push_back(bias);
         // the low-rank term about as large as the base product, so errors in either show
-        c.scales[w] = 1.0f / std::sqrt((float)s.K);
+        c.scales[forge_view_root(w)] = 1.0f / std::sqrt((float)s.K);
         c.scales[a] = 1.0f / std::sqrt((float)s.K);
         c.scales[b] = 0.5f / std::sqrt((float)s.r);
         return c;
@@ -43,17 +59,18 @@ void lora_case(const char *name, forge_type xt, forge_type wt, int bt, const Lor
 // The saved u of one LORA: built with a backward on the CPU and on CUDA (conf_setup), u compared
 // like an output; then a forward-only CUDA graph of the same case, which must have no u and
 // give bitwise the same y.
-void saved_u_case(const char *name, forge_type xt, forge_type wt, const LoraShape &s, float scale = 2.0f) {
+void saved_u_case(const char *name, forge_type xt, forge_type wt, const LoraShape &s, float scale = 2.0f, bool spare = false) {
     int64_t M = 0;
     for (int64_t rows : s.blocks) M += rows;
     const int nb = (int)s.blocks.size();
     auto build = [=](forge_ctx *ctx) {
         ConfCase c;
-        forge_tensor *x = forge_tensor_new_3d(ctx, xt, s.K, s.T, s.B), *w = forge_tensor_new_2d(ctx, wt, s.K, M);
+        forge_tensor *x = forge_tensor_new_3d(ctx, xt, s.K, s.T, s.B), *w = weight_of(ctx, wt, s.K, M, s.r * nb, spare);
         forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, s.K, s.r * nb), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, s.r, M);
         c.y = forge_lora(ctx, x, w, nullptr, a, b, scale, nb, s.blocks.data());
+        if (spare) c.y = forge_lora_set_spare(ctx, c.y);
         c.params = {a, b};
-        c.scales[w] = c.scales[a] = 1.0f / std::sqrt((float)s.K);
+        c.scales[forge_view_root(w)] = c.scales[a] = 1.0f / std::sqrt((float)s.K);
         c.scales[b] = 0.5f / std::sqrt((float)s.r);
         return c;
     };
@@ -144,5 +161,20 @@ int main() {
     saved_u_case("saved u bf16 x, f32 W (GEMM in bf16)", BF16, F32, {128, 8, {96}, 300, 1}, 0.5f);
     saved_u_case("saved u bf16 x, f32 W (GEMM in f32)", BF16, F32, {128, 8, {96}, 3, 1}, 0.5f);
     saved_u_case("saved u f32 x, bf16 W (GEMM in bf16)", F32, BF16, {128, 8, {96}, 3, 1}, 0.5f);
+
+    // the folded forward (W with R spare elements per row, the model's gate/up): Qwen2.5-0.5B and
+    // Gemma2-2B gate/up, then shapes off the 16-byte path (K, R or ld not multiples of 8), F16, a
+    // bias, and flagged LORAs the CUDA backend runs unfolded (F32; mixed x/W types)
+    const bool kSpare = true;
+    lora_case("spare lora bf16 qwen2.5 gate/up 896->[4864,4864] r16 x 512", BF16, BF16, kNone, {896, 16, {4864, 4864}, 512, 1}, 2.0f, kSpare);
+    lora_case("spare lora bf16 gemma2 gate/up 2304->[9216,9216] r16 x 256", BF16, BF16, kNone, {2304, 16, {9216, 9216}, 256, 1}, 2.0f, kSpare);
+    lora_case("spare lora bf16 77->[40,40] r5 x 13 x 3 + bf16 bias", BF16, BF16, BF16, {77, 5, {40, 40}, 13, 3}, 2.0f, kSpare);
+    lora_case("spare lora bf16 64->[40,24] r3 x 33 (R = 6)", BF16, BF16, kNone, {64, 3, {40, 24}, 33, 1}, 2.0f, kSpare);
+    lora_case("spare lora bf16 one row 896->[4864,4864] + f32 bias", BF16, BF16, F32, {896, 16, {4864, 4864}, 1, 1}, 2.0f, kSpare);
+    lora_case("spare lora f16 200->[150,50] r4 x 33 + f16 bias", F16, F16, F16, {200, 4, {150, 50}, 33, 1}, 2.0f, kSpare);
+    lora_case("spare lora f32 (unfolded) 77->[33,9,9] r5", F32, F32, kNone, odd, 2.0f, kSpare);
+    lora_case("spare lora bf16 x, f32 W (unfolded) 128->96 r8", BF16, F32, kNone, {128, 8, {96}, 300, 1}, 0.5f, kSpare);
+    saved_u_case("saved u, spare bf16 qwen2.5 gate/up x 512", BF16, BF16, {896, 16, {4864, 4864}, 512, 1}, 2.0f, kSpare);
+    saved_u_case("saved u, spare bf16 77->[40,40] r5", BF16, BF16, {77, 5, {40, 40}, 13, 3}, 2.0f, kSpare);
     return test_finish("test-cuda-lora");
 }

@@ -10,7 +10,21 @@
 // element, a 4-D input; rows longer than a group's registers hold (16400 bf16, 20000 f32, 9001
 // f32 on the element path: the chunks past the registers are read again, and their dw partials
 // go straight to the scratch slots); 3000 rows (several row tiles per block of the dw grid).
+// The residual gradient's ADD after the norm's backward (h2 = h + rmsnorm(h) * s: autograd emits
+// RMSNORM_BACK then ADD(g, dx), which a backend fuses into forge_cuda_rmsnorm_back_add) at
+// Qwen2.5 (896) and Gemma2 (2304) in BF16 and F32 through the harness, and forge_cuda_rmsnorm_back_add
+// called directly: dx, dx + g and dw bit for bit those of the two nodes launched one by one
+// (vector and element paths, rows past the registers, the sum in place over g and over dx), and
+// false for pairs that do not match.
 #include "cuda-util.h"
+
+#include <cstring>
+
+// forge-cuda/cuda.cuh holds device code; the three host functions the direct check calls
+struct forge_cuda_params;
+const forge_cuda_params *forge_cuda_backend_params(forge_backend *be);
+void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p);
+bool forge_cuda_rmsnorm_back_add(forge_tensor *back, forge_tensor *add, const forge_cuda_params *p);
 
 namespace {
 
@@ -29,6 +43,109 @@ void norm_case(const char *name, forge_type xt, forge_type wt, std::vector<int64
         c.scale = scale;
         return c;
     });
+}
+
+// h2 = h + rmsnorm(h, w) * s, h = x * 0.5 (or x + r: the residual stream as an ADD's result; h
+// must not be a PARAM, whose gradient contributions go to ACCs, not ADDs). Its backward has
+// RMSNORM_BACK(g_n, h, w) followed by ADD(g_h2, dx) (dw's RESULT node between when w trains).
+forge_tensor *residual_norm(forge_ctx *ctx, forge_type t, int64_t C, int64_t N, float offset, forge_norm_cast cast, bool train_w, bool h_is_add,
+                            std::vector<forge_tensor *> &params) {
+    forge_tensor *x = forge_tensor_new_2d(ctx, t, C, N), *w = forge_tensor_new_1d(ctx, F32, C), *s = forge_tensor_new_2d(ctx, t, C, N);
+    params = {x, s};
+    if (train_w) params.push_back(w);
+    forge_tensor *h;
+    if (h_is_add) {
+        forge_tensor *r = forge_tensor_new_2d(ctx, t, C, N);
+        params.push_back(r);
+        h = forge_add(ctx, x, r);
+    } else {
+        h = forge_scale(ctx, x, 0.5f);
+    }
+    return forge_add(ctx, h, forge_mul(ctx, forge_rmsnorm(ctx, h, w, 1e-6f, offset, cast), s));
+}
+
+bool same_bits(const std::vector<float> &a, const std::vector<float> &b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+enum alias_kind { ALIAS_NONE, ALIAS_G, ALIAS_DX };
+
+// Calls forge_cuda_rmsnorm_back_add on the RMSNORM_BACK + ADD pair of residual_norm's backward and
+// compares dx, dx + g and dw bit for bit with the two nodes launched one by one; alias: the sum's
+// memory pointed at g's or dx's (the ADD in place).
+void direct_check(const char *name, forge_type t, int64_t C, int64_t N, bool train_w, alias_kind alias = ALIAS_NONE) {
+    const int failures = g_failures;
+    forge_ctx *ctx = forge_ctx_new();
+    forge_backend *be = forge_backend_cuda_new(0);
+    const forge_cuda_params *p = forge_cuda_backend_params(be);
+    std::vector<forge_tensor *> params;
+    forge_tensor *y = residual_norm(ctx, t, C, N, 0.0f, BEFORE, train_w, false, params);
+    forge_tensor *r = forge_tensor_set_flags(forge_tensor_new_2d(ctx, t, C, N), FORGE_FLAG_INPUT);
+    forge_tensor *loss = forge_sum(ctx, forge_mul(ctx, y, r));
+    for (forge_tensor *q : params) forge_tensor_set_flags(q, FORGE_FLAG_PARAM);
+    forge_graph *g = forge_graph_new(ctx);
+    bool ok = p && forge_graph_build_forward(g, loss) == FORGE_OK && forge_graph_build_backward(g, loss) == FORGE_OK;
+    forge_tensor *back = nullptr, *add = nullptr;
+    // the ADD is the next node with a kernel (dw's RESULT node comes between when w trains)
+    for (size_t i = 0; ok && i < g->nodes.size(); i++) {
+        if (g->nodes[i]->op != FORGE_OP_RMSNORM_BACK) continue;
+        back = g->nodes[i];
+        size_t j = i + 1;
+        while (j < g->nodes.size() && g->nodes[j]->op == FORGE_OP_RESULT) j++;
+        add = j < g->nodes.size() ? g->nodes[j] : nullptr;
+    }
+    ok = ok && back && add && add->op == FORGE_OP_ADD && (add->src[0] == back || add->src[1] == back);
+    if (!ok) {
+        CHECK(false, "%s: no RMSNORM_BACK directly followed by its ADD (%s)", name, forge_ctx_error(ctx));
+        forge_backend_free(be);
+        forge_ctx_free(ctx);
+        return;
+    }
+    forge_tensor *gs = add->src[0] == back ? add->src[1] : add->src[0];
+    // everything the pair touches stays alive and distinct
+    for (forge_tensor *q : {back, add, forge_view_root(gs), forge_view_root(back->src[0]), forge_view_root(back->src[1])})
+        forge_tensor_set_flags(q, FORGE_FLAG_OUTPUT);
+    if (back->res[1]) forge_tensor_set_flags(back->res[1], FORGE_FLAG_OUTPUT);
+    REQUIRE_OK(forge_backend_alloc_graph(be, g));
+    int k = 0;
+    for (forge_tensor *q : g->leafs) {
+        if (q->flags & (FORGE_FLAG_GRAD | FORGE_FLAG_OPT_STATE | FORGE_FLAG_ONES)) continue;
+        Rng rng(4242 + (uint64_t)k++);
+        fill_random(q, rng);
+    }
+    REQUIRE_OK(forge_backend_compute(be, g)); // every activation the pair reads holds real values
+    void *const add_data = add->data;
+    if (alias == ALIAS_G) add->data = gs->data;
+    if (alias == ALIAS_DX) add->data = back->data;
+    const std::vector<float> g0 = tensor_f32(gs);
+    auto run = [&](bool fused, std::vector<float> &dx, std::vector<float> &sum, std::vector<float> &dw) {
+        forge_tensor_fill(back, 1234.5f);
+        if (alias != ALIAS_G) forge_tensor_fill(add, -777.0f);
+        if (back->res[1]) forge_tensor_fill(back->res[1], 99.0f);
+        set_f32(gs, g0);
+        if (fused) {
+            CHECK(forge_cuda_rmsnorm_back_add(back, add, p), "%s: forge_cuda_rmsnorm_back_add refused the pair", name);
+        } else {
+            forge_cuda_launch_node(back, p);
+            forge_cuda_launch_node(add, p);
+        }
+        dx = alias == ALIAS_DX ? std::vector<float>() : tensor_f32(back);
+        sum = tensor_f32(add);
+        dw = back->res[1] ? tensor_f32(back->res[1]) : std::vector<float>();
+    };
+    std::vector<float> dx0, s0, dw0, dx1, s1, dw1;
+    run(false, dx0, s0, dw0);
+    run(true, dx1, s1, dw1);
+    CHECK(same_bits(dx0, dx1), "%s: dx differs from the unfused RMSNORM_BACK", name);
+    CHECK(same_bits(s0, s1), "%s: dx + g differs from the unfused ADD", name);
+    CHECK(same_bits(dw0, dw1), "%s: dw differs from the unfused RMSNORM_BACK", name);
+    // pairs that must be refused, enqueueing nothing
+    CHECK(!forge_cuda_rmsnorm_back_add(add, back, p), "%s: the pair reversed was accepted", name);
+    CHECK(!forge_cuda_rmsnorm_back_add(back, back->src[0], p), "%s: a non-ADD was accepted", name);
+    add->data = add_data;
+    std::printf("%-8s %s\n", g_failures == failures ? "ok" : "FAIL", name);
+    forge_backend_free(be);
+    forge_ctx_free(ctx);
 }
 
 } // namespace
@@ -106,6 +223,37 @@ int main() {
         c.params = {x, r, w};
         return c;
     });
+
+    // the residual gradient's ADD after the norm's backward (a backend that fuses RMSNORM_BACK ->
+    // ADD runs forge_cuda_rmsnorm_back_add): Qwen2.5 and Gemma2 layers
+    struct BackAdd {
+        const char *name;
+        forge_type t;
+        int64_t C, N;
+        float offset;
+        forge_norm_cast cast;
+        bool train_w, h_is_add;
+    };
+    for (const BackAdd &b : {BackAdd{"rmsnorm back + residual grad add bf16 qwen2.5 [896, 512]", BF16, 896, 512, 0.0f, BEFORE, false, false},
+                             BackAdd{"rmsnorm back + residual grad add f32 qwen2.5 [896, 512], dw", F32, 896, 512, 0.0f, BEFORE, true, false},
+                             BackAdd{"rmsnorm back + residual grad add bf16 gemma2 [2304, 512], dw", BF16, 2304, 512, 1.0f, AFTER, true, true},
+                             BackAdd{"rmsnorm back + residual grad add f32 gemma2 [2304, 256]", F32, 2304, 256, 1.0f, AFTER, false, true}}) {
+        conformance(b.name, [=](forge_ctx *ctx) {
+            ConfCase c;
+            c.y = residual_norm(ctx, b.t, b.C, b.N, b.offset, b.cast, b.train_w, b.h_is_add, c.params);
+            return c;
+        });
+    }
+    // forge_cuda_rmsnorm_back_add itself against the two nodes, bit for bit
+    direct_check("rmsnorm_back_add direct bf16 [896, 512], dw", BF16, 896, 512, true);
+    direct_check("rmsnorm_back_add direct bf16 [896, 512]", BF16, 896, 512, false);
+    direct_check("rmsnorm_back_add direct f32 [2304, 256]", F32, 2304, 256, false);
+    direct_check("rmsnorm_back_add direct f32 [2304, 256], dw", F32, 2304, 256, true);
+    direct_check("rmsnorm_back_add direct f32 [37, 9] (element path), dw", F32, 37, 9, true);
+    direct_check("rmsnorm_back_add direct bf16 [16400, 3] (rows past the registers), dw", BF16, 16400, 3, true);
+    direct_check("rmsnorm_back_add direct f32 [20000, 3] (rows past the registers)", F32, 20000, 3, false);
+    direct_check("rmsnorm_back_add direct bf16 [896, 64], sum in place over g", BF16, 896, 64, true, ALIAS_G);
+    direct_check("rmsnorm_back_add direct f32 [896, 64], sum in place over dx", F32, 896, 64, false, ALIAS_DX);
 
     // awkward shapes
     norm_case("rmsnorm f32 [37, 15] (element path)", F32, F32, {37, 15}, 1e-5f, 0.0f, BEFORE, true, 3.0f);

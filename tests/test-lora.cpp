@@ -5,10 +5,15 @@
 // chunk against naive sums, and a check that the frozen W gets no gradient while x, A, B do.
 // The saved u = x A^T (the LORA's res[1], rounded to x's type): absent from a forward-only
 // graph; with a backward, planned, holding round(x A^T), read by LORA_BACK as src5, and the
-// forward's y bitwise the same as without it.
+// forward's y bitwise the same as without it. forge_lora_set_spare (W a view with R spare
+// elements after each row, which the CPU ignores): y and gradients bitwise those of a plain W,
+// the constructor's refusals, and the model layer's padded bf16 gate/up (model_add_lora,
+// model_upload) giving bitwise the plain model's loss and LoRA gradients.
 #include "test-util.h"
 #include "../forge-impl.h"
+#include "../models/model.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace {
@@ -279,6 +284,202 @@ void check_saved_u(forge_type type) {
     }
 }
 
+// forge_lora_set_spare on the CPU, which ignores the flag: the same LORA, forward and backward
+// (gradients of x, A, B and the bias), on W as a plain leaf and on W as the first K columns of a
+// [K + R, M] leaf whose spare elements hold NaN (so reading one would show) gives bitwise the
+// same y and gradients. LORA_BACK copies the flag.
+void check_spare(forge_type type, int64_t K, int64_t r, std::vector<int64_t> blocks, int64_t T) {
+    int64_t M = 0;
+    for (int64_t rows : blocks) M += rows;
+    const int nb = (int)blocks.size();
+    const int64_t R = r * nb;
+    const bool bf16 = type == FORGE_TYPE_BF16;
+    float (*round)(float) = bf16 ? bf16_round : identity;
+    Rng rng(61);
+    const std::vector<float> vx = rounded(random_vec(rng, K * T), round), vw = rounded(random_vec(rng, K * M, 0.3f), round);
+    const std::vector<float> va = random_vec(rng, K * R, 0.3f), vb = random_vec(rng, r * M), vbias = random_vec(rng, M);
+    const std::vector<float> vc = random_vec(rng, M * T);
+    std::vector<float> vwp((size_t)((K + R) * M), NAN);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k++) vwp[(size_t)(m * (K + R) + k)] = vw[(size_t)(m * K + k)];
+    std::vector<std::vector<float>> ref;
+    for (int spare = 0; spare < 2; spare++) {
+        forge_ctx *ctx = forge_ctx_new();
+        forge_tensor *x = forge_tensor_new_2d(ctx, type, K, T), *w, *wp = nullptr;
+        if (spare) {
+            wp = forge_tensor_new_2d(ctx, type, K + R, M);
+            const int64_t ne[2] = {K, M};
+            const size_t es = forge_type_size(type), nbytes[2] = {es, (size_t)(K + R) * es};
+            w = forge_view(ctx, wp, 2, ne, nbytes, 0);
+        } else {
+            w = forge_tensor_new_2d(ctx, type, K, M);
+        }
+        forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, R), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, r, M);
+        forge_tensor *bias = forge_tensor_new_1d(ctx, FORGE_TYPE_F32, M), *c = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, M, T);
+        for (forge_tensor *p : {x, a, b, bias}) forge_tensor_set_flags(p, FORGE_FLAG_PARAM);
+        forge_tensor_set_flags(c, FORGE_FLAG_INPUT);
+        forge_tensor *y = forge_lora(ctx, x, w, bias, a, b, 0.75f, nb, blocks.data());
+        if (spare) CHECK(forge_lora_set_spare(ctx, y) == y && y && y->op_i[4] == 1, "set_spare marks the LORA: %s", forge_ctx_error(ctx));
+        forge_tensor *loss = forge_sum(ctx, forge_mul(ctx, forge_cast(ctx, y, FORGE_TYPE_F32), c));
+        REQUIRE_T(ctx, loss);
+        forge_tensor_set_flags(loss, FORGE_FLAG_LOSS);
+        forge_graph *g = forge_graph_new(ctx);
+        REQUIRE_OK(forge_graph_build_forward(g, y));
+        REQUIRE_OK(forge_graph_build_forward(g, loss));
+        REQUIRE_OK(forge_graph_build_backward(g, loss));
+        forge_backend *be = forge_backend_cpu_new(0);
+        REQUIRE_OK(forge_backend_alloc_graph(be, g));
+        set_f32(x, vx); set_f32(a, va); set_f32(b, vb); set_f32(bias, vbias); set_f32(c, vc);
+        set_f32(spare ? wp : w, spare ? vwp : vw);
+        REQUIRE_OK(forge_backend_compute(be, g));
+        for (const forge_tensor *t : g->nodes)
+            if (t->op == FORGE_OP_LORA_BACK) CHECK(t->op_i[4] == spare, "LORA_BACK copies the flag (%d)", t->op_i[4]);
+        std::vector<std::vector<float>> got{tensor_f32(y)};
+        for (forge_tensor *p : {x, a, b, bias}) got.push_back(tensor_f32(forge_graph_grad(g, p)));
+        if (!spare) ref = got;
+        else
+            for (size_t i = 0; i < got.size(); i++)
+                CHECK(got[i] == ref[i], "spare %s K=%lld r=%lld, %d block(s): %s differs from the plain W's", bf16 ? "bf16" : "f32",
+                      (long long)K, (long long)r, nb, i == 0 ? "y" : i == 1 ? "dX" : i == 2 ? "dA" : i == 3 ? "dB" : "dbias");
+        forge_backend_free(be);
+        forge_ctx_free(ctx);
+    }
+}
+
+// forge_lora_set_spare refuses a W without R spare elements after each row inside a leaf, with
+// a message that says so; NULL propagates without a new error.
+void check_spare_refused() {
+    forge_ctx *ctx = forge_ctx_new();
+    const int64_t K = 8, M = 6, r = 4; // R = 4: rows of at least 12
+    const size_t es = 2;
+    forge_tensor *x = forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, K, 3);
+    forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, r), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, r, M);
+    auto view_of = [&](forge_tensor *leaf) {
+        const int64_t ne[2] = {K, M};
+        const size_t nb[2] = {es, (size_t)forge_tensor_ne(leaf, 0) * es};
+        return forge_view(ctx, leaf, 2, ne, nb, 0);
+    };
+    auto refused = [&](forge_tensor *w, const char *what, const char *says) {
+        forge_tensor *y = forge_lora(ctx, x, w, nullptr, a, b, 1.0f, 1, nullptr);
+        REQUIRE_T(ctx, y);
+        const bool null = forge_lora_set_spare(ctx, y) == nullptr;
+        const char *e = forge_ctx_error(ctx);
+        CHECK(null && y->op_i[4] == 0 && forge_ctx_status(ctx) == FORGE_ERR_SHAPE && e && std::strstr(e, "forge_lora_set_spare") &&
+                  std::strstr(e, says),
+              "set_spare on %s is refused saying '%s': %s", what, says, e ? e : "(no error)");
+        forge_ctx_clear_error(ctx);
+    };
+    refused(forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, K, M), "a plain W", "not a view");
+    refused(view_of(forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, K + r - 1, M)), "a W with 3 spare elements", "K + R = 12");
+    refused(view_of(forge_cast(ctx, forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K + r, M), FORGE_TYPE_BF16)), "a view of a computed tensor",
+            "a view of a leaf");
+    CHECK(forge_lora_set_spare(ctx, x) == nullptr && forge_ctx_error(ctx) && std::strstr(forge_ctx_error(ctx), "not a forge_lora node"),
+          "set_spare on a non-LORA is refused: %s", forge_ctx_error(ctx) ? forge_ctx_error(ctx) : "(no error)");
+    forge_ctx_clear_error(ctx);
+    CHECK(forge_lora_set_spare(ctx, nullptr) == nullptr && forge_ctx_status(ctx) == FORGE_OK, "NULL propagates quietly");
+    forge_tensor *y = forge_lora(ctx, x, view_of(forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, K + r, M)), nullptr, a, b, 1.0f, 1, nullptr);
+    CHECK(forge_lora_set_spare(ctx, y) == y && y->op_i[4] == 1, "a W with exactly R spare elements is accepted: %s",
+          forge_ctx_error(ctx) ? forge_ctx_error(ctx) : "");
+    forge_ctx_free(ctx);
+}
+
+// The model layer: model_add_lora on a bf16 model makes gate/up's weight a view of a [hidden +
+// 2r, 2 ffn] leaf (the other weights stay plain) and flags its LORA; model_upload fills the rows
+// from the sources and the spare elements with zeros; the loss and every LoRA gradient are
+// bitwise those of the same model with m.lora_spare off.
+void check_model_spare() {
+    using namespace forge;
+    ModelConfig c;
+    c.arch_name = "qwen2", c.vocab = 64, c.hidden = 32, c.n_layer = 2, c.n_head = 4, c.n_kv_head = 2, c.head_dim = 8, c.ffn = 48;
+    c.attn_scale = 1.0f / std::sqrt(8.0f), c.qkv_bias = true;
+    LoraConfig lc;
+    lc.r = 4;
+    const int64_t T = 8, B = 2, R = 2 * lc.r;
+    Rng rng(93);
+    std::vector<std::vector<float>> host; // the sources, in the order model_create makes the weights
+    std::vector<int32_t> ids((size_t)(T * B)), pos((size_t)(T * B)), doc((size_t)(T * B), 0), labels((size_t)(T * B));
+    for (int64_t i = 0; i < T * B; i++) ids[i] = rng.randint(64), pos[i] = (int32_t)(i % T), labels[i] = rng.randint(64);
+    std::vector<std::vector<float>> ref;
+    std::vector<float> lora_vals;
+    for (int spare = 0; spare < 2; spare++) {
+        forge_ctx *ctx = forge_ctx_new();
+        Model m;
+        m.lora_spare = spare;
+        model_create(m, ctx, c, FORGE_TYPE_BF16);
+        std::vector<forge_tensor *> ws{m.tok_embd, m.output_norm};
+        for (const Layer &y : m.layers)
+            for (forge_tensor *t : {y.attn_norm, y.wqkv, y.bqkv, y.wo, y.ffn_norm, y.wgu, y.wdown}) ws.push_back(t);
+        for (size_t i = 0; i < ws.size(); i++) {
+            if (host.size() <= i) host.push_back(random_vec(rng, (size_t)forge_tensor_nelements(ws[i]), 0.2f));
+            m.sources.push_back({ws[i], {{host[i].data(), FORGE_TYPE_F32, (int64_t)host[i].size()}}});
+        }
+        forge_tensor *wgu0 = m.layers[0].wgu;
+        model_add_lora(m, lc);
+        REQUIRE_OK(forge_ctx_status(ctx));
+        const Layer &y0 = m.layers[0];
+        if (spare) {
+            const forge_tensor *root = forge_view_root(y0.wgu);
+            CHECK(y0.wgu_spare == R && y0.wgu->op == FORGE_OP_VIEW && root && root->op == FORGE_OP_NONE && root->ne[0] == c.hidden + R &&
+                      root->ne[1] == 2 * c.ffn && y0.wgu->ne[0] == c.hidden && y0.wgu->nb[1] == (size_t)(c.hidden + R) * 2 &&
+                      !std::strcmp(forge_tensor_name(y0.wgu), forge_tensor_name(wgu0)),
+                  "bf16 gate/up: a view [%lld, %lld] of a padded leaf %s named like the weight", (long long)c.hidden, (long long)(2 * c.ffn),
+                  root ? forge_shape_str(root).c_str() : "?");
+            CHECK(y0.wqkv->op == FORGE_OP_NONE && y0.wo->op == FORGE_OP_NONE && y0.wdown->op == FORGE_OP_NONE, "the other weights stay plain");
+            int moved = 0;
+            for (auto &ts : m.sources) moved += ts.first == y0.wgu, moved -= 10 * (ts.first == wgu0);
+            CHECK(moved == 1, "gate/up's sources follow the view");
+        } else {
+            CHECK(y0.wgu_spare == 0 && y0.wgu == wgu0, "lora_spare off: gate/up stays a plain leaf");
+        }
+        Graph mg;
+        std::string err;
+        CHECK(model_build(m, T, B, FORGE_TYPE_BF16, true, false, &mg, &err), "model_build: %s", err.c_str());
+        forge_tensor_set_flags(mg.loss, FORGE_FLAG_LOSS);
+        forge_graph *g = forge_graph_new(ctx);
+        REQUIRE_OK(forge_graph_build_forward(g, mg.loss));
+        REQUIRE_OK(forge_graph_build_backward(g, mg.loss));
+        int flagged = 0, loras = 0, on_gu = 0;
+        for (const forge_tensor *t : g->nodes) {
+            if (t->op != FORGE_OP_LORA) continue;
+            loras++, flagged += t->op_i[4] == 1;
+            for (const Layer &y : m.layers) on_gu += t->op_i[4] == 1 && t->src[1] == y.wgu;
+        }
+        CHECK(loras == 8 && flagged == (spare ? 2 : 0) && on_gu == flagged, "%d of %d LORA nodes flagged, %d on gate/up (want %d)", flagged,
+              loras, on_gu, spare ? 2 : 0);
+        forge_backend *be = forge_backend_cpu_new(0);
+        REQUIRE_OK(forge_backend_alloc_graph(be, g));
+        CHECK(model_upload(m, &err), "model_upload: %s", err.c_str());
+        if (spare) { // rows from the sources (rounded to bf16), zeros after them
+            const std::vector<float> got = tensor_f32(forge_view_root(y0.wgu)), &src = host[7]; // tok, norm, then layer 0's 6th
+            size_t bad = 0;
+            for (int64_t mm = 0; mm < 2 * c.ffn; mm++)
+                for (int64_t k = 0; k < c.hidden + R; k++)
+                    bad += got[(size_t)(mm * (c.hidden + R) + k)] != (k < c.hidden ? bf16_round(src[(size_t)(mm * c.hidden + k)]) : 0.0f);
+            CHECK(bad == 0, "the padded gate/up holds the source rows and zeros (%zu elements differ)", bad);
+        }
+        model_init_lora(m, 5);
+        std::vector<forge_tensor *> lora;
+        for (const Layer &y : m.layers)
+            for (forge_tensor *t : {y.a_qkv, y.b_qkv, y.a_o, y.b_o, y.a_gu, y.b_gu, y.a_down, y.b_down}) lora.push_back(t);
+        Rng lr(17); // nonzero B, so that every gradient and the low-rank terms are nonzero
+        for (forge_tensor *t : lora) fill_random(t, lr, 0.2f);
+        set_i32(mg.in.ids, ids), set_i32(mg.in.pos, pos), set_i32(mg.in.doc, doc), set_i32(mg.in.labels, labels);
+        set_f32(mg.in.count, {(float)(T * B)});
+        REQUIRE_OK(forge_backend_compute(be, g));
+        std::vector<std::vector<float>> got{tensor_f32(mg.loss)};
+        for (forge_tensor *t : lora) got.push_back(tensor_f32(forge_graph_grad(g, t)));
+        if (!spare) ref = got;
+        else {
+            size_t differ = 0;
+            for (size_t i = 0; i < got.size(); i++) differ += got[i] != ref[i];
+            CHECK(differ == 0, "bf16 model with padded gate/up: %zu of %zu results (loss, LoRA gradients) differ from the plain model's", differ,
+                  got.size());
+        }
+        forge_backend_free(be);
+        forge_ctx_free(ctx);
+    }
+}
+
 } // namespace
 
 int main() {
@@ -293,5 +494,10 @@ int main() {
     check_frozen_weight();
     check_saved_u(FORGE_TYPE_F32);
     check_saved_u(FORGE_TYPE_BF16);
+    check_spare(FORGE_TYPE_BF16, 64, 8, {48, 16}, 300);
+    check_spare(FORGE_TYPE_BF16, 37, 3, {20, 9, 9}, 7);
+    check_spare(FORGE_TYPE_F32, 33, 5, {24}, 5);
+    check_spare_refused();
+    check_model_spare();
     return test_finish("test-lora");
 }
