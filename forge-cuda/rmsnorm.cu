@@ -12,8 +12,9 @@
 // add_node->op == ADD, norm_node->op == RMSNORM, norm_node->src[0] == add_node (the node itself,
 // not a view of it); a, b and h have one shape; the rows of a, b, h and y have the chunk width
 // the norm alone would use on h (all dense, 16-byte aligned and of one element size, or all on
-// the element path); h and y are contiguous, as the engine creates them; y's memory overlaps
-// none of a, b, h (a planner that lets y take over a dying a or b defeats the fusion); h is
+// the element path); h and y are contiguous, as the engine creates them; y's memory is disjoint
+// from h and from each of a and b or exactly it (the planner often gives y the memory of a dying
+// a or b: each chunk is read by the thread that later writes it, in an earlier pass); h is
 // disjoint from a and b or exactly one of them (in place). h stays a normal node output: the
 // residual stream reads it later.
 //
@@ -578,6 +579,10 @@ bool contiguous(const forge_tensor *t) {
     return true;
 }
 
+// Whether s and t are the same memory with the same layout: one type, both contiguous (their
+// shapes are equal where this is asked).
+bool same_memory(const forge_tensor *s, const forge_tensor *t) { return s->data == t->data && s->type == t->type && contiguous(s) && contiguous(t); }
+
 // Whether the pair can run as one kernel (see the top of the file).
 bool fusable(const forge_tensor *add, const forge_tensor *norm) {
     if (!add || !norm || add->op != FORGE_OP_ADD || norm->op != FORGE_OP_RMSNORM || norm->src[0] != add) return false;
@@ -588,14 +593,10 @@ bool fusable(const forge_tensor *add, const forge_tensor *norm) {
     if (width_of(norm, add) != width_of(norm, nullptr)) return false; // the norm alone would cut rows differently
     for (const forge_tensor *s : {a, b}) {
         const bool in_place = s->data == add->data && s->type == add->type && contiguous(s);
-        if (!(in_place || disjoint(s, add)) || !disjoint(s, norm)) return false;
+        if (!(in_place || disjoint(s, add)) || !(disjoint(s, norm) || same_memory(s, norm))) return false;
     }
     return disjoint(add, norm);
 }
-
-// Whether s and t are the same memory with the same layout: one type, both contiguous (their
-// shapes are equal where this is asked).
-bool same_memory(const forge_tensor *s, const forge_tensor *t) { return s->data == t->data && s->type == t->type && contiguous(s) && contiguous(t); }
 
 // Whether an RMSNORM_BACK node and the ADD after it can run as one kernel (see the top of the file).
 bool back_fusable(const forge_tensor *back, const forge_tensor *add) {
