@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # One call on the GPU machine does it all: build for sm_90a, run the CPU and CUDA test suites,
-# run ./bench-kernels and the PyTorch peers, regenerate the HF reference fixtures, and write
-# logs and JSON to $OUT (at most 7 files):
-#   bench/gpu-check.sh [tests] [bench] [peers] [step] [fullmodels] [models] [finetune] [fixtures] [dist]   (no argument: tests bench peers)
+# run ./bench-kernels and the PyTorch peers, ./bench-step and the whole step's peers, the
+# two-GPU run, regenerate the HF reference fixtures, and write logs and JSON to $OUT (the device
+# tool brings back at most 8 files: pick stages accordingly):
+#   bench/gpu-check.sh [tests] [bench] [peers] [step] [stepvs] [fullmodels] [models] [finetune]
+#                      [fixtures] [dist]                      (no argument: tests bench peers)
+#   tests    ctest (TESTS: a regex)                    bench     bench-kernels (BENCH: filters)
+#   peers    PyTorch eager / compile per kernel        step      bench-step, plain and --recompute
+#   stepvs   step + HF + PEFT eager / compile / Liger in the same call, 50-step loss curves
+#   dist     two GPUs: equivalence, throughput, kill -9 and --resume (an nvidia-h200-x2 machine)
 # FORGE_COMMIT names the commit in the results (the GPU machine's copy has no .git);
-# TESTS selects CTest tests by regex; PEERS_DEADLINE bounds the peers' run in seconds; TARGETS limits
-# the build to some targets (SKIP_BUILD: none); STEP_CONFIGS picks bench-step's configurations,
-# PEER_MODES the peers', NO_RC skips the --recompute run, LANE suffixes the stepvs files.
+# PEERS_DEADLINE bounds a peers' run in seconds; TARGETS limits the build to some targets
+# (SKIP_BUILD: no build); STEP_CONFIGS picks bench-step's configurations, PEER_MODES the peers'
+# (eager,liger,compile; Liger's wheel is carried in .whl/), NO_RC skips the --recompute run, and
+# LANE suffixes the stepvs files so that lanes can run side by side, one per GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/forge-out}
