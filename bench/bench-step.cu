@@ -1,7 +1,8 @@
 // bench/bench-step.cu - ./bench-step: one whole LoRA training step (forward, fused loss,
 // backward, AdamW) of a real model configuration on the CUDA backend, timed end to end.
 //
-// For each configuration MODEL[:BxT] (a name below, with random weights, or an HF directory)
+// For each configuration MODEL[:BxT] (a name below, with random weights, an HF directory or a
+// GGUF file: quantized weights are dequantized to bf16)
 // the program builds the training graph that ./finetune builds (models/model.cpp: LoRA r on
 // q,k,v,o,gate,up,down, bf16 weights and activations, the fused cross-entropy against the
 // real vocabulary), plans its memory, fills the frozen weights with random values on the device
@@ -36,10 +37,11 @@
 //
 // Usage: bench-step [--json FILE] [--commit SHA] [--steps N] [--warmup N] [--profile] [--r R]
 //                   [--alpha A] [--recompute] CONFIG...        CONFIG = qwen2.5-0.5b:4x1024, qwen3-0.6b,
-//                   gemma2-2b:4x1024, gemma-2b, or DIR:BxT (default 4x1024)
+//                   gemma2-2b:4x1024, gemma-2b, or DIR / FILE.gguf [:BxT] (default 4x1024)
 //        bench-step --curve DIR --model HFDIR --adapter PEFTDIR --curve-out FILE [--lr F]
 #include "../forge-cuda/cuda.cuh"
 #include "../models/config.h"
+#include "../models/gguf-model.h"
 #include "../models/json.h"
 #include "../models/safetensors.h"
 
@@ -165,8 +167,10 @@ struct Step {
         if (!be) die("the CUDA backend could not start on device 0");
         ctx = forge_ctx_new();
         std::string err;
+        const bool gguf = dir.size() > 5 && dir.compare(dir.size() - 5, 5, ".gguf") == 0;
         if (cfg) model_create(m, ctx, *cfg, FORGE_TYPE_BF16);
-        else if (!model_load_hf(m, dir, ctx, FORGE_TYPE_BF16, &err)) die("%s", err.c_str());
+        else if (!(gguf ? model_load_gguf(m, dir, ctx, FORGE_TYPE_BF16, &err) : model_load_hf(m, dir, ctx, FORGE_TYPE_BF16, &err)))
+            die("%s", err.c_str());
         model_add_lora(m, lc);
         m.recompute = recompute;
         if (!model_build(m, T, B, FORGE_TYPE_BF16, true, false, &tg, &err)) die("building the step graph: %s", err.c_str());
@@ -360,10 +364,11 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
         json::Value v;
         if (!json::parse(kConfigs.at(name), &v, &err) || !config_from_hf(v, "builtin:" + name, &cfg, &err)) die("%s", err.c_str());
         cfgp = &cfg;
-    } else {
+    } else if (name.size() <= 5 || name.compare(name.size() - 5, 5, ".gguf") != 0) {
         json::Value v;
         if (!load_hf_config(name, &v, &err))
-            die("%s: not a known configuration (qwen2.5-0.5b, qwen3-0.6b, gemma-2b, gemma2-2b) nor an HF model directory: %s",
+            die("%s: not a known configuration (qwen2.5-0.5b, qwen3-0.6b, gemma-2b, gemma2-2b), an HF model directory nor a "
+                ".gguf file: %s",
                 name.c_str(), err.c_str());
     }
     LoraConfig lc;
@@ -484,7 +489,8 @@ Options parse(int argc, char **argv) {
         else if (a == "--curve-out") o.curve_out = val();
         else if (a == "-h" || a == "--help") {
             std::puts("usage: bench-step [--json FILE] [--commit SHA] [--steps N] [--warmup N] [--profile] [--r R] [--alpha A] [--recompute] CONFIG...\n"
-                      "       CONFIG: qwen2.5-0.5b, qwen3-0.6b, gemma-2b, gemma2-2b or an HF directory, optionally :BxT (default 4x1024)\n"
+                      "       CONFIG: qwen2.5-0.5b, qwen3-0.6b, gemma-2b, gemma2-2b, an HF directory or a .gguf file, optionally :BxT\n"
+                      "               (default 4x1024)\n"
                       "       bench-step --curve DIR --model HFDIR --adapter PEFTDIR --curve-out FILE [--lr F]");
             std::exit(0);
         } else if (!a.empty() && a[0] == '-') die("unknown option '%s' (see --help)", a.c_str());
