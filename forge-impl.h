@@ -217,6 +217,10 @@ void forge_dist_set_error(const char *fmt, ...);
 //             d dst / d h, or NULL (no gradient wanted: a forward-only graph); res[2] = dW F32
 //             [C, V] or NULL (W frozen). Ignored tokens get dH = 0. Autograd creates res[1..2].
 //             A label outside [0, V) that is not ignore is a runtime error.
+// CROSS_ENTROPY_EVAL src0 h, src1 W, src2 labels; op_f[0], op_i[0], op_i[1] as CROSS_ENTROPY.
+//             z as CROSS_ENTROPY's; dst F32 [N] = z[label] - logsumexp(z) per token, 0 when its label
+//             is ignore; res[1] F32 [N] = 1 when label == argmax z (the first of equal maxima),
+//             else 0 (and 0 when ignored). No gradient.
 //
 // ADAMW       src0 hyper F32 [8] {lr, beta1, beta2, eps, wd, clip, step, apply}; then for each
 //             trainable tensor i: src[1+4i] p, src[2+4i] g, src[3+4i] m, src[4+4i] v (all F32).

@@ -57,7 +57,7 @@ static const char *const k_op_names[FORGE_OP_COUNT] = {
     "none", "view", "result", "add", "mul", "scale", "cpy", "softcap", "softcap_back", "sum",
     "sum_tokens", "repeat", "acc", "acc_view", "embedding", "embedding_back", "rmsnorm",
     "rmsnorm_back", "rope", "rope_back", "glu", "glu_back", "linear", "matmul", "lora",
-    "lora_back", "attention", "attention_back", "cross_entropy", "adamw", "allreduce",
+    "lora_back", "attention", "attention_back", "cross_entropy", "cross_entropy_eval", "adamw", "allreduce",
 };
 
 const char *forge_op_name(forge_op op) { return (op >= 0 && op < FORGE_OP_COUNT) ? k_op_names[op] : "?"; }
@@ -79,7 +79,7 @@ forge_family forge_op_family(forge_op op) {
     case FORGE_OP_LINEAR: case FORGE_OP_MATMUL: return FORGE_FAMILY_LINEAR;
     case FORGE_OP_LORA: case FORGE_OP_LORA_BACK: return FORGE_FAMILY_LORA;
     case FORGE_OP_ATTENTION: case FORGE_OP_ATTENTION_BACK: return FORGE_FAMILY_ATTENTION;
-    case FORGE_OP_CROSS_ENTROPY: return FORGE_FAMILY_CROSS_ENTROPY;
+    case FORGE_OP_CROSS_ENTROPY: case FORGE_OP_CROSS_ENTROPY_EVAL: return FORGE_FAMILY_CROSS_ENTROPY;
     case FORGE_OP_ADAMW: return FORGE_FAMILY_ADAMW;
     case FORGE_OP_ALLREDUCE: return FORGE_FAMILY_COLLECTIVE;
     default: return FORGE_FAMILY_NONE;
@@ -702,22 +702,49 @@ forge_tensor *forge_attention(forge_ctx *ctx, forge_tensor *q, forge_tensor *k, 
     return o;
 }
 
+// The checks both cross-entropy constructors make (count NULL: the eval form); false after
+// recording the error.
+static bool ce_args_ok(forge_ctx *ctx, const char *fn, forge_tensor *h, forge_tensor *w, forge_tensor *labels, forge_tensor *count,
+                       float softcap, int chunk) {
+    if (!is_float(h->type) || !is_float(w->type) || !is_matrix(w) || w->ne[0] != h->ne[0] || labels->type != FORGE_TYPE_I32 ||
+        forge_tensor_nelements(labels) != h->ne[1] * h->ne[2] * h->ne[3] ||
+        (count && (count->type != FORGE_TYPE_F32 || forge_tensor_nelements(count) != 1))) {
+        forge_ctx_set_error(ctx, FORGE_ERR_SHAPE, "%s: h %s, lm_head %s, labels %s%s%s: want float h [C, ...], lm_head [C, V], I32 labels one per token%s",
+                            fn, forge_shape_str(h).c_str(), forge_shape_str(w).c_str(), forge_shape_str(labels).c_str(), count ? ", count " : "",
+                            count ? forge_shape_str(count).c_str() : "", count ? ", F32 count [1]" : "");
+        return false;
+    }
+    if (chunk <= 0 || softcap < 0) {
+        forge_ctx_set_error(ctx, FORGE_ERR_INVALID_ARG, "%s: chunk %d must be > 0 and softcap %g >= 0", fn, chunk, softcap);
+        return false;
+    }
+    return true;
+}
+
 forge_tensor *forge_cross_entropy(forge_ctx *ctx, forge_tensor *h, forge_tensor *w, forge_tensor *labels, forge_tensor *count, float softcap,
                                   int chunk) {
     if (!ctx) return NULL;
     NEED(h, w, labels, count);
-    NEED_FLOAT(ctx, "forge_cross_entropy", h);
-    NEED_FLOAT(ctx, "forge_cross_entropy", w);
-    if (!is_matrix(w) || w->ne[0] != h->ne[0] || labels->type != FORGE_TYPE_I32 ||
-        forge_tensor_nelements(labels) != h->ne[1] * h->ne[2] * h->ne[3] || count->type != FORGE_TYPE_F32 || forge_tensor_nelements(count) != 1)
-        OP_FAIL(ctx, FORGE_ERR_SHAPE, "forge_cross_entropy: h %s, lm_head %s, labels %s, count %s: want lm_head [C, V], I32 labels one per token, F32 count [1]",
-                forge_shape_str(h).c_str(), forge_shape_str(w).c_str(), forge_shape_str(labels).c_str(), forge_shape_str(count).c_str());
-    if (chunk <= 0 || softcap < 0) OP_FAIL(ctx, FORGE_ERR_INVALID_ARG, "forge_cross_entropy: chunk %d must be > 0 and softcap %g >= 0", chunk, softcap);
+    if (!ce_args_ok(ctx, "forge_cross_entropy", h, w, labels, count, softcap, chunk)) return NULL;
     const int64_t ne[4] = {1, 1, 1, 1};
     forge_tensor *t = new_node(ctx, FORGE_OP_CROSS_ENTROPY, FORGE_TYPE_F32, ne, {h, w, labels, count});
     t->op_f[0] = softcap;
     t->op_i[0] = chunk;
     t->op_i[1] = FORGE_IGNORE_INDEX;
+    return t;
+}
+
+forge_tensor *forge_cross_entropy_eval(forge_ctx *ctx, forge_tensor *h, forge_tensor *w, forge_tensor *labels, float softcap, int chunk) {
+    if (!ctx) return NULL;
+    NEED(h, w, labels);
+    if (!ce_args_ok(ctx, "forge_cross_entropy_eval", h, w, labels, nullptr, softcap, chunk)) return NULL;
+    const int64_t ne[4] = {h->ne[1] * h->ne[2] * h->ne[3], 1, 1, 1};
+    forge_tensor *t = new_node(ctx, FORGE_OP_CROSS_ENTROPY_EVAL, FORGE_TYPE_F32, ne, {h, w, labels});
+    t->op_f[0] = softcap;
+    t->op_i[0] = chunk;
+    t->op_i[1] = FORGE_IGNORE_INDEX;
+    t->res[1] = new_node(ctx, FORGE_OP_RESULT, FORGE_TYPE_F32, ne, {t});
+    t->res[1]->op_i[0] = 1;
     return t;
 }
 
@@ -757,7 +784,8 @@ forge_status forge_graph_build_forward(forge_graph *g, forge_tensor *t) {
     }
     auto seen = graph_members(g);
     graph_visit(g, t, seen);
-    t->flags |= FORGE_FLAG_OUTPUT;
+    for (int i = 0; i < FORGE_MAX_RES; i++) // t and the extra results it has now (forge_tensor_result)
+        if (t->res[i]) t->res[i]->flags |= FORGE_FLAG_OUTPUT;
     g->planned_ok = false;
     return FORGE_OK;
 }

@@ -127,6 +127,7 @@ typedef enum {
     FORGE_OP_ATTENTION_BACK,
     /* cross_entropy */
     FORGE_OP_CROSS_ENTROPY,
+    FORGE_OP_CROSS_ENTROPY_EVAL, /* per-token log-probability of the label and top-1 hit, no gradient */
     /* adamw */
     FORGE_OP_ADAMW,
     /* collective */
@@ -289,12 +290,20 @@ FORGE_API forge_tensor *forge_attention(forge_ctx *ctx, forge_tensor *q, forge_t
    time: the full logits never exist. Result F32 [1]; the gradient for h is made in the same pass. */
 FORGE_API forge_tensor *forge_cross_entropy(forge_ctx *ctx, forge_tensor *h, forge_tensor *w, forge_tensor *labels,
                                             forge_tensor *count, float softcap, int chunk);
+/* Evaluation through the lm_head, as forge_cross_entropy reads it but without a gradient: the
+   result F32 [N] holds each token's log softmax(z)[label] (0 for FORGE_IGNORE_INDEX), and
+   forge_tensor_result(t, 1), F32 [N], holds 1 where the label is the most likely token (the
+   first of equal maxima) and 0 elsewhere - per-token log-probabilities and top-1 accuracy.
+   N = the tokens of h; chunks of `chunk` tokens: the full logits never exist. */
+FORGE_API forge_tensor *forge_cross_entropy_eval(forge_ctx *ctx, forge_tensor *h, forge_tensor *w, forge_tensor *labels, float softcap,
+                                                 int chunk);
 
 /* ---- graphs and autograd ----------------------------------------------------------------- */
 
 /* A new empty graph in the context. */
 FORGE_API forge_graph *forge_graph_new(forge_ctx *ctx);
-/* Adds t and everything it depends on, depth-first (sources before users). Marks t OUTPUT.
+/* Adds t and everything it depends on, depth-first (sources before users). Marks t OUTPUT, and
+   the extra results it has (forge_tensor_result), so the host can read them after a run.
    A NULL t reports the context's first error (or FORGE_ERR_INVALID_ARG). */
 FORGE_API forge_status forge_graph_build_forward(forge_graph *g, forge_tensor *t);
 /* Appends the backward pass of loss (a one-element tensor of the graph, marked LOSS): one rule

@@ -677,6 +677,7 @@ struct Run {
     int32_t pad_id = 0;
     Graph tg{}, eg{};
     forge_graph *g = nullptr, *ge = nullptr;
+    forge_tensor *eval_lp = nullptr; // per-token log-probabilities of the eval graph (result 1: top-1 hits)
     forge_tensor *hyper = nullptr, *adam = nullptr;
     forge_tensor *loss_prev = nullptr, *loss_total = nullptr; // several ranks: see build()
     Metrics metrics;
@@ -860,9 +861,11 @@ void build(Run &r) {
     if (!(r.adam = forge_graph_build_adamw(r.g, r.hyper))) r.fail_forge("building the training graph");
     forge_tensor_set_flags(r.adam, FORGE_FLAG_OUTPUT);
     if (!r.eval_rows.empty()) {
-        if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, true, false, &r.eg, &err)) die(kError, "building the eval graph: %s", err.c_str());
+        // eval: per-token log-probabilities and top-1 hits through the lm_head (no loss node)
+        if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, false, false, &r.eg, &err)) die(kError, "building the eval graph: %s", err.c_str());
+        r.eval_lp = forge_cross_entropy_eval(r.ctx, r.eg.hidden, r.lm.m.lm_head, r.eg.in.labels, r.lm.m.cfg.final_softcap, 1024);
         r.ge = forge_graph_new(r.ctx);
-        if (forge_graph_build_forward(r.ge, r.eg.loss) != FORGE_OK) r.fail_forge("building the eval graph");
+        if (forge_graph_build_forward(r.ge, r.eval_lp) != FORGE_OK) r.fail_forge("building the eval graph");
     }
     for (forge_graph *g : {r.g, r.ge}) {
         if (!g) continue;
@@ -890,24 +893,32 @@ void build(Run &r) {
          r.ge ? (" (+ eval " + human_bytes((double)forge_graph_arena_bytes(r.ge, FORGE_ARENA_ACTIVATIONS)) + ")").c_str() : "");
 }
 
-double evaluate(Run &r) {
+// The eval loss (mean negative log-likelihood over the eval set's target tokens) and, in
+// *accuracy, the fraction of them whose next token is the model's most likely one.
+double evaluate(Run &r, double *accuracy) {
     const int64_t T = r.o.seq_len, B = r.o.batch;
     HostBatch hb;
     hb.resize(T * B);
-    double total = 0;
+    std::vector<float> lp((size_t)(T * B)), hit((size_t)(T * B));
+    double nll = 0, hits = 0;
     for (size_t i = 0; i < r.eval_rows.size(); i += (size_t)B) {
         for (int64_t b = 0; b < B; b++) {
             const Row *row = i + (size_t)b < r.eval_rows.size() ? &r.eval_rows[i + (size_t)b] : nullptr;
             size_t at = (size_t)(b * T);
             data_fill_row(*r.eval_src, row, T, r.pad_id, &hb.ids[at], &hb.pos[at], &hb.doc[at], &hb.labels[at]);
         }
-        set_batch(r.eg.in, hb, (float)std::max<int64_t>(1, r.eval_targets));
+        forge_tensor_set(r.eg.in.ids, hb.ids.data(), 0, hb.ids.size() * 4);
+        forge_tensor_set(r.eg.in.pos, hb.pos.data(), 0, hb.pos.size() * 4);
+        forge_tensor_set(r.eg.in.doc, hb.doc.data(), 0, hb.doc.size() * 4);
+        forge_tensor_set(r.eg.in.labels, hb.labels.data(), 0, hb.labels.size() * 4);
         if (forge_backend_compute(r.be, r.ge) != FORGE_OK) r.fail_forge("eval");
-        float l;
-        forge_tensor_get_f32(r.eg.loss, &l, 1);
-        total += l;
+        forge_tensor_get_f32(r.eval_lp, lp.data(), (int64_t)lp.size());
+        forge_tensor_get_f32(forge_tensor_result(r.eval_lp, 1), hit.data(), (int64_t)hit.size());
+        for (size_t t = 0; t < lp.size(); t++) nll -= lp[t], hits += hit[t]; // ignored tokens hold 0 and 0
     }
-    return total;
+    const double n = (double)std::max<int64_t>(1, r.eval_targets);
+    *accuracy = hits / n;
+    return nll / n;
 }
 
 // checkpoint-N/: state.safetensors, the adapter in both formats, metrics.jsonl; written to a
@@ -1000,11 +1011,12 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
     int64_t timed_steps = 0, tokens_total = 0;
     bool open_line = false; // a live progress line without its newline yet
     char line[512];
+    double acc = NAN;
     if (r.ge && start_step == 0) {
-        last_eval = evaluate(r);
-        std::snprintf(line, sizeof line, "{\"step\":0,\"eval_loss\":%.9g}", last_eval);
+        last_eval = evaluate(r, &acc);
+        std::snprintf(line, sizeof line, "{\"step\":0,\"eval_loss\":%.9g,\"eval_accuracy\":%.6g}", last_eval, acc);
         r.metrics.add(line);
-        info("eval    step 0: eval loss %.4f\n", last_eval);
+        info("eval    step 0: eval loss %.4f, top-1 accuracy %.1f%%\n", last_eval, 100 * acc);
     } else if (!r.metrics.eval.empty()) {
         last_eval = r.metrics.eval.back().value;
     }
@@ -1064,17 +1076,17 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
         r.metrics.add(line);
         const bool do_eval = r.ge && ((r.eval_every > 0 && step % r.eval_every == 0) || step == r.total_steps);
         if (do_eval) {
-            last_eval = evaluate(r);
+            last_eval = evaluate(r, &acc);
             if (!std::isfinite(last_eval)) {
                 std::snprintf(line, sizeof line, "the eval loss after the update is %g", last_eval);
                 stop_non_finite(r, step, line, open_line, false);
             }
-            std::snprintf(line, sizeof line, "{\"step\":%lld,\"eval_loss\":%.9g}", (long long)step, last_eval);
+            std::snprintf(line, sizeof line, "{\"step\":%lld,\"eval_loss\":%.9g,\"eval_accuracy\":%.6g}", (long long)step, last_eval, acc);
             r.metrics.add(line);
         }
         const double eta = timed_steps ? elapsed / (double)timed_steps * (double)(r.total_steps - step) : 0;
         char eval_s[32] = "-";
-        if (!std::isnan(last_eval)) std::snprintf(eval_s, sizeof eval_s, "%.4f", last_eval);
+        if (!std::isnan(last_eval)) std::snprintf(eval_s, sizeof eval_s, std::isnan(acc) ? "%.4f" : "%.4f (%.0f%%)", last_eval, 100 * acc);
         std::snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | eval %s | lr %.3g | %.0f tok/s | %.0f ms/step | mem %s | ETA %s",
                       (long long)step, (long long)r.total_steps, loss, eval_s, lr, tps, ms, human_bytes((double)r.mem_bytes).c_str(),
                       human_time(eta).c_str());

@@ -9,7 +9,8 @@
 // Then dH_c = dz W (scattered back to the tokens' rows of dH) and dW += dz^T h_c. Ignored tokens
 // get dH = 0 and take no part in the GEMMs. dH (res[1]) and dW (res[2]) are skipped when the
 // graph does not ask for them (a forward-only graph, a frozen h or W): then they are NULL or
-// have no memory.
+// have no memory. CROSS_ENTROPY_EVAL takes the same chunks and logits and writes each target
+// token's log-probability of its label and whether the label is the row's first maximum.
 #include "cpu.h"
 
 #include <algorithm>
@@ -60,18 +61,27 @@ void token_index(const forge_tensor *t, int64_t tok, int64_t *i) {
     i[2] = tok / (t->ne[1] * t->ne[2]);
 }
 
-// Turns one row of logits z[V] into dz in place; returns the row's loss term. The logits are
-// first rounded to zt, the lm_head's type (a bf16 lm_head gives bf16 logits, as on the GPU).
-double softmax_row(float *z, int64_t V, int32_t label, float cap, float inv_count, forge_type zt) {
+// One row of logits as the op reads them, in place: rounded to zt, the lm_head's type (a bf16
+// lm_head gives bf16 logits, as on the GPU), then softcapped. Returns logsumexp of the row and
+// sets *arg to the index of its first maximum.
+double prepare_row(float *z, int64_t V, float cap, forge_type zt, int64_t *arg) {
     if (zt != FORGE_TYPE_F32)
         for (int64_t c = 0; c < V; c++) z[c] = forge_round_to(zt, z[c]);
     if (cap > 0.0f)
         for (int64_t c = 0; c < V; c++) z[c] = cap * std::tanh(z[c] / cap);
-    float m = z[0];
-    for (int64_t c = 1; c < V; c++) m = std::max(m, z[c]);
+    int64_t a = 0;
+    for (int64_t c = 1; c < V; c++)
+        if (z[c] > z[a]) a = c;
     double sum = 0.0;
-    for (int64_t c = 0; c < V; c++) sum += std::exp((double)(z[c] - m));
-    const double lse = (double)m + std::log(sum);
+    for (int64_t c = 0; c < V; c++) sum += std::exp((double)(z[c] - z[a]));
+    *arg = a;
+    return (double)z[a] + std::log(sum);
+}
+
+// Turns one row of logits z[V] into dz in place; returns the row's loss term.
+double softmax_row(float *z, int64_t V, int32_t label, float cap, float inv_count, forge_type zt) {
+    int64_t arg;
+    const double lse = prepare_row(z, V, cap, zt, &arg);
     const double loss = lse - (double)z[label];
     for (int64_t c = 0; c < V; c++) {
         float g = (float)std::exp((double)z[c] - lse) - (c == label ? 1.0f : 0.0f);
@@ -84,8 +94,10 @@ double softmax_row(float *z, int64_t V, int32_t label, float cap, float inv_coun
 } // namespace
 
 void forge_cpu_cross_entropy(forge_tensor *node, const forge_cpu_params *p) {
-    const forge_tensor *h = node->src[0], *w = node->src[1], *labels = node->src[2], *count = node->src[3];
-    const forge_tensor *dH = output(node, 1), *dW = output(node, 2);
+    const bool eval = node->op == FORGE_OP_CROSS_ENTROPY_EVAL;
+    const forge_tensor *h = node->src[0], *w = node->src[1], *labels = node->src[2], *count = eval ? nullptr : node->src[3];
+    const forge_tensor *dH = eval ? nullptr : output(node, 1), *dW = eval ? nullptr : output(node, 2);
+    float *logprob = eval ? (float *)node->data : nullptr, *hit = eval ? (float *)node->res[1]->data : nullptr;
     const float cap = node->op_f[0];
     const int32_t ignore = node->op_i[1];
     const int64_t N = forge_cpu_rows(h), C = h->ne[0], V = w->ne[1], chunk = chunk_rows(node);
@@ -99,7 +111,7 @@ void forge_cpu_cross_entropy(forge_tensor *node, const forge_cpu_params *p) {
             return;
         }
     }
-    const float cnt = forge_cpu_get(count, 0);
+    const float cnt = eval ? 1.0f : forge_cpu_get(count, 0);
     if (!(cnt > 0.0f)) {
         forge_cpu_fail(p, "cross_entropy: count '%s' is %g; it must be > 0", count->name, cnt);
         return;
@@ -121,6 +133,7 @@ void forge_cpu_cross_entropy(forge_tensor *node, const forge_cpu_params *p) {
         for (; t < N && n < chunk; t++) {
             if (label_of(labels, t) == ignore) {
                 if (dH) std::memset((char *)dH->data + (size_t)t * C * hes, 0, (size_t)C * hes);
+                if (eval) logprob[t] = hit[t] = 0.0f;
                 continue;
             }
             token_index(h, t, idx);
@@ -130,6 +143,18 @@ void forge_cpu_cross_entropy(forge_tensor *node, const forge_cpu_params *p) {
         if (n == 0) break;
 
         forge_cpu_gemm(n, V, C, sc.hc, FORGE_TYPE_F32, C, 0, w->data, w->type, ldw, 1, sc.z, V, 0, p->work, p->n_threads);
+        if (eval) {
+#pragma omp parallel for num_threads(p->n_threads)
+            for (int64_t r = 0; r < n; r++) {
+                const int64_t t_r = sc.tok[r];
+                const int32_t lab = label_of(labels, t_r);
+                int64_t arg;
+                const double lse = prepare_row(sc.z + r * V, V, cap, w->type, &arg);
+                logprob[t_r] = (float)((double)sc.z[r * V + lab] - lse);
+                hit[t_r] = arg == lab ? 1.0f : 0.0f;
+            }
+            continue;
+        }
 #pragma omp parallel for num_threads(p->n_threads)
         for (int64_t r = 0; r < n; r++)
             sc.loss[r] = softmax_row(sc.z + r * V, V, label_of(labels, sc.tok[r]), cap, 1.0f / cnt, w->type);
@@ -144,7 +169,7 @@ void forge_cpu_cross_entropy(forge_tensor *node, const forge_cpu_params *p) {
         }
         if (dW) forge_cpu_gemm(V, C, n, sc.z, FORGE_TYPE_F32, V, 1, sc.hc, FORGE_TYPE_F32, C, 0, (float *)dW->data, C, 1, p->work, p->n_threads);
     }
-    forge_cpu_set(node, (float)(loss / cnt), 0);
+    if (!eval) forge_cpu_set(node, (float)(loss / cnt), 0);
 }
 
 size_t forge_cpu_cross_entropy_work(const forge_tensor *node, int n_threads) {

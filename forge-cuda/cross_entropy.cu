@@ -12,6 +12,9 @@
 //      with dz = (softmax(z) - onehot(label)) softcap'(z) / count, in the same type;
 //   3. dH_c = dz W (forge_cuda_gemm, written straight into dH when its type allows);
 //   4. dW (F32) = dz^T h_c, beta = 0 for the first chunk and 1 after.
+// CROSS_ENTROPY_EVAL runs step 1 and, instead of 2-4, ce_eval_rows: one read of each row gives
+// max, first argmax and the sum of exp, so each token's log-probability of its label and its
+// top-1 hit.
 // Labels outside [0, V) that are not the ignore index set FORGE_CUDA_ERR_LABEL and are treated as
 // ignored. The loss terms (one per token, 0 when ignored) are summed at the end by one block in a
 // fixed order, in double: no atomics, deterministic.
@@ -22,6 +25,8 @@
 // gathered and converted to W's type (so a mixed-type h is rounded to W's type). W must have
 // contiguous rows (nb[0] = its element size), as on the CPU.
 #include "cuda.cuh"
+
+#include <climits>
 
 namespace {
 
@@ -167,6 +172,70 @@ __global__ void __launch_bounds__(kRowThreads) ce_rows(T *z, int64_t V, forge_cu
     }
 }
 
+// (best, index) <- the first maximum of the union of two sets: the larger value, the smaller
+// index among equal ones.
+__device__ __forceinline__ void argmax_combine(float &best, int &idx, float b2, int i2) {
+    if (b2 > best || (b2 == best && i2 < idx)) best = b2, idx = i2;
+}
+
+// CROSS_ENTROPY_EVAL: one block per token row r of the chunk at t0: logprob[t] = z[label] -
+// logsumexp(z) and hit[t] = 1 when the label is the row's first maximum (0 and 0 when ignored),
+// from the softcapped row of z (type T) read once. VEC = 4 needs V % 4 == 0.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kRowThreads) ce_eval_rows(const T *z, int64_t V, forge_cuda_view labels, int64_t t0, float cap, int ignore,
+                                                            float *logprob, float *hit, int *error) {
+    __shared__ float red_m[32], red_s[32], red_b[32];
+    __shared__ int red_i[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t r = blockIdx.x, t = t0 + r;
+    const T *zr = z + r * V;
+    const int label = *(const int *)flat_ptr(labels, t);
+    bool target = label != ignore;
+    if (target && (label < 0 || label >= V)) {
+        if (tid == 0) forge_cuda_fail(error, FORGE_CUDA_ERR_LABEL);
+        target = false;
+    }
+    if (!target) {
+        if (tid == 0) logprob[t] = hit[t] = 0.0f;
+        return;
+    }
+    constexpr int W = kRowThreads * VEC;
+    const int nv = (int)V;
+    float m = -INFINITY, s = 0.0f, best = -INFINITY;
+    int idx = INT_MAX;
+    for (int c = tid * VEC; c < nv; c += W) { // a thread's indices rise: '>' keeps its first maximum
+        float v[VEC];
+        load_vec<T, VEC>(zr + c, v);
+        float mx = -INFINITY;
+        for (int i = 0; i < VEC; i++) {
+            mx = fmaxf(mx, v[i] = softcap(v[i], cap));
+            if (v[i] > best) best = v[i], idx = c + i;
+        }
+        const float mn = fmaxf(m, mx);
+        s *= __expf(m - mn);
+        for (int i = 0; i < VEC; i++) s += __expf(v[i] - mn);
+        m = mn;
+    }
+    for (int o = 16; o; o >>= 1) {
+        lse_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+        argmax_combine(best, idx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, idx, o));
+    }
+    if (lane == 0) red_m[warp] = m, red_s[warp] = s, red_b[warp] = best, red_i[warp] = idx;
+    __syncthreads();
+    if (warp == 0) {
+        const bool in = lane < kRowThreads / 32;
+        m = in ? red_m[lane] : -INFINITY, s = in ? red_s[lane] : 0.0f, best = in ? red_b[lane] : -INFINITY, idx = in ? red_i[lane] : INT_MAX;
+        for (int o = 16; o; o >>= 1) {
+            lse_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+            argmax_combine(best, idx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, idx, o));
+        }
+        if (lane == 0) {
+            logprob[t] = softcap(to_f32(zr[label]), cap) - (m + logf(s));
+            hit[t] = idx == label ? 1.0f : 0.0f;
+        }
+    }
+}
+
 // Copies n token rows of C elements from src (tokens s0..) to dst (tokens d0..), converting types;
 // either side may be strided. One block per row.
 __global__ void ce_copy_rows(forge_cuda_view src, int64_t s0, forge_cuda_view dst, int64_t d0, int64_t C) {
@@ -201,7 +270,7 @@ struct ce_plan {
     size_t z_off, hc_off, dh_off, loss_off, bytes;
 
     explicit ce_plan(const forge_tensor *node) {
-        const forge_tensor *h = node->src[0], *w = node->src[1], *dH = node->res[1];
+        const forge_tensor *h = node->src[0], *w = node->src[1], *dH = node->op == FORGE_OP_CROSS_ENTROPY ? node->res[1] : nullptr;
         N = h->ne[1] * h->ne[2] * h->ne[3];
         C = h->ne[0];
         V = w->ne[1];
@@ -241,10 +310,14 @@ forge_cuda_view scratch_view(void *data, forge_type type, int64_t C, int64_t n) 
     return v;
 }
 
+// The row kernel of a chunk: the loss and dz in place (training), or the log-probabilities and
+// top-1 hits (eval: lp and hit not NULL).
 template <typename T>
 void launch_rows(int64_t n, T *z, int64_t V, const forge_cuda_view &labels, int64_t t0, const float *count, float cap, int ignore,
-                 float *loss, const forge_cuda_params *p) {
-    if (V % 4 == 0) ce_rows<T, 4><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, count, cap, ignore, loss, p->error);
+                 float *loss, float *lp, float *hit, const forge_cuda_params *p) {
+    if (lp && V % 4 == 0) ce_eval_rows<T, 4><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, cap, ignore, lp, hit, p->error);
+    else if (lp) ce_eval_rows<T, 1><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, cap, ignore, lp, hit, p->error);
+    else if (V % 4 == 0) ce_rows<T, 4><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, count, cap, ignore, loss, p->error);
     else ce_rows<T, 1><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, count, cap, ignore, loss, p->error);
     FORGE_CUDA_CHECK(cudaGetLastError());
 }
@@ -252,13 +325,15 @@ void launch_rows(int64_t n, T *z, int64_t V, const forge_cuda_view &labels, int6
 } // namespace
 
 void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
-    const forge_tensor *h = node->src[0], *w = node->src[1], *labels = node->src[2], *count = node->src[3];
-    const forge_tensor *dH = output(node, 1), *dW = output(node, 2);
+    const bool eval = node->op == FORGE_OP_CROSS_ENTROPY_EVAL;
+    const forge_tensor *h = node->src[0], *w = node->src[1], *labels = node->src[2];
+    const forge_tensor *dH = eval ? nullptr : output(node, 1), *dW = eval ? nullptr : output(node, 2);
+    float *lp = eval ? (float *)node->data : nullptr, *hit = eval ? (float *)node->res[1]->data : nullptr;
     const ce_plan pl(node);
     char *work = (char *)p->work;
     void *z = work + pl.z_off;
     float *loss = (float *)(work + pl.loss_off);
-    const float *cnt = (const float *)count->data;
+    const float *cnt = eval ? nullptr : (const float *)node->src[3]->data;
     const forge_cuda_view hv = forge_cuda_view_of(h), lv = forge_cuda_view_of(labels);
     const size_t es = forge_type_size(pl.ab), hes = dH ? forge_type_size(dH->type) : 0;
 
@@ -272,9 +347,9 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
         }
         forge_cuda_gemm(p, n, pl.V, pl.C, hc, pl.ldh, 0, w->data, pl.ldw, 1, pl.ab, z, pl.V, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
         switch (pl.ab) {
-        case FORGE_TYPE_BF16: launch_rows(n, (__nv_bfloat16 *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
-        case FORGE_TYPE_F16: launch_rows(n, (__half *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
-        default: launch_rows(n, (float *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, p); break;
+        case FORGE_TYPE_BF16: launch_rows(n, (__nv_bfloat16 *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, lp, hit, p); break;
+        case FORGE_TYPE_F16: launch_rows(n, (__half *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, lp, hit, p); break;
+        default: launch_rows(n, (float *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, lp, hit, p); break;
         }
         if (dH) {
             void *dst = pl.dh_direct ? (char *)dH->data + (size_t)(t0 * pl.C) * hes : work + pl.dh_off;
@@ -290,6 +365,7 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
             forge_cuda_gemm(p, pl.V, pl.C, n, z, pl.V, 1, hc, pl.ldh, 0, pl.ab, dW->data, pl.C, FORGE_TYPE_F32, 1.0f, t0 == 0 ? 0.0f : 1.0f,
                             nullptr, FORGE_TYPE_F32);
     }
+    if (eval) return;
     ce_sum<<<1, 1024, 0, p->stream>>>(loss, pl.N, cnt, (float *)node->data);
     FORGE_CUDA_CHECK(cudaGetLastError());
 }

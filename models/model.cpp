@@ -266,7 +266,7 @@ bool model_build(Model &m, int64_t T, int64_t B, forge_type act, bool want_loss,
         h = model_layer_out(m, l, h, o, T, B);
     }
     h = model_norm(m, h, m.output_norm);
-    Graph g{in, nullptr, nullptr};
+    Graph g{in, h, nullptr, nullptr};
     if (want_loss) g.loss = forge_cross_entropy(ctx, h, m.lm_head, in.labels, in.count, m.cfg.final_softcap, 1024);
     if (want_logits) g.logits = model_logits(m, h);
     if ((want_loss && !g.loss) || (want_logits && !g.logits)) {

@@ -103,6 +103,7 @@ struct Batch {
 
 struct Graph {
     Batch in;
+    forge_tensor *hidden = nullptr; // the final normed hidden states [hidden, T, B]
     forge_tensor *loss = nullptr;   // the fused cross-entropy (when asked)
     forge_tensor *logits = nullptr; // F32 [V, T, B] (when asked: tests and generation)
 };

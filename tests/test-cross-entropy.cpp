@@ -1,7 +1,8 @@
 // tests/test-cross-entropy.cpp - the fused linear cross-entropy against a naive one that builds
 // the full logits: loss, dH and dW for ignored tokens, count != targets, softcap on and off, chunk
 // sizes 1, 3, 4 and > N, BF16 h and W; finite differences for h and W; a frozen W gets no
-// gradient; bad labels are runtime errors naming the tensor, the token and the value.
+// gradient; bad labels are runtime errors naming the tensor, the token and the value; the eval
+// form's per-token log-probabilities and top-1 hits.
 #include "test-util.h"
 
 #include <cstring>
@@ -31,6 +32,8 @@ std::vector<int32_t> make_labels(const Case &c, Rng &rng) {
 struct Naive {
     double loss = 0;
     std::vector<float> dh, dw;
+    std::vector<double> logprob, margin; // per token: z[label] - lse; top-1 minus top-2 logit
+    std::vector<float> hit;              // per token: 1 when the label is the first maximum
 };
 
 // The full [N, V] logits in double (rounded to bf16 for a bf16 lm_head, as the op does), then
@@ -41,6 +44,9 @@ Naive naive_ce(const Case &c, const std::vector<float> &h, const std::vector<flo
     Naive r;
     r.dh.assign((size_t)(N * C), 0.0f);
     r.dw.assign((size_t)(V * C), 0.0f);
+    r.logprob.assign((size_t)N, 0.0);
+    r.margin.assign((size_t)N, INFINITY);
+    r.hit.assign((size_t)N, 0.0f);
     std::vector<double> dw((size_t)(V * C), 0.0), z((size_t)V);
     for (int64_t t = 0; t < N; t++) {
         if (labels[(size_t)t] == FORGE_IGNORE_INDEX) continue;
@@ -55,6 +61,13 @@ Naive naive_ce(const Case &c, const std::vector<float> &h, const std::vector<flo
         for (int64_t v = 0; v < V; v++) sum += std::exp(z[(size_t)v] - m);
         const double lse = m + std::log(sum);
         r.loss += lse - z[(size_t)labels[(size_t)t]];
+        int64_t arg = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (z[(size_t)v] > z[(size_t)arg]) arg = v;
+        for (int64_t v = 0; v < V; v++)
+            if (v != arg) r.margin[(size_t)t] = std::min(r.margin[(size_t)t], z[(size_t)arg] - z[(size_t)v]);
+        r.logprob[(size_t)t] = z[(size_t)labels[(size_t)t]] - lse;
+        r.hit[(size_t)t] = arg == labels[(size_t)t] ? 1.0f : 0.0f;
         for (int64_t v = 0; v < V; v++) {
             double g = std::exp(z[(size_t)v] - lse) - (v == labels[(size_t)t] ? 1.0 : 0.0);
             if (c.cap > 0) g *= 1.0 - (z[(size_t)v] / c.cap) * (z[(size_t)v] / c.cap);
@@ -209,6 +222,53 @@ void test_labels() {
 
 } // namespace
 
+// The eval form (forge_cross_entropy_eval) against the same naive logits: each token's
+// log-probability of its label, the top-1 hit (where the naive top-2 margin is clear of rounding),
+// zeros for ignored tokens; and the log-probabilities sum to -loss * count of the training form.
+void test_eval(const Case &c, uint64_t seed) {
+    Graph G = build(c);
+    forge_tensor_set_flags(G.h, FORGE_FLAG_INPUT);
+    forge_tensor_set_flags(G.w, FORGE_FLAG_INPUT);
+    forge_tensor *lp = forge_cross_entropy_eval(G.ctx, G.h, G.w, G.labels, c.cap, c.chunk);
+    REQUIRE_T(G.ctx, lp);
+    forge_tensor *hit = forge_tensor_result(lp, 1);
+    CHECK(forge_tensor_nelements(lp) == tokens(c) && hit && forge_tensor_nelements(hit) == tokens(c), "%s: eval outputs have one value per token",
+          c.name);
+    forge_graph *g = forge_graph_new(G.ctx);
+    REQUIRE_OK(forge_graph_build_forward(g, lp));
+    REQUIRE_OK(forge_graph_build_forward(g, G.loss));
+    forge_backend *be = forge_backend_cpu_new(0);
+    REQUIRE_OK(forge_backend_alloc_graph(be, g));
+    Rng rng(seed);
+    fill_random(G.h, rng);
+    fill_random(G.w, rng);
+    const std::vector<int32_t> labels = make_labels(c, rng);
+    set_i32(G.labels, labels);
+    int targets = 0;
+    for (int32_t l : labels) targets += l != FORGE_IGNORE_INDEX;
+    set_f32(G.count, {(float)targets});
+    REQUIRE_OK(forge_backend_compute(be, g));
+    const Naive ref = naive_ce(c, tensor_f32(G.h), tensor_f32(G.w), labels, (float)targets);
+    const std::vector<float> got = tensor_f32(lp), hits = tensor_f32(hit);
+    std::vector<float> want(ref.logprob.begin(), ref.logprob.end());
+    CHECK(max_err(got, want, 1e-5, 1e-5) <= 1, "%s: log-probabilities differ from the naive ones", c.name);
+    double sum = 0;
+    int checked = 0;
+    for (size_t t = 0; t < got.size(); t++) {
+        sum += got[t];
+        if (labels[t] == FORGE_IGNORE_INDEX) CHECK(got[t] == 0.0f && hits[t] == 0.0f, "%s: ignored token %zu is not 0", c.name, t);
+        else if (ref.margin[t] > 1e-4) {
+            CHECK(hits[t] == ref.hit[t], "%s: token %zu: top-1 hit %g, naive %g", c.name, t, hits[t], ref.hit[t]);
+            checked++;
+        }
+    }
+    CHECK(checked > 0, "%s: no token's top-1 was checked", c.name);
+    CHECK(std::fabs(sum + tensor_f32(G.loss)[0] * targets) <= 1e-4 * std::fabs(sum) + 1e-4, "%s: log-probabilities sum to %g, -loss * count is %g",
+          c.name, sum, -tensor_f32(G.loss)[0] * targets);
+    forge_backend_free(be);
+    forge_ctx_free(G.ctx);
+}
+
 int main() {
     const Case cases[] = {
         {"f32 chunk 3", 24, 29, 5, 2, 0.0f, 3, true},
@@ -221,6 +281,7 @@ int main() {
     for (const Case &c : cases) {
         test_values(c, seed, true);
         test_values(c, seed, false);
+        test_eval(c, seed);
         seed++;
     }
     test_grad({"grad f32 chunk 3", 12, 17, 5, 2, 0.0f, 3, true}, 11);

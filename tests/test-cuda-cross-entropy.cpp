@@ -2,7 +2,8 @@
 // through the conformance harness: the loss, dH (gradient of h) and dW (gradient of the lm_head)
 // at the Qwen2.5 (V 151936, C 896) and Gemma2 (V 256000, C 2304, softcap 30) shapes, ignored
 // tokens (a whole chunk of them too), chunk sizes 1, odd and > N, V not a multiple of 4, a strided
-// h, frozen W, forward only, BF16 and F32; and a label out of range is a runtime error.
+// h, frozen W, forward only, BF16 and F32; CROSS_ENTROPY_EVAL's log-probabilities (and its top-1
+// hits in F32); and a label out of range is a runtime error.
 #include "cuda-util.h"
 
 namespace {
@@ -16,6 +17,8 @@ struct CeCase {
     int grads;           // 0: forward only; 1: dH; 2: dH and dW
     float w_scale;       // range of W (keeps the logits O(1..10))
     bool strided_h = false; // h is a view of the first C rows of a [C + 8, T, B] tensor
+    int eval = 0;           // CROSS_ENTROPY_EVAL: 1 compares the log-probabilities, 2 also the
+                            // top-1 hits (as lp + 100 hit; f32 only: bf16 logits can tie)
 };
 
 // Labels: ignored at t % 7 == 3 and on tokens 8..11 (a whole chunk when chunk divides 4 and 8).
@@ -44,7 +47,12 @@ ConfCase build(forge_ctx *ctx, const CeCase &c) {
     // the global target count: the harness fills float leafs in [-1, 1], so make a positive one
     forge_tensor *a = forge_tensor_new_1d(ctx, FORGE_TYPE_F32, 24);
     forge_tensor *count = forge_sum(ctx, forge_mul(ctx, a, a));
-    cc.y = forge_cross_entropy(ctx, h, w, labels, count, c.cap, c.chunk);
+    if (c.eval) {
+        forge_tensor *lp = forge_cross_entropy_eval(ctx, h, w, labels, c.cap, c.chunk);
+        cc.y = c.eval == 2 ? forge_add(ctx, lp, forge_scale(ctx, forge_tensor_result(lp, 1), 100.0f)) : lp;
+    } else {
+        cc.y = forge_cross_entropy(ctx, h, w, labels, count, c.cap, c.chunk);
+    }
     if (c.grads == 0) cc.params.clear();
     if (c.grads == 2) cc.params.push_back(w);
     cc.scales[w] = c.w_scale;
@@ -98,6 +106,10 @@ int main() {
         {"chunk > N V5003 C256 N37 softcap 10 f32", 256, 5003, 37, 1, 10.0f, 100, F32, 2, 0.3f},
         {"strided h C96 V2000 N17 chunk 5 bf16", 96, 2000, 17, 1, 0, 5, BF, 2, 0.5f, true},
         {"strided h C96 V2000 N17 chunk 7 f32", 96, 2000, 17, 1, 0, 7, F32, 2, 0.5f, true},
+        {"eval qwen2.5 V151936 C896 N24 chunk 16 bf16 log-probs", 896, 151936, 12, 2, 0, 16, BF, 0, 0.1f, false, 1},
+        {"eval gemma2 V256000 C2304 softcap 30 N6 chunk 4 bf16 log-probs", 2304, 256000, 6, 1, 30.0f, 4, BF, 0, 0.5f, false, 1},
+        {"eval V5003 C256 N37 softcap 10 chunk 8 f32 log-probs + top-1", 256, 5003, 37, 1, 10.0f, 8, F32, 0, 0.3f, false, 2},
+        {"eval V1001 C128 N9 chunk 1 f32 log-probs + top-1", 128, 1001, 9, 1, 0, 1, F32, 0, 0.3f, false, 2},
     };
     for (const CeCase &c : cases) conformance(c.name, [&c](forge_ctx *ctx) { return build(ctx, c); });
     bad_label();

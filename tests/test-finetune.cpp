@@ -383,6 +383,10 @@ int main() {
     for (int s = 1; s <= 5; s++) head += loss[s] / 5, tail += loss[31 - s] / 5;
     CHECK(loss.size() == 30 && tail < head - 1.0, "the loss falls: first 5 steps %.3f, last 5 %.3f", head, tail);
     CHECK(eval.size() == 4 && eval[30] < eval[0] - 1.0, "the eval loss falls: %.3f -> %.3f", eval[0], eval[30]);
+    std::map<int64_t, double> top1 = metric(run1 + "/metrics.jsonl", "eval_accuracy");
+    bool in_range = top1.size() == 4;
+    for (const auto &a : top1) in_range = in_range && a.second > 0 && a.second < 1;
+    CHECK(in_range, "eval top-1 accuracy logged with every eval, in (0, 1): %.3f -> %.3f", top1[0], top1[30]);
     for (const char *f : {"adapter_config.json", "adapter_model.safetensors", "adapter.gguf", "loss.svg", "metrics.jsonl", "training_args.json",
                           "checkpoint-10/state.safetensors", "checkpoint-20/adapter.gguf", "checkpoint-30/adapter_model.safetensors"})
         CHECK(exists(run1 + "/" + f), "%s written", f);
