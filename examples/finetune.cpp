@@ -78,11 +78,12 @@ struct Dist {
 }
 
 // Another rank failed or vanished (called by the watchdog thread): abort NCCL, so that a step
-// waiting for that rank returns, and exit; SIGALRM ends it should the abort itself hang.
+// waiting for that rank returns, and exit; SIGALRM ends it 2 s later should the abort itself
+// hang (it did on an H200 pair, with a step blocked in a collective whose peer was killed).
 void on_peer_failure(const std::string &what) {
     std::fprintf(stderr, "finetune: rank %d: %s; stopping\n", g_dist.env.rank, what.c_str());
     std::signal(SIGALRM, [](int) { _exit(kError); });
-    alarm(10);
+    alarm(2);
     forge_dist_abort(g_dist.comm.load());
     _exit(kError);
 }
