@@ -872,8 +872,9 @@ struct Autograd {
         }
     }
 
-    // t as a backward node reads it: a RECOMPUTE node is made again from its sources, once, where
-    // the backward needs it, so the forward's copy dies after its last forward use.
+    // t as a backward node reads it (every rule reads forward tensors through this): a RECOMPUTE
+    // node is made again from its sources, once, where the backward needs it, so the forward's
+    // copy dies after its last forward use.
     std::unordered_map<const forge_tensor *, forge_tensor *> recomputed;
     forge_tensor *saved(forge_tensor *t) {
         if (!t || !(t->flags & FORGE_FLAG_RECOMPUTE) || forge_op_family(t->op) == FORGE_FAMILY_NONE || t->res[1]) return t;
@@ -915,16 +916,16 @@ struct Autograd {
             add(s[1], gy);
             break;
         case FORGE_OP_MUL:
-            if (needs(s[0])) add(s[0], forge_mul(ctx, gy, s[1]));
+            if (needs(s[0])) add(s[0], forge_mul(ctx, gy, saved(s[1])));
             if (needs(s[1])) {
-                forge_tensor *c = forge_mul(ctx, gy, s[0]);
+                forge_tensor *c = forge_mul(ctx, gy, saved(s[0]));
                 add(s[1], same_shape(s[0], s[1]) ? c : forge_reshape(ctx, forge_sum(ctx, c), 4, s[1]->ne));
             }
             break;
         case FORGE_OP_SCALE: add(s[0], forge_scale(ctx, gy, y->op_f[0])); break;
         case FORGE_OP_CPY: add(s[0], forge_cast(ctx, gy, s[0]->type)); break;
         case FORGE_OP_SOFTCAP: {
-            forge_tensor *c = node_like(ctx, FORGE_OP_SOFTCAP_BACK, s[0], s[0]->type, {gy, s[0]});
+            forge_tensor *c = node_like(ctx, FORGE_OP_SOFTCAP_BACK, s[0], s[0]->type, {gy, saved(s[0])});
             c->op_f[0] = y->op_f[0];
             add(s[0], c);
             break;
@@ -947,7 +948,7 @@ struct Autograd {
             break;
         }
         case FORGE_OP_RMSNORM: {
-            forge_tensor *c = node_like(ctx, FORGE_OP_RMSNORM_BACK, s[0], s[0]->type, {gy, s[0], s[1]});
+            forge_tensor *c = node_like(ctx, FORGE_OP_RMSNORM_BACK, s[0], s[0]->type, {gy, saved(s[0]), s[1]});
             std::memcpy(c->op_f, y->op_f, sizeof c->op_f);
             std::memcpy(c->op_i, y->op_i, sizeof c->op_i);
             if (needs(s[1])) {
@@ -966,7 +967,7 @@ struct Autograd {
             break;
         }
         case FORGE_OP_GLU: {
-            forge_tensor *c = node_like(ctx, FORGE_OP_GLU_BACK, s[0], s[0]->type, {gy, s[0]});
+            forge_tensor *c = node_like(ctx, FORGE_OP_GLU_BACK, s[0], s[0]->type, {gy, saved(s[0])});
             c->op_i[0] = y->op_i[0];
             add(s[0], c);
             break;
@@ -979,13 +980,13 @@ struct Autograd {
         case FORGE_OP_MATMUL: {
             // C = A' B' with A' = op(A), B' = op(B): dA' = dC B'^T, dB' = A'^T dC.
             int ta = y->op_i[0], tb = y->op_i[1];
-            forge_tensor *a = s[0], *b = s[1];
+            forge_tensor *a = s[0], *b = s[1], *ra = saved(a), *rb = saved(b);
             if (needs(a)) {
-                forge_tensor *c = ta ? forge_matmul(ctx, b, gy, tb, 1, a->type) : forge_matmul(ctx, gy, b, 0, !tb, a->type);
+                forge_tensor *c = ta ? forge_matmul(ctx, rb, gy, tb, 1, a->type) : forge_matmul(ctx, gy, rb, 0, !tb, a->type);
                 add(a, c && !same_shape(c, a) ? forge_reshape(ctx, c, 4, a->ne) : c);
             }
             if (needs(b)) {
-                forge_tensor *c = tb ? forge_matmul(ctx, gy, a, 1, ta, b->type) : forge_matmul(ctx, a, gy, !ta, 0, b->type);
+                forge_tensor *c = tb ? forge_matmul(ctx, gy, ra, 1, ta, b->type) : forge_matmul(ctx, ra, gy, !ta, 0, b->type);
                 add(b, c && !same_shape(c, b) ? forge_reshape(ctx, c, 4, b->ne) : c);
             }
             break;
@@ -1016,7 +1017,7 @@ struct Autograd {
             break;
         }
         case FORGE_OP_ATTENTION: {
-            forge_tensor *c = node_like(ctx, FORGE_OP_ATTENTION_BACK, s[0], s[0]->type, {gy, s[0], s[1], s[2], y, y->res[1], s[3]});
+            forge_tensor *c = node_like(ctx, FORGE_OP_ATTENTION_BACK, s[0], s[0]->type, {gy, saved(s[0]), saved(s[1]), saved(s[2]), y, y->res[1], s[3]});
             std::memcpy(c->op_f, y->op_f, sizeof c->op_f);
             std::memcpy(c->op_i, y->op_i, sizeof c->op_i);
             for (int i = 1; i <= 2; i++) { // dk, dv only for what needs them

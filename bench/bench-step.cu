@@ -187,15 +187,22 @@ struct Step {
         model_init_lora(m, 42);
     }
 
-    // One training step on the given ids [B*T] (labels: the next token of each row).
-    float run(const std::vector<int32_t> &ids, float lr, int64_t step) {
-        std::vector<int32_t> pos((size_t)(B * T)), doc((size_t)(B * T), 0), labels((size_t)(B * T));
+    // The host side of a batch of B*T ids: positions, one document per row, labels = the next
+    // token of each row.
+    std::vector<int32_t> ids, pos, doc, labels;
+    void set_batch(const int32_t *batch) {
+        const size_t n = (size_t)(B * T);
+        ids.assign(batch, batch + n), pos.resize(n), doc.assign(n, 0), labels.resize(n);
         for (int64_t b = 0; b < B; b++)
             for (int64_t t = 0; t < T; t++) {
                 const size_t i = (size_t)(b * T + t);
                 pos[i] = (int32_t)t;
                 labels[i] = t + 1 < T ? ids[i + 1] : FORGE_IGNORE_INDEX;
             }
+    }
+
+    // One training step on the batch: its inputs copied to the graph, the step replayed, the loss read.
+    float run(float lr, int64_t step) {
         const float count = (float)(B * (T - 1));
         const float h[8] = {lr, 0.9f, 0.999f, 1e-8f, 0.0f, 0.0f, (float)step, 1.0f};
         forge_tensor_set(hyper, h, 0, sizeof h);
@@ -210,11 +217,11 @@ struct Step {
         return loss;
     }
 
-    std::vector<int32_t> random_ids() {
-        std::vector<int32_t> ids((size_t)(B * T));
+    void random_batch() {
+        std::vector<int32_t> r((size_t)(B * T));
         std::uniform_int_distribution<int32_t> d(0, (int32_t)m.cfg.vocab - 1);
-        for (int32_t &x : ids) x = d(rng);
-        return ids;
+        for (int32_t &x : r) x = d(rng);
+        set_batch(r.data());
     }
 };
 
@@ -285,13 +292,14 @@ struct Profiler {
 std::map<std::string, double> profile(Step &s) {
     const forge_cuda_params *p = forge_cuda_backend_params(s.be);
     Profiler pr{p->stream, {}, {}, 0};
+    const forge_cuda_fusions fusions = forge_cuda_find_fusions(s.g->nodes); // found before the timed launches
     cudaEvent_t start;
     cudaEventCreate(&start);
     std::vector<std::vector<float>> times;
     for (int rep = 0; rep < 5; rep++) {
         pr.at = 0;
         cudaEventRecord(start, p->stream);
-        forge_cuda_launch_nodes(s.g->nodes, p, Profiler::launched, &pr);
+        forge_cuda_launch_nodes(s.g->nodes, p, &fusions, Profiler::launched, &pr);
         FORGE_CUDA_CHECK(cudaStreamSynchronize(p->stream));
         times.resize(pr.at);
         for (size_t i = 0; i < pr.at; i++) {
@@ -382,12 +390,12 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
     s.build(cfgp, name, lc, B, T, o.recompute);
     std::fprintf(stderr, "%s %lldx%lld: %lld graph nodes, activations %.2f GiB planned\n", name.c_str(), (long long)B, (long long)T,
                  (long long)forge_graph_n_nodes(s.g), forge_graph_arena_bytes(s.g, FORGE_ARENA_ACTIVATIONS) / 1073741824.0);
-    const std::vector<int32_t> ids = s.random_ids();
+    s.random_batch();
     float first = 0, last = 0;
     std::vector<double> ms;
     for (int i = 0; i < o.warmup + o.steps; i++) {
         auto t0 = std::chrono::steady_clock::now();
-        last = s.run(ids, 1e-4f, i + 1);
+        last = s.run(1e-4f, i + 1);
         const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (i == 0) first = last;
         if (i >= o.warmup) ms.push_back(dt);
@@ -451,9 +459,10 @@ void run_curve(const Options &o) {
     if (!model_load_peft(s.m, o.adapter, &err)) die("%s", err.c_str());
     json::Value losses = json::Value::array();
     for (int64_t i = 0; i < S; i++) {
-        std::vector<int32_t> ids((size_t)(B * T));
-        std::memcpy(ids.data(), t->data + (size_t)(i * B * T) * 4, ids.size() * 4);
-        const float l = s.run(ids, o.lr, i + 1);
+        std::vector<int32_t> batch((size_t)(B * T)); // the file's bytes need not be 4-byte aligned
+        std::memcpy(batch.data(), t->data + (size_t)(i * B * T) * 4, batch.size() * 4);
+        s.set_batch(batch.data());
+        const float l = s.run(o.lr, i + 1);
         losses.push(l);
         std::fprintf(stderr, "\rcurve step %lld/%lld loss %.4f", (long long)i + 1, (long long)S, l);
     }

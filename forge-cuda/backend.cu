@@ -49,6 +49,7 @@ struct CudaBackend final : forge_backend {
     forge_cuda_params params{};
     bool capture = true;
     std::map<std::pair<const forge_graph *, bool>, cudaGraphExec_t> execs; // (graph, collectives run) -> its step
+    std::unordered_map<const forge_graph *, forge_cuda_fusions> fusions;    // found once per planned graph
     std::map<const forge_graph *, int> collective_world;                  // graphs with ALLREDUCE nodes -> their world size
     std::unordered_set<const forge_graph *> nccl_warm;                      // graphs whose collectives have run once
     forge_cuda_comm *comm = nullptr;
@@ -135,6 +136,7 @@ struct CudaBackend final : forge_backend {
         }
         collective_world.erase(g);
         nccl_warm.erase(g);
+        fusions[g] = forge_cuda_find_fusions(g->nodes); // the graph's nodes are final once planned
         size_t need = 0;
         for (const forge_tensor *t : g->nodes) {
             forge_family f = forge_op_family(t->op);
@@ -152,7 +154,7 @@ struct CudaBackend final : forge_backend {
         return FORGE_OK;
     }
 
-    void launch_nodes(forge_graph *g) { forge_cuda_launch_nodes(g->nodes, &params); }
+    void launch_nodes(forge_graph *g) { forge_cuda_launch_nodes(g->nodes, &params, &fusions.at(g)); }
 
     forge_status fail(const std::string &what, cudaError_t e) {
         error = name + ": " + what + ": " + cudaGetErrorString(e);
@@ -227,19 +229,12 @@ void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p) {
     if (f != FORGE_FAMILY_NONE) kKernels[f](node, p);
 }
 
-namespace {
-
-// The persistent gradients a LORA_BACK adds its dA / dB into.
-struct lora_acc {
-    float *a = nullptr, *b = nullptr;
-};
-
 // ACC nodes whose addend is a LORA_BACK's dA (the node) or dB (its result 1), read by nothing
 // else: the LORA_BACK's GEMMs add into the gradient themselves (beta = 1) and the ACC is skipped,
 // which saves two launches per adapted projection. Same sums: only the GEMM epilogue's fused
 // multiply-add replaces the ACC's separate rounding of dB = scale * dy^T u.
-void find_lora_accs(const std::vector<forge_tensor *> &nodes, std::unordered_map<const forge_tensor *, lora_acc> *into,
-                    std::unordered_set<const forge_tensor *> *skip) {
+forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &nodes) {
+    forge_cuda_fusions f;
     std::unordered_map<const forge_tensor *, int> uses;
     for (const forge_tensor *t : nodes)
         for (int j = t->op == FORGE_OP_RESULT ? 1 : 0; j < t->n_src; j++) // a result does not read its producer
@@ -252,18 +247,18 @@ void find_lora_accs(const std::vector<forge_tensor *> &nodes, std::unordered_map
         if (back->op != FORGE_OP_LORA_BACK || add->type != FORGE_TYPE_F32 || uses[add] != 1 || (add->flags & FORGE_FLAG_OUTPUT) ||
             forge_tensor_nelements(add) != forge_tensor_nelements(acc) || !forge_tensor_is_contiguous(add))
             continue;
-        (is_b ? (*into)[back].b : (*into)[back].a) = (float *)acc->data;
-        skip->insert(acc);
+        (is_b ? f.acc_into[back].b : f.acc_into[back].a) = (float *)acc->data;
+        f.skip.insert(acc);
     }
+    return f;
 }
 
-} // namespace
-
-void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const forge_cuda_params *p,
+void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const forge_cuda_params *p, const forge_cuda_fusions *fusions,
                              void (*launched)(const forge_tensor *, void *), void *user) {
-    std::unordered_map<const forge_tensor *, lora_acc> acc_into;
-    std::unordered_set<const forge_tensor *> skip;
-    find_lora_accs(nodes, &acc_into, &skip);
+    const forge_cuda_fusions found = fusions ? forge_cuda_fusions{} : forge_cuda_find_fusions(nodes);
+    const forge_cuda_fusions &fu = fusions ? *fusions : found;
+    const auto &acc_into = fu.acc_into;
+    const auto &skip = fu.skip;
     const size_t n = nodes.size();
     for (size_t i = 0; i < n; i++) {
         forge_tensor *t = nodes[i];

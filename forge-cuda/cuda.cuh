@@ -19,6 +19,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <unordered_map>
+#include <unordered_set>
+
 struct forge_cuda_comm; // collective.cu: the communicator, the comm stream and its events
 
 struct forge_cuda_params {
@@ -177,12 +180,23 @@ void forge_cuda_lora_back_into(forge_tensor *node, const forge_cuda_params *p, f
 const forge_cuda_params *forge_cuda_backend_params(forge_backend *be);
 // Enqueues one node's kernels (nothing for leafs, views and results).
 void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p);
+// The LORA_BACK nodes of a node list that add their dA / dB straight into the persistent
+// gradients (acc_into), and the ACC nodes that therefore do not run (skip). Found once per graph.
+struct forge_cuda_fusions {
+    struct lora_acc {
+        float *a = nullptr, *b = nullptr;
+    };
+    std::unordered_map<const forge_tensor *, lora_acc> acc_into;
+    std::unordered_set<const forge_tensor *> skip;
+};
+forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &nodes);
 // Enqueues nodes in order as the backend runs a graph, with three fusions: a residual ADD followed
 // by the RMSNORM of its result runs as one kernel, so does an RMSNORM_BACK with the ADD of its dx
 // to the residual gradient, and a LORA_BACK adds its dA and dB straight into the persistent
-// gradients whose ACC nodes are then skipped. launched (may be NULL) is
-// called after each enqueued unit with its last node (a benchmark's per-node timing).
-void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const forge_cuda_params *p,
+// gradients whose ACC nodes are then skipped (fusions: forge_cuda_find_fusions(nodes), or NULL to
+// find them here). launched (may be NULL) is called after each enqueued unit with its last node
+// (a benchmark's per-node timing).
+void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const forge_cuda_params *p, const forge_cuda_fusions *fusions = nullptr,
                              void (*launched)(const forge_tensor *, void *) = nullptr, void *user = nullptr);
 
 // The cuBLASLt GEMM shared by linear, lora and cross_entropy (in linear.cu), in the same terms

@@ -61,8 +61,7 @@
 // ~1.1x of the base GEMM at gate/up. Precision: better than above - the low-rank term is summed
 // in the base product's fp32 accumulator and y is rounded once; only s B and u are rounded to T
 // (u as the contract says). The spare columns are rewritten by every forward (they are scratch:
-// nothing else reads them; LORA_BACK reads W through its view, K columns per row). Off switch:
-// kFoldLowRank below (false: every LORA takes the path above; the padded W stays valid).
+// nothing else reads them; LORA_BACK reads W through its view, K columns per row).
 #include "cuda.cuh"
 
 #include <algorithm>
@@ -113,10 +112,11 @@ lora_dims dims_of(const forge_tensor *node) {
     return d;
 }
 
-// ac (R x K) = A's R rows of K cast to t; bd (M x R) = B laid out block-diagonally: bd[m][c] = B[c % r][m]
-// when c / r is m's block, else 0. A [K, R] and B [r, M] may be strided. Grid-stride over both.
-__global__ void lora_prep_kernel(forge_cuda_view a, forge_cuda_view b, char *ac, char *bd, forge_type t, int64_t K,
-                                 int64_t R, int64_t M, int64_t r, lora_blocks blocks) {
+// ac (R x K) = A's R rows of K cast to t; bd (M rows of R, ldbd apart) = scale * B laid out
+// block-diagonally: bd[m][c] = scale * B[c % r][m] when c / r is m's block, else 0. A [K, R] and
+// B [r, M] may be strided. Grid-stride over both.
+__global__ void lora_prep_kernel(forge_cuda_view a, forge_cuda_view b, char *ac, char *bd, int64_t ldbd, forge_type t, int64_t K,
+                                 int64_t R, int64_t M, int64_t r, lora_blocks blocks, float scale) {
     const int64_t na = R * K, n = na + M * R, ts = type_size(t);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         if (i < na) {
@@ -124,10 +124,19 @@ __global__ void lora_prep_kernel(forge_cuda_view a, forge_cuda_view b, char *ac,
         } else {
             const int64_t j = i - na, m = j / R, c = j % R;
             const int blk = m < blocks.end[0] ? 0 : m < blocks.end[1] ? 1 : 2;
-            const float v = c / r == blk ? forge_cuda_load(b.type, forge_cuda_ptr(b, c % r, m, 0, 0)) : 0.0f;
-            forge_cuda_store(t, bd + j * ts, v);
+            const float v = c / r == blk ? scale * forge_cuda_load(b.type, forge_cuda_ptr(b, c % r, m, 0, 0)) : 0.0f;
+            forge_cuda_store(t, bd + (m * ldbd + c) * ts, v);
         }
     }
+}
+
+// Enqueues lora_prep_kernel: Ac into ac, scale * Bd into bd (rows ldbd apart), both of type d.T.
+void launch_prep(const forge_cuda_params *p, const lora_dims &d, char *ac, char *bd, int64_t ldbd, float scale) {
+    const int64_t n = d.R * d.K + d.M * d.R;
+    const int blocks = (int)std::min<int64_t>((n + kPrepThreads - 1) / kPrepThreads, (int64_t)std::max(p->sm_count, 1) * 8);
+    lora_prep_kernel<<<blocks, kPrepThreads, 0, p->stream>>>(forge_cuda_view_of(d.a), forge_cuda_view_of(d.b), ac, bd, ldbd, d.T, d.K, d.R,
+                                                             d.M, d.r, d.blocks, scale);
+    FORGE_CUDA_CHECK(cudaGetLastError());
 }
 
 struct prepped {
@@ -135,17 +144,10 @@ struct prepped {
 };
 
 prepped prep(const forge_cuda_params *p, const lora_dims &d, char **scratch) {
-    prepped o;
     char *ac = take(scratch, (size_t)(d.R * d.K * type_size(d.T)));
     char *bd = take(scratch, (size_t)(d.M * d.R * type_size(d.T)));
-    const int64_t n = d.R * d.K + d.M * d.R;
-    const int blocks = (int)std::min<int64_t>((n + kPrepThreads - 1) / kPrepThreads, (int64_t)std::max(p->sm_count, 1) * 8);
-    lora_prep_kernel<<<blocks, kPrepThreads, 0, p->stream>>>(forge_cuda_view_of(d.a), forge_cuda_view_of(d.b), ac, bd, d.T, d.K,
-                                                             d.R, d.M, d.r, d.blocks);
-    FORGE_CUDA_CHECK(cudaGetLastError());
-    o.ac = ac;
-    o.bd = bd;
-    return o;
+    launch_prep(p, d, ac, bd, d.R, 1.0f);
+    return {ac, bd};
 }
 
 size_t prep_work(const lora_dims &d) { return align_up((size_t)(d.R * d.K * type_size(d.T))) + align_up((size_t)(d.M * d.R * type_size(d.T))); }
@@ -180,35 +182,16 @@ const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora
 }
 
 // ---- the folded forward (forge_lora_set_spare: op_i[4]) ------------------------------------------
-// The switch: false sends every LORA down the three-GEMM path, whatever its flag.
-constexpr bool kFoldLowRank = true;
 
 // Whether the node's forward runs as one GEMM over [x | u] [W | scale Bd]^T: flagged, x and W of
 // one 16-bit type T (so u, of x's type, is T as it is), W's rows read in place and followed by R
 // spare elements (*ldw = W's row stride, >= K + R).
 bool folds(const forge_tensor *node, const lora_dims &d, int64_t *ldw) {
     int64_t ld = 0;
-    const bool ok = kFoldLowRank && node->op == FORGE_OP_LORA && node->op_i[4] == 1 && d.T != FORGE_TYPE_F32 && d.x->type == d.T &&
+    const bool ok = node->op == FORGE_OP_LORA && node->op_i[4] == 1 && d.T != FORGE_TYPE_F32 && d.x->type == d.T &&
                     d.w->type == d.T && forge_rows_in_place(d.w, &ld) && ld >= d.K + d.R;
     *ldw = ld;
     return ok;
-}
-
-// ac (R x K) = A cast to t (as lora_prep_kernel), and W's spare columns: w[m * ldw + K + c] =
-// scale * B[c % r][m] when c / r is m's block, else 0, rounded to t. Grid-stride over both.
-__global__ void lora_prep_spare_kernel(forge_cuda_view a, forge_cuda_view b, char *ac, char *w, int64_t ldw, forge_type t, int64_t K,
-                                       int64_t R, int64_t M, int64_t r, lora_blocks blocks, float scale) {
-    const int64_t na = R * K, n = na + M * R, ts = type_size(t);
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        if (i < na) {
-            forge_cuda_store(t, ac + i * ts, forge_cuda_load(a.type, forge_cuda_ptr(a, i % K, i / K, 0, 0)));
-        } else {
-            const int64_t j = i - na, m = j / R, c = j % R;
-            const int blk = m < blocks.end[0] ? 0 : m < blocks.end[1] ? 1 : 2;
-            const float v = c / r == blk ? scale * forge_cuda_load(b.type, forge_cuda_ptr(b, c % r, m, 0, 0)) : 0.0f;
-            forge_cuda_store(t, w + (m * ldw + K + c) * ts, v);
-        }
-    }
 }
 
 // xp (N rows of K + R 16-bit elements, dense) = [x | u]: x's rows ldx apart, u dense N x R.
@@ -250,11 +233,7 @@ void lora_forward_folded(forge_tensor *node, const forge_cuda_params *p, const l
     int64_t ldx;
     const void *x = forge_cuda_gemm_rows(p, d.x, T, &ldx, &scratch);
     char *ac = take(&scratch, (size_t)(d.R * d.K * type_size(T)));
-    const int64_t n = d.R * d.K + d.M * d.R;
-    const int blocks = (int)std::min<int64_t>((n + kPrepThreads - 1) / kPrepThreads, (int64_t)std::max(p->sm_count, 1) * 8);
-    lora_prep_spare_kernel<<<blocks, kPrepThreads, 0, p->stream>>>(forge_cuda_view_of(d.a), forge_cuda_view_of(d.b), ac, (char *)d.w->data,
-                                                                   ldw, T, d.K, d.R, d.M, d.r, d.blocks, d.scale);
-    FORGE_CUDA_CHECK(cudaGetLastError());
+    launch_prep(p, d, ac, (char *)d.w->data + d.K * type_size(T), ldw, d.scale); // scale Bd into W's spare columns
     void *y = ct == node->type ? node->data : take(&scratch, (size_t)(d.N * d.M) * sizeof(float));
     const void *bias = forge_cuda_gemm_bias(p, bias_t, ct, &scratch);
     const void *u = forward_u(node, p, d, x, ldx, ac, &scratch); // x's type = T: u itself, ld R

@@ -188,8 +188,9 @@ static forge_tensor *input(forge_ctx *ctx, forge_type type, int64_t ne0, int64_t
 }
 
 // x W^T (+ bias) with the layer's LoRA when it has one.
-// spare: elements after each row of w (Layer::wgu_spare); when they hold A's R rows, the LORA
-// may use them (forge_lora_set_spare: on CUDA, one GEMM of depth K + R).
+// spare: elements after each row of w (Layer::wgu_spare); when there are at least R of them (the
+// adapter's rank times its blocks), the LORA may use them (forge_lora_set_spare: on CUDA, one
+// GEMM of depth K + R).
 static forge_tensor *project(Model &m, forge_tensor *x, forge_tensor *w, forge_tensor *b, forge_tensor *la, forge_tensor *lb, int blocks,
                              const int64_t *rows, int64_t spare = 0) {
     if (!la) return forge_linear(m.ctx, x, w, b);

@@ -104,6 +104,19 @@ Graph build(const Case &c) {
     return g;
 }
 
+// Fills h, W and the labels from a seeded RNG; returns the labels and sets *targets to the
+// tokens that are not ignored.
+std::vector<int32_t> fill_inputs(const Graph &G, const Case &c, uint64_t seed, int *targets) {
+    Rng rng(seed);
+    fill_random(G.h, rng);
+    fill_random(G.w, rng);
+    const std::vector<int32_t> labels = make_labels(c, rng);
+    set_i32(G.labels, labels);
+    *targets = 0;
+    for (int32_t l : labels) *targets += l != FORGE_IGNORE_INDEX;
+    return labels;
+}
+
 // Loss, dH (the gradient of h) and dW against the naive loop; count = targets + 3. With
 // backward = false the graph is forward only (the node makes no gradients).
 void test_values(const Case &c, uint64_t seed, bool backward) {
@@ -122,13 +135,8 @@ void test_values(const Case &c, uint64_t seed, bool backward) {
     }
     forge_backend *be = forge_backend_cpu_new(0);
     REQUIRE_OK(forge_backend_alloc_graph(be, g));
-    Rng rng(seed);
-    fill_random(G.h, rng);
-    fill_random(G.w, rng);
-    const std::vector<int32_t> labels = make_labels(c, rng);
-    set_i32(G.labels, labels);
-    int targets = 0;
-    for (int32_t l : labels) targets += l != FORGE_IGNORE_INDEX;
+    int targets;
+    const std::vector<int32_t> labels = fill_inputs(G, c, seed, &targets);
     const float count = (float)(targets + 3);
     set_f32(G.count, {count});
     REQUIRE_OK(forge_backend_compute(be, g));
@@ -220,7 +228,6 @@ void test_labels() {
     forge_ctx_free(G.ctx);
 }
 
-} // namespace
 
 // The eval form (forge_cross_entropy_eval) against the same naive logits: each token's
 // log-probability of its label, the top-1 hit (where the naive top-2 margin is clear of rounding),
@@ -239,13 +246,8 @@ void test_eval(const Case &c, uint64_t seed) {
     REQUIRE_OK(forge_graph_build_forward(g, G.loss));
     forge_backend *be = forge_backend_cpu_new(0);
     REQUIRE_OK(forge_backend_alloc_graph(be, g));
-    Rng rng(seed);
-    fill_random(G.h, rng);
-    fill_random(G.w, rng);
-    const std::vector<int32_t> labels = make_labels(c, rng);
-    set_i32(G.labels, labels);
-    int targets = 0;
-    for (int32_t l : labels) targets += l != FORGE_IGNORE_INDEX;
+    int targets;
+    const std::vector<int32_t> labels = fill_inputs(G, c, seed, &targets);
     set_f32(G.count, {(float)targets});
     REQUIRE_OK(forge_backend_compute(be, g));
     const Naive ref = naive_ce(c, tensor_f32(G.h), tensor_f32(G.w), labels, (float)targets);
@@ -268,6 +270,8 @@ void test_eval(const Case &c, uint64_t seed) {
     forge_backend_free(be);
     forge_ctx_free(G.ctx);
 }
+
+} // namespace
 
 int main() {
     const Case cases[] = {
