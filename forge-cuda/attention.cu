@@ -15,13 +15,18 @@
 //            D_i = dO_i . O_i and LSE*log2e of its rows (also to scratch, padded to Tp rows, for
 //            attn_cols), then per key tile P = exp2(S scale log2e - L), dP = dO V^T,
 //            dS = P (dP - D_i) softcap', dq += dS K.
-//            attn_cols<D> (dk, dv): a block owns 16 key rows per warp of one kv head (and half of
-//            head_dim at D = 256); it loops over the query heads of its group (all, or one of
-//            `hsplit` parts when there are too few key blocks to fill the GPU) and the query tiles
-//            that see its keys: S^T = K Q^T, dP^T = V dO^T, dv += P^T dO, dk += dS^T Q, all in
-//            registers (P^T and dS^T go from accumulators straight to A fragments). hsplit = 1:
-//            it writes dk (times scale) and dv; else fp32 partials that attn_dkdv_sum adds in a
-//            fixed order.
+//            attn_cols<D> (dk, dv): a block owns 16 key rows per warp (D <= 128) or per pair of
+//            warps (D = 256) of one kv head; it loops over the query heads of its group (all, or
+//            one of `hsplit` parts when there are too few warps to fill the GPU) and the query
+//            tiles that see its keys: S^T = K Q^T, dP^T = V dO^T, dv += P^T dO, dk += dS^T Q, all
+//            in registers (P^T and dS^T go from accumulators straight to A fragments). At D = 256
+//            the dk/dv accumulators of 16 rows fill a warp's registers, so each warp of a pair
+//            owns half of the columns and reduces S^T and dP^T over the same half of the depth;
+//            the pair trades fp32 partials through shared memory (16 floats per lane: each warp
+//            finishes P^T and dS^T for half of the query columns), then the bf16 fragments (8
+//            words per lane): S and dP are computed once, for 12 16-byte shared accesses per lane
+//            and two pair barriers per step (against 80 ldmatrix.x4). hsplit = 1: it writes dk
+//            (times scale) and dv; else fp32 partials that attn_dkdv_sum adds in a fixed order.
 //   Every value is written by exactly one thread: no atomics, bit-for-bit deterministic.
 // Launch shape: 1-D grids ordered so that the longest blocks (the last query tiles; the first key
 // tiles under a causal mask) are dispatched first; 2 blocks of 4 warps per SM (8 warps of one
@@ -34,8 +39,10 @@
 // Work per (query, key) pair: forward 4D flop, backward 14D (FA2's 10D plus one recomputation of S
 // and dP for dq, the price of determinism without atomics). Traffic: each K/V (or Q/dO) tile is
 // read once per block from L2 and reused by every warp (~100-250 flop per byte of L2 traffic);
-// shared memory gives one ldmatrix.x4 per 2.7-3.2 mma (D = 64/128 forward) or per 1.6-2 mma
-// (backward), so the kernels are bound by mma.sync issue and ldmatrix bandwidth, not DRAM.
+// shared memory gives one ldmatrix.x4 per 2.7-3.2 mma (D = 64/128 forward) or per 1.4-2 mma
+// (backward, the D = 256 pair exchange counted as ldmatrix), so the kernels are bound by mma.sync
+// issue and ldmatrix bandwidth, not DRAM. Measured (H200, bench-kernels, same run): the D = 256
+// pair form took Gemma2-2B's backward (B 4, T 1024, 8/4 heads, softcap) from 474 to 350 us.
 // Tuning knobs: rows_cfg and cols_cfg below.
 //
 // Generic path (any float types, any strides, any head_dim, scale <= 0): one warp per query row
@@ -375,12 +382,14 @@ struct afrags {
     }
 };
 
-// c[MT][N / 8] += A B^T over k = 0..D: A the warp's rows, B the first N rows of the [rows][D] tile
-// at shared address sb.
-template <int MT, int N, int D, bool REG>
+// c[MT][N / 8] += A B^T over k = 0..K: A the warp's rows, B the first N rows of the [rows][D] tile
+// at shared address sb. K < D: a slice of the depth, A's base and sb both pointing at its first
+// column (a multiple of 64).
+template <int MT, int N, int D, int K = D, bool REG>
 __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const afrags<MT, D, REG> &A, uint32_t sb, const lane_offs<D> &o) {
+    static_assert(K == D || !REG, "fragments kept in registers span the whole depth");
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
+    for (int kk = 0; kk < K / 16; kk++) {
         uint32_t a[MT][4];
         A.get(a, kk, o);
 #pragma unroll
@@ -413,6 +422,10 @@ __device__ __forceinline__ void gemm_nn(float (&c)[MT][DO / 8][4], const uint32_
             }
         }
 }
+
+// Barrier `id` (1..15; 0 is __syncthreads) of the 64 threads of two warps; orders their shared
+// memory accesses.
+__device__ __forceinline__ void bar_pair(int id) { asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory"); }
 
 // Accumulator layout [MT][16 x N] -> bf16 A fragments of the next product.
 template <int MT, int N>
@@ -698,27 +711,38 @@ __global__ void __launch_bounds__(32 * rows_cfg<D, DQ>::NW, rows_cfg<D, DQ>::MIN
     }
 }
 
-// attn_cols tiles per head_dim: NW warps of 16 key rows (BN = 16 NW keys per block), BQ queries per
-// step, DO columns of dk/dv per block (head_dim / DO blocks per key tile), the warp's K and V
-// fragments kept in registers (KREG) or reloaded, MINB blocks per SM.
+// attn_cols tiles per head_dim: NW warps; DS (1 or 2) warps share 16 key rows (BN = 16 NW / DS
+// keys per block), each reducing S^T and dP^T over its D / DS slice of the depth and owning the same
+// slice of the dk/dv columns; BQ queries per step, the warp's K and V fragments kept in registers
+// (KREG) or reloaded, MINB blocks per SM.
 template <int D> struct cols_cfg;
-template <> struct cols_cfg<64> { static constexpr int NW = 4, BQ = 64, DO = 64, MINB = 2; static constexpr bool KREG = true; };
-template <> struct cols_cfg<128> { static constexpr int NW = 4, BQ = 32, DO = 128, MINB = 2; static constexpr bool KREG = false; };
-template <> struct cols_cfg<256> { static constexpr int NW = 8, BQ = 32, DO = 128, MINB = 1; static constexpr bool KREG = false; };
+template <> struct cols_cfg<64> { static constexpr int NW = 4, BQ = 64, DS = 1, MINB = 2; static constexpr bool KREG = true; };
+template <> struct cols_cfg<128> { static constexpr int NW = 4, BQ = 32, DS = 1, MINB = 2; static constexpr bool KREG = false; };
+template <> struct cols_cfg<256> { static constexpr int NW = 8, BQ = 32, DS = 2, MINB = 1; static constexpr bool KREG = false; };
 
+template <int D>
+__host__ __device__ constexpr int cols_bn() { return 16 * cols_cfg<D>::NW / cols_cfg<D>::DS; }
+// DS = 2: 16-byte exchange slots per lane of a warp: the fp32 S^T and dP^T partials of BQ / 2
+// query columns (BQ / 8 slots), then the bf16 P^T and dS^T fragments of BQ / 2 columns (BQ / 16).
+template <int D>
+__host__ __device__ constexpr int cols_xslots() { return cols_cfg<D>::DS > 1 ? cols_cfg<D>::BQ / 8 + cols_cfg<D>::BQ / 16 : 0; }
 template <int D>
 constexpr size_t cols_smem() {
     using C = cols_cfg<D>;
-    return (size_t)(2 * 16 * C::NW * D + 4 * C::BQ * D) * sizeof(bf16) + 6 * C::BQ * sizeof(float);
+    return (size_t)(2 * cols_bn<D>() * D + 4 * C::BQ * D) * sizeof(bf16) + 6 * C::BQ * sizeof(float) + (size_t)C::NW * cols_xslots<D>() * 32 * 16;
 }
 
-// dk and dv (or their partials) of BN key rows of one kv head, columns col0 + [0, DO), over part
-// `part` of the query heads of the group and every query tile that sees these keys.
-// Block x = part + hsplit (column slice + SPLIT (g + Hkv (b + B key tile))): first key tiles first.
+// dk and dv (or their partials) of BN key rows of one kv head, over part `part` of the query heads
+// of the group and every query tile that sees these keys. Warp w covers key rows 16 (w / DS) +
+// [0, 16) and the depth / dk-dv column slice (w % DS) D / DS; a pair (DS = 2) adds its S^T and
+// dP^T partials for half of the query columns each, computes P^T and dS^T there and hands the bf16
+// fragments to the other. Block x = part + hsplit (g + Hkv (b + B key tile)): first key tiles first.
 template <int D, bool CAP>
 __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_cols(const attn_args a) {
     using C = cols_cfg<D>;
-    constexpr int BQ = C::BQ, DO = C::DO, SPLIT = D / DO, NT = 32 * C::NW, BN = 16 * C::NW;
+    constexpr int BQ = C::BQ, DS = C::DS, DO = D / DS, NT = 32 * C::NW, BN = cols_bn<D>(), XS = cols_xslots<D>();
+    constexpr int NQ = BQ / DS; // query columns of a step whose P^T and dS^T the warp computes
+    static_assert((DS == 1 || DS == 2) && NQ % 16 == 0, "key rows are shared by a pair of warps at most, query columns split in whole fragments");
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *sK = (bf16 *)smem;                 // [BN][D] k rows, then the dk rows
     bf16 *sV = sK + BN * D;                  // [BN][D] v rows, then the dv rows
@@ -727,17 +751,17 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     float *sL = (float *)(sdO + 2 * BQ * D); // [2][BQ] LSE*log2e of the queries
     float *sDi = sL + 2 * BQ;                // [2][BQ]
     int *sDoc = (int *)(sDi + 2 * BQ);       // [2][BQ]
+    uint4 *sX = (uint4 *)(sDoc + 2 * BQ);    // DS = 2: [NW][XS][32] exchange slots
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int slab = warp / DS, hi = warp % DS, col0 = hi * DO; // the warp's key rows and slice
     int x = (int)blockIdx.x;
     const int part = x % a.hsplit;
     x /= a.hsplit;
-    const int col0 = x % SPLIT * DO;
-    x /= SPLIT;
     const int g = x % a.Hkv;
     x /= a.Hkv;
     const int b = x % a.B, j0 = x / a.B * BN;
     const int h_lo = part * a.group / a.hsplit, h_hi = (part + 1) * a.group / a.hsplit; // hsplit <= group: never empty
-    const int jend = min(j0 + BN, a.T), wj0 = j0 + warp * 16; // the warp's keys: wj0 + [0, 16)
+    const int jend = min(j0 + BN, a.T), wj0 = j0 + slab * 16; // the warp's keys: wj0 + [0, 16)
 
     load_tile<BN, D, NT>(sK, a.row(a.k, g, j0, b), a.k.nb[2], jend - j0, tid);
     load_tile<BN, D, NT>(sV, a.row(a.v, g, j0, b), a.v.nb[2], jend - j0, tid);
@@ -773,8 +797,8 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     const lane_offs<D> lo(lane);
     const uint32_t uQ = smem_addr(sQ), udO = smem_addr(sdO);
     afrags<1, D, C::KREG> fk, fv;
-    fk.init(smem_addr(sK) + warp * 32 * D, lo);
-    fv.init(smem_addr(sV) + warp * 32 * D, lo);
+    fk.init(smem_addr(sK) + slab * 32 * D + col0 * 2, lo);
+    fv.init(smem_addr(sV) + slab * 32 * D + col0 * 2, lo);
     float dk[1][DO / 8][4] = {}, dv[1][DO / 8][4] = {};
 
     for (int st = 0; hh < h_hi; st ^= 1) {
@@ -797,31 +821,96 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
         auto step = [&](auto masked) {
             constexpr bool MASK = decltype(masked)::value;
             float s[1][BQ / 8][4] = {}, dp[1][BQ / 8][4] = {};
-            gemm_nt<1, BQ, D>(s, fk, tQ, lo);   // S^T  = K Q^T
-            gemm_nt<1, BQ, D>(dp, fv, tdO, lo); // dP^T = V dO^T
+            gemm_nt<1, BQ, D, DO>(s, fk, tQ + col0 * 2, lo);   // S^T  = K Q^T over the warp's slice of the depth
+            gemm_nt<1, BQ, D, DO>(dp, fv, tdO + col0 * 2, lo); // dP^T = V dO^T
+            // ps, ds: the whole S^T and dP^T of the warp's query columns qc0 + [0, NQ)
+            const int qc0 = hi * NQ;
+            float ps[1][NQ / 8][4], ds[1][NQ / 8][4];
+            uint4 *mine = sX + warp * XS * 32 + lane;                 // DS = 2: slots the partner reads
+            const uint4 *theirs = sX + (warp ^ 1) * XS * 32 + lane; // and the partner's
+            if constexpr (DS == 1) {
 #pragma unroll
-            for (int nt = 0; nt < BQ / 8; nt++) {
-                const int ii = nt * 8 + 2 * tq; // query columns ii, ii + 1
+                for (int t = 0; t < NQ / 8; t++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        ps[0][t][e] = s[0][t][e];
+                        ds[0][t][e] = dp[0][t][e];
+                    }
+            } else { // send the partials of the partner's columns, add its partials of ours
+#pragma unroll
+                for (int t = 0; t < NQ / 8; t++) {
+                    uint32_t xs[4], xd[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        xs[e] = __float_as_uint(hi ? s[0][t][e] : s[0][NQ / 8 + t][e]);
+                        xd[e] = __float_as_uint(hi ? dp[0][t][e] : dp[0][NQ / 8 + t][e]);
+                    }
+                    mine[t * 32] = make_uint4(xs[0], xs[1], xs[2], xs[3]);
+                    mine[(NQ / 8 + t) * 32] = make_uint4(xd[0], xd[1], xd[2], xd[3]);
+                }
+                bar_pair(1 + slab);
+#pragma unroll
+                for (int t = 0; t < NQ / 8; t++) {
+                    const uint4 ys = theirs[t * 32], yd = theirs[(NQ / 8 + t) * 32];
+                    const uint32_t rs[4] = {ys.x, ys.y, ys.z, ys.w}, rd[4] = {yd.x, yd.y, yd.z, yd.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) { // x + y = y + x: both orders of the pair agree
+                        ps[0][t][e] = (hi ? s[0][NQ / 8 + t][e] : s[0][t][e]) + __uint_as_float(rs[e]);
+                        ds[0][t][e] = (hi ? dp[0][NQ / 8 + t][e] : dp[0][t][e]) + __uint_as_float(rd[e]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NQ / 8; nt++) {
+                const int ii = qc0 + nt * 8 + 2 * tq; // query columns ii, ii + 1
                 const float2 lq = *(const float2 *)(tL + ii), dq = *(const float2 *)(tDi + ii);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = e >> 1, c = e & 1;
                     float p, dc = 1.0f;
                     if constexpr (CAP) {
-                        const float t = tanh_sfu(s[0][nt][e] * a.mul);
+                        const float t = tanh_sfu(ps[0][nt][e] * a.mul);
                         dc = 1.0f - t * t;
                         p = ex2(a.cap2 * t - (c ? lq.y : lq.x));
                     } else {
-                        p = ex2(fmaf(s[0][nt][e], a.mul, -(c ? lq.y : lq.x)));
+                        p = ex2(fmaf(ps[0][nt][e], a.mul, -(c ? lq.y : lq.x)));
                     }
                     if (MASK && !a.allowed(q0 + ii + c, cols[r], tDoc[ii + c], cdoc[r])) p = 0.0f;
-                    s[0][nt][e] = p;
-                    dp[0][nt][e] = p * (dp[0][nt][e] - (c ? dq.y : dq.x)) * dc;
+                    ps[0][nt][e] = p;
+                    ds[0][nt][e] = p * (ds[0][nt][e] - (c ? dq.y : dq.x)) * dc;
                 }
             }
-            uint32_t fp[1][BQ / 16][4], fds[1][BQ / 16][4];
-            to_frags<1, BQ>(s, fp);
-            to_frags<1, BQ>(dp, fds);
+            uint32_t fp[1][BQ / 16][4], fds[1][BQ / 16][4]; // P^T and dS^T of all BQ query columns
+            if constexpr (DS == 1) {
+                to_frags<1, BQ>(ps, fp);
+                to_frags<1, BQ>(ds, fds);
+            } else { // hand the fragments of our columns to the partner, take those of its columns
+                uint32_t op[1][NQ / 16][4], od[1][NQ / 16][4], tp[NQ / 16][4], td[NQ / 16][4];
+                to_frags<1, NQ>(ps, op);
+                to_frags<1, NQ>(ds, od);
+#pragma unroll
+                for (int k = 0; k < NQ / 16; k++) {
+                    mine[(BQ / 8 + k) * 32] = make_uint4(op[0][k][0], op[0][k][1], op[0][k][2], op[0][k][3]);
+                    mine[(BQ / 8 + NQ / 16 + k) * 32] = make_uint4(od[0][k][0], od[0][k][1], od[0][k][2], od[0][k][3]);
+                }
+                bar_pair(1 + slab);
+#pragma unroll
+                for (int k = 0; k < NQ / 16; k++) {
+                    const uint4 yp = theirs[(BQ / 8 + k) * 32], yd = theirs[(BQ / 8 + NQ / 16 + k) * 32];
+                    tp[k][0] = yp.x, tp[k][1] = yp.y, tp[k][2] = yp.z, tp[k][3] = yp.w;
+                    td[k][0] = yd.x, td[k][1] = yd.y, td[k][2] = yd.z, td[k][3] = yd.w;
+                }
+#pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) {
+                    const int k = kk % (NQ / 16);
+                    const bool own = (kk >= NQ / 16) == (hi != 0);
+#pragma unroll
+                    for (int x = 0; x < 4; x++) {
+                        fp[0][kk][x] = own ? op[0][k][x] : tp[k][x];
+                        fds[0][kk][x] = own ? od[0][k][x] : td[k][x];
+                    }
+                }
+            }
             gemm_nn<1, BQ, DO, D>(dv, fp, tdO + col0 * 2, lo); // dV += P^T dO
             gemm_nn<1, BQ, DO, D>(dk, fds, tQ + col0 * 2, lo); // dK += dS^T Q
         };
@@ -837,9 +926,9 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     if (a.hsplit == 1) { // the final values, staged through the warp's own k / v rows
         const float mk[2] = {a.scale, a.scale}, mv[2] = {1.0f, 1.0f};
         if (a.dk.data)
-            warp_store_rows<DO, D>(dk[0], mk, sK, warp * 16, col0, a.row(a.dk, g, wj0, b) + col0 * sizeof(bf16), a.dk.nb[2], jend - wj0, lane);
+            warp_store_rows<DO, D>(dk[0], mk, sK, slab * 16, col0, a.row(a.dk, g, wj0, b) + col0 * sizeof(bf16), a.dk.nb[2], jend - wj0, lane);
         if (a.dv.data)
-            warp_store_rows<DO, D>(dv[0], mv, sV, warp * 16, col0, a.row(a.dv, g, wj0, b) + col0 * sizeof(bf16), a.dv.nb[2], jend - wj0, lane);
+            warp_store_rows<DO, D>(dv[0], mv, sV, slab * 16, col0, a.row(a.dv, g, wj0, b) + col0 * sizeof(bf16), a.dv.nb[2], jend - wj0, lane);
         return;
     }
     // fp32 partials: a quad writes 32 contiguous bytes of a row
@@ -906,7 +995,7 @@ void run_tc(const attn_args &a, bool fwd, cudaStream_t stream) {
     launch(attn_rows<D, true, CAP>, cdiv(a.T, rows_bm<D, true>()) * HB, 32 * rows_cfg<D, true>::NW, rows_smem<D, true>(), a, stream);
     if (!a.dk.data && !a.dv.data) return;
     using CC = cols_cfg<D>;
-    launch(attn_cols<D, CAP>, cdiv(a.T, 16 * CC::NW) * a.Hkv * (D / CC::DO) * a.B * a.hsplit, 32 * CC::NW, cols_smem<D>(), a, stream);
+    launch(attn_cols<D, CAP>, cdiv(a.T, cols_bn<D>()) * a.Hkv * a.B * a.hsplit, 32 * CC::NW, cols_smem<D>(), a, stream);
     if (a.hsplit == 1) return;
     const int64_t n = (int64_t)a.B * a.Hkv * a.T * a.D;
     attn_dkdv_sum<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a);
@@ -934,15 +1023,16 @@ bool tc_shape(const forge_tensor *node) {
     return node->type == FORGE_TYPE_BF16;
 }
 
-// Parts the query heads of a group are split into for dk/dv: enough blocks to fill the GPU
-// (kColsBlocks), a function of the shape only so results do not depend on the device.
-constexpr int64_t kColsBlocks = 512;
+// Parts the query heads of a group are split into for dk/dv: enough warps to fill the GPU
+// (kColsWarps: about two waves of 8 resident warps per SM on 132 SMs), a function of the shape only
+// so results do not depend on the device.
+constexpr int64_t kColsWarps = 2048;
+template <int D>
+int64_t cols_warps(int64_t T, int64_t Hkv, int64_t B) { return cdiv(T, cols_bn<D>()) * Hkv * B * cols_cfg<D>::NW; }
 int cols_hsplit(const forge_tensor *q, const forge_tensor *k) {
     const int64_t D = q->ne[0], Hq = q->ne[1], Hkv = k->ne[1], T = q->ne[2], B = q->ne[3];
-    const int64_t bn = 16 * (D == 64 ? cols_cfg<64>::NW : D == 128 ? cols_cfg<128>::NW : cols_cfg<256>::NW);
-    const int64_t split = D == 64 ? 64 / cols_cfg<64>::DO : D == 128 ? 128 / cols_cfg<128>::DO : 256 / cols_cfg<256>::DO;
-    const int64_t blocks = cdiv(T, bn) * Hkv * split * B;
-    return (int)std::max<int64_t>(1, std::min<int64_t>(Hq / Hkv, cdiv(kColsBlocks, blocks)));
+    const int64_t warps = D == 64 ? cols_warps<64>(T, Hkv, B) : D == 128 ? cols_warps<128>(T, Hkv, B) : cols_warps<256>(T, Hkv, B);
+    return (int)std::max<int64_t>(1, std::min<int64_t>(Hq / Hkv, cdiv(kColsWarps, warps)));
 }
 
 // The scratch: [doc table (when doc ids are given)] [D_i and LSE*log2e per query row (backward)]

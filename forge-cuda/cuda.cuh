@@ -208,3 +208,7 @@ void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const for
 void forge_cuda_gemm(const forge_cuda_params *p, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, int ta,
                      const void *b, int64_t ldb, int tb, forge_type ab_type, void *c, int64_t ldc, forge_type c_type,
                      float alpha, float beta, const void *bias, forge_type bias_type);
+// The same with C read from c_in (rows ldc_in apart, when beta != 0) and the result written to c.
+void forge_cuda_gemm_into(const forge_cuda_params *p, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, int ta,
+                          const void *b, int64_t ldb, int tb, forge_type ab_type, const void *c_in, int64_t ldc_in, void *c,
+                          int64_t ldc, forge_type c_type, float alpha, float beta, const void *bias, forge_type bias_type);

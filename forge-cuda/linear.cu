@@ -11,7 +11,8 @@
 // (CUBLASLT_EPILOGUE_BIAS), added in fp32 before the one rounding to C's type, like the CPU. An
 // F32 bias for a 16-bit C is passed on through BIAS_DATA_TYPE, but cuBLASLt documents the bias
 // as C's type outside FP8/IMMA GEMMs, so LINEAR and LORA always pass one of C's type. beta != 0
-// accumulates into C (C and D are the same buffer and layout). Each distinct problem - shape,
+// accumulates into C (forge_cuda_gemm_into reads C from another buffer and row stride than it
+// writes, e.g. a slice of a wider scratch result). Each distinct problem - shape,
 // leading dimensions, transposes, types, bias, beta != 0, pointer alignments (the heuristic is
 // told them, so misaligned slices and odd leading dimensions get algorithms that can read them),
 // handle and workspace - gets its matmul descriptor, layouts and the heuristic's first algorithm
@@ -86,7 +87,7 @@ struct gemm_key_hash {
 };
 struct gemm_plan {
     cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t la, lb, lc; // cuBLASLt's A (our b), B (our a), C = D
+    cublasLtMatrixLayout_t la, lb, lc, ld; // cuBLASLt's A (our b), B (our a), C (the input read when beta != 0), D
     cublasLtMatmulAlgo_t algo;
 };
 
@@ -96,8 +97,8 @@ std::mutex g_plans_mutex;
 std::unordered_map<gemm_key, gemm_plan, gemm_key_hash> g_plans;
 
 gemm_plan make_plan(const forge_cuda_params *p, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, int ta,
-                    const void *b, int64_t ldb, int tb, forge_type ab_type, void *c, int64_t ldc, forge_type c_type,
-                    const void *bias, forge_type bias_type) {
+                    const void *b, int64_t ldb, int tb, forge_type ab_type, const void *c_in, int64_t ldc_in, void *c, int64_t ldc,
+                    forge_type c_type, const void *bias, forge_type bias_type) {
     gemm_plan pl;
     FORGE_LT_CHECK(cublasLtMatmulDescCreate(&pl.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -116,20 +117,21 @@ gemm_plan make_plan(const forge_cuda_params *p, int64_t M, int64_t N, int64_t K,
     const cudaDataType_t abt = cuda_type(ab_type);
     FORGE_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.la, abt, tb ? K : N, tb ? N : K, ldb));
     FORGE_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.lb, abt, ta ? M : K, ta ? K : M, lda));
-    FORGE_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.lc, cuda_type(c_type), N, M, ldc));
+    FORGE_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.lc, cuda_type(c_type), N, M, ldc_in));
+    FORGE_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.ld, cuda_type(c_type), N, M, ldc));
 
     cublasLtMatmulPreference_t pref;
     FORGE_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = p->lt_workspace_size;
-    const uint32_t al_first = alignment_of(b), al_second = alignment_of(a), al_c = alignment_of(c);
+    const uint32_t al_first = alignment_of(b), al_second = alignment_of(a), al_c = alignment_of(c_in), al_d = alignment_of(c);
     FORGE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     FORGE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_first, sizeof al_first));
     FORGE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_second, sizeof al_second));
     FORGE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
-    FORGE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+    FORGE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p->lt, pl.desc, pl.la, pl.lb, pl.lc, pl.lc, pref, 1, &res, &found);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p->lt, pl.desc, pl.la, pl.lb, pl.lc, pl.ld, pref, 1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
         std::fprintf(stderr,
@@ -257,22 +259,29 @@ const void *forge_cuda_gemm_bias(const forge_cuda_params *p, const forge_tensor 
 
 // ---- forge_cuda_gemm ---------------------------------------------------------------------------
 
-void forge_cuda_gemm(const forge_cuda_params *p, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, int ta,
-                     const void *b, int64_t ldb, int tb, forge_type ab_type, void *c, int64_t ldc, forge_type c_type,
-                     float alpha, float beta, const void *bias, forge_type bias_type) {
+void forge_cuda_gemm_into(const forge_cuda_params *p, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, int ta,
+                          const void *b, int64_t ldb, int tb, forge_type ab_type, const void *c_in, int64_t ldc_in, void *c,
+                          int64_t ldc, forge_type c_type, float alpha, float beta, const void *bias, forge_type bias_type) {
     if (M <= 0 || N <= 0 || K <= 0) return;
+    if (beta == 0.0f) c_in = c, ldc_in = ldc; // C is not read
     const gemm_key key{(int64_t)(uintptr_t)p->lt, M, N, K, lda, ldb, ldc, (int64_t)ta | (int64_t)tb << 1 | (int64_t)(beta != 0.0f) << 2,
                        (int64_t)ab_type, (int64_t)c_type, bias ? (int64_t)bias_type : -1, (int64_t)alignment_of(a),
-                       (int64_t)alignment_of(b), (int64_t)alignment_of(c), bias ? (int64_t)alignment_of(bias) : 0,
-                       (int64_t)p->lt_workspace_size};
+                       (int64_t)alignment_of(b), (int64_t)alignment_of(c) | (int64_t)alignment_of(c_in) << 16 | ldc_in << 32,
+                       bias ? (int64_t)alignment_of(bias) : 0, (int64_t)p->lt_workspace_size};
     std::lock_guard<std::mutex> lock(g_plans_mutex);
     auto it = g_plans.find(key);
     if (it == g_plans.end())
-        it = g_plans.emplace(key, make_plan(p, M, N, K, a, lda, ta, b, ldb, tb, ab_type, c, ldc, c_type, bias, bias_type)).first;
+        it = g_plans.emplace(key, make_plan(p, M, N, K, a, lda, ta, b, ldb, tb, ab_type, c_in, ldc_in, c, ldc, c_type, bias, bias_type)).first;
     const gemm_plan &pl = it->second;
     if (bias) FORGE_LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    FORGE_LT_CHECK(cublasLtMatmul(p->lt, pl.desc, &alpha, b, pl.la, a, pl.lb, &beta, c, pl.lc, c, pl.lc, &pl.algo, p->lt_workspace,
+    FORGE_LT_CHECK(cublasLtMatmul(p->lt, pl.desc, &alpha, b, pl.la, a, pl.lb, &beta, c_in, pl.lc, c, pl.ld, &pl.algo, p->lt_workspace,
                                   p->lt_workspace_size, p->stream));
+}
+
+void forge_cuda_gemm(const forge_cuda_params *p, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, int ta,
+                     const void *b, int64_t ldb, int tb, forge_type ab_type, void *c, int64_t ldc, forge_type c_type,
+                     float alpha, float beta, const void *bias, forge_type bias_type) {
+    forge_cuda_gemm_into(p, M, N, K, a, lda, ta, b, ldb, tb, ab_type, c, ldc, c, ldc, c_type, alpha, beta, bias, bias_type);
 }
 
 // ---- LINEAR and MATMUL ---------------------------------------------------------------------------

@@ -60,12 +60,17 @@
 // extra depth R = 32 adds R / K of the GEMM's math (3.6% at K = 896, 1.4% at 2304). Expected
 // ~1.1x of the base GEMM at gate/up. Precision: better than above - the low-rank term is summed
 // in the base product's fp32 accumulator and y is rounded once; only s B and u are rounded to T
-// (u as the contract says). The spare columns are rewritten by every forward (they are scratch:
-// nothing else reads them; LORA_BACK reads W through its view, K columns per row).
+// (u as the contract says). The spare columns are rewritten by every forward and backward (they
+// are scratch: nothing else reads them; the base product reads W through its view, K columns).
+// The folded backward (LORA_BACK copies the flag) uses the same W' = [W | s Bd]: one GEMM
+// G = dy W' gives dy W and du side by side (see "the backward" below). Measured against the plain
+// backward on the H200 in the same run (bench-kernels lora_mlp, Qwen2.5-0.5B gate/up): 179 -> 155 us
+// at 4096 tokens, 583 -> 505 us at 16384; the whole Qwen2.5-0.5B step 31.3 -> 30.8 ms.
 #include "cuda.cuh"
 
 #include <algorithm>
 #include <initializer_list>
+
 
 // In linear.cu: conversions and GEMM operands.
 void forge_cuda_convert(const forge_cuda_params *p, const forge_cuda_view &src, void *dst, forge_type dst_type);
@@ -183,13 +188,14 @@ const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora
 
 // ---- the folded forward (forge_lora_set_spare: op_i[4]) ------------------------------------------
 
-// Whether the node's forward runs as one GEMM over [x | u] [W | scale Bd]^T: flagged, x and W of
+// Whether the node runs folded (the forward as one GEMM over [x | u] [W | scale Bd]^T, the backward's
+// du out of the dX GEMM dy [W | scale Bd]): flagged (LORA_BACK copies its LORA's flag), x and W of
 // one 16-bit type T (so u, of x's type, is T as it is), W's rows read in place and followed by R
-// spare elements (*ldw = W's row stride, >= K + R).
+// spare elements (*ldw = W's row stride, >= K + R); the backward also needs its dX output.
 bool folds(const forge_tensor *node, const lora_dims &d, int64_t *ldw) {
     int64_t ld = 0;
-    const bool ok = node->op == FORGE_OP_LORA && node->op_i[4] == 1 && d.T != FORGE_TYPE_F32 && d.x->type == d.T &&
-                    d.w->type == d.T && forge_rows_in_place(d.w, &ld) && ld >= d.K + d.R;
+    const bool ok = node->op_i[4] == 1 && (node->op == FORGE_OP_LORA || output(node, 2)) && d.T != FORGE_TYPE_F32 &&
+                    d.x->type == d.T && d.w->type == d.T && forge_rows_in_place(d.w, &ld) && ld >= d.K + d.R;
     *ldw = ld;
     return ok;
 }
@@ -261,27 +267,66 @@ void lora_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dim
     if (y != node->data) forge_cuda_convert(p, forge_cuda_dense_view(y, FORGE_TYPE_F32, node->ne), node->data, node->type);
 }
 
+// dA (R x K) = du^T x and dB (M x r) = scale dy^T u (one GEMM per block), each written (beta 0)
+// or added (beta 1) to out.
+void lora_grads(const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const void *du, int64_t lddu, const char *dy,
+                int64_t ldy, const char *u, int64_t ldu, float *dA, float *dB, float beta) {
+    forge_cuda_gemm(p, d.R, d.K, d.N, du, lddu, 1, x, ldx, 0, d.T, dA, d.K, FORGE_TYPE_F32, 1.0f, beta, nullptr, d.T);
+    for (int i = 0; i < d.blocks.n; i++)
+        forge_cuda_gemm(p, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(d.T), ldy, 1, u + i * d.r * type_size(d.T),
+                        ldu, 0, d.T, dB + d.start[i] * d.r, d.r, FORGE_TYPE_F32, d.scale, beta, nullptr, d.T);
+}
+
+// ---- the backward ---------------------------------------------------------------------------------
+//
+// Plain:  prep (Ac, Bd), du = scale dy Bd, dA and dB, dX = du Ac, dX = dy W + dX.
+// Folded (flagged; W has R spare columns per row, see folds): prep writes Ac and scale Bd into W's
+// spare columns as the forward does, then one GEMM G = dy [W | scale Bd] (N x (K + R), scratch)
+// gives dy W in its first K columns and du in its last R: the separate du GEMM and its read of dy
+// (80 MB at Qwen2.5 gate/up, 150 MB at Gemma2's) are gone; dA and dB read du from G; then
+// dX = du Ac + G's first K columns (one GEMM, C read from G). Precision: dy W is rounded to T in G
+// before du Ac is added (the plain path rounds the low-rank term instead): one more bf16 rounding
+// of dX, as HF's separate base and LoRA terms have.
 // acc_a / acc_b: when not NULL, dA / dB are added into these F32 buffers (the persistent
 // gradients, beta = 1) instead of being written to the node's outputs (forge_cuda_lora_back_into).
+size_t backward_work(const forge_tensor *node, const lora_dims &d) {
+    int64_t ldw;
+    const forge_tensor *dx = output(node, 2);
+    size_t bytes = forge_cuda_gemm_rows_work(d.x, d.T) + forge_cuda_gemm_rows_work(node->src[0], d.T) +
+                   forge_cuda_gemm_rows_work(node->src[5], d.T) + prep_work(d);
+    if (folds(node, d, &ldw)) return bytes + align_up((size_t)(d.N * (d.K + d.R) * type_size(d.T)));
+    bytes += rank_work(d, d.T);
+    if (dx)
+        bytes += forge_cuda_gemm_rows_work(d.w, d.T) +
+                 (forge_cuda_gemm_out_type(dx->type, d.T) != dx->type ? align_up((size_t)(d.N * d.K) * sizeof(float)) : 0);
+    return bytes;
+}
+
 void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, float *acc_a, float *acc_b) {
-    forge_tensor *dx_t = node->res[2];
+    forge_tensor *dx_t = output(node, 2);
     const forge_type T = d.T;
     char *scratch = (char *)p->work;
     int64_t ldy, ldx, ldw, ldu;
     const char *dy = (const char *)forge_cuda_gemm_rows(p, node->src[0], T, &ldy, &scratch);
     const void *x = forge_cuda_gemm_rows(p, d.x, T, &ldx, &scratch);
     const char *u = (const char *)forge_cuda_gemm_rows(p, node->src[5], T, &ldu, &scratch); // the forward's x Ac^T
+    float *dA = acc_a ? acc_a : (float *)node->data, *dB = acc_b ? acc_b : (float *)node->res[1]->data;
+    const float beta = acc_a ? 1.0f : 0.0f;
+    if (folds(node, d, &ldw)) {
+        const int64_t KR = d.K + d.R;
+        char *ac = take(&scratch, (size_t)(d.R * d.K * type_size(T)));
+        launch_prep(p, d, ac, (char *)d.w->data + d.K * type_size(T), ldw, d.scale);
+        char *g = take(&scratch, (size_t)(d.N * KR * type_size(T)));
+        forge_cuda_gemm(p, d.N, KR, d.M, dy, ldy, 0, d.w->data, ldw, 0, T, g, KR, T, 1.0f, 0.0f, nullptr, T); // [dy W | du]
+        const char *du = g + d.K * type_size(T);
+        lora_grads(p, d, x, ldx, du, KR, dy, ldy, u, ldu, dA, dB, beta);
+        forge_cuda_gemm_into(p, d.N, d.K, d.R, du, KR, 0, ac, d.K, 0, T, g, KR, dx_t->data, d.K, T, 1.0f, 1.0f, nullptr, T);
+        return;
+    }
     const prepped pr = prep(p, d, &scratch);
     char *du = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
-    // du = scale dy Bd
-    forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T);
-    // dA (R x K) = du^T x; dB (M x r) = scale dy^T u, one block at a time
-    forge_cuda_gemm(p, d.R, d.K, d.N, du, d.R, 1, x, ldx, 0, T, acc_a ? acc_a : node->data, d.K, FORGE_TYPE_F32, 1.0f, acc_a ? 1.0f : 0.0f,
-                    nullptr, T);
-    float *dB = acc_b ? acc_b : (float *)node->res[1]->data;
-    for (int i = 0; i < d.blocks.n; i++)
-        forge_cuda_gemm(p, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(T), ldy, 1, u + i * d.r * type_size(T),
-                        ldu, 0, T, dB + d.start[i] * d.r, d.r, FORGE_TYPE_F32, d.scale, acc_b ? 1.0f : 0.0f, nullptr, T);
+    forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T); // du = scale dy Bd
+    lora_grads(p, d, x, ldx, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
     if (!dx_t) return;
     // dX = du Ac, then dX = dy W + dX
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
@@ -296,21 +341,13 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
 
 size_t forge_cuda_lora_work(const forge_tensor *node) {
     const lora_dims d = dims_of(node);
-    size_t bytes = forge_cuda_gemm_rows_work(d.x, d.T) + prep_work(d);
+    if (node->op == FORGE_OP_LORA_BACK) return backward_work(node, d);
     int64_t ldw_folded;
     if (folds(node, d, &ldw_folded)) return folded_work(node, d);
-    if (node->op == FORGE_OP_LORA) {
-        const forge_type ct = forge_cuda_gemm_out_type(node->type, d.T);
-        const forge_tensor *bias = node->n_src > 4 ? node->src[4] : nullptr;
-        return bytes + forge_cuda_gemm_rows_work(d.w, d.T) + (ct != node->type ? align_up((size_t)(d.N * d.M) * sizeof(float)) : 0) +
-               forge_cuda_gemm_bias_work(bias, ct) + u_work(d);
-    }
-    bytes += forge_cuda_gemm_rows_work(node->src[0], d.T) + forge_cuda_gemm_rows_work(node->src[5], d.T) + rank_work(d, d.T);
-    const forge_tensor *dx = node->res[2];
-    if (dx)
-        bytes += forge_cuda_gemm_rows_work(d.w, d.T) +
-                 (forge_cuda_gemm_out_type(dx->type, d.T) != dx->type ? align_up((size_t)(d.N * d.K) * sizeof(float)) : 0);
-    return bytes;
+    const forge_type ct = forge_cuda_gemm_out_type(node->type, d.T);
+    const forge_tensor *bias = node->n_src > 4 ? node->src[4] : nullptr;
+    return forge_cuda_gemm_rows_work(d.x, d.T) + prep_work(d) + forge_cuda_gemm_rows_work(d.w, d.T) +
+           (ct != node->type ? align_up((size_t)(d.N * d.M) * sizeof(float)) : 0) + forge_cuda_gemm_bias_work(bias, ct) + u_work(d);
 }
 
 void forge_cuda_lora(forge_tensor *node, const forge_cuda_params *p) {

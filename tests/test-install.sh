@@ -46,7 +46,7 @@ ldd "$tmp/simple" | grep -q "libforge.so" || fail "simple is not linked to libfo
 
 # 3. statically, and through the CMake package
 $CC -std=c99 "$SRC/examples/simple.c" $(pkg-config --cflags forge) "$libdir/libforge.a" \
-    $(pkg-config --static --libs-only-other --libs-only-l forge | sed 's/-lforge\b//') -o "$tmp/simple-static" ||
+    $(pkg-config --static --libs forge | sed 's/-lforge\b//') -o "$tmp/simple-static" ||
     fail "examples/simple.c does not link statically with pkg-config --static"
 ldd "$tmp/simple-static" | grep -q "libforge.so" && fail "simple-static uses libforge.so"
 check_run "$tmp/simple-static" "$tmp/adapter-static"
