@@ -292,14 +292,14 @@ struct Profiler {
 std::map<std::string, double> profile(Step &s) {
     const forge_cuda_params *p = forge_cuda_backend_params(s.be);
     Profiler pr{p->stream, {}, {}, 0};
-    const forge_cuda_fusions fusions = forge_cuda_find_fusions(s.g->nodes); // found before the timed launches
+    const forge_cuda_fusions *fusions = forge_cuda_backend_fusions(s.be, s.g); // the backend's, as the step uses them
     cudaEvent_t start;
     cudaEventCreate(&start);
     std::vector<std::vector<float>> times;
     for (int rep = 0; rep < 5; rep++) {
         pr.at = 0;
         cudaEventRecord(start, p->stream);
-        forge_cuda_launch_nodes(s.g->nodes, p, &fusions, Profiler::launched, &pr);
+        forge_cuda_launch_nodes(s.g->nodes, p, fusions, Profiler::launched, &pr);
         FORGE_CUDA_CHECK(cudaStreamSynchronize(p->stream));
         times.resize(pr.at);
         for (size_t i = 0; i < pr.at; i++) {

@@ -23,6 +23,7 @@
 #include <unordered_set>
 
 struct forge_cuda_comm; // collective.cu: the communicator, the comm stream and its events
+struct forge_cuda_fusions;
 
 struct forge_cuda_params {
     cudaStream_t stream;
@@ -34,6 +35,7 @@ struct forge_cuda_params {
     int *error;             // device word: kernels set a nonzero FORGE_CUDA_ERR_* code on bad data
     int sm_count;
     forge_cuda_comm *comm;  // ALLREDUCE's communicator and stream (NULL: none attached)
+    const forge_cuda_fusions *fusions; // set by forge_cuda_launch_nodes while it runs a graph (NULL: none)
 };
 
 // Codes a kernel writes into *p->error (the first one wins); the backend reports them by name.
@@ -182,14 +184,32 @@ const forge_cuda_params *forge_cuda_backend_params(forge_backend *be);
 void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p);
 // The LORA_BACK nodes of a node list that add their dA / dB straight into the persistent
 // gradients (acc_into), and the ACC nodes that therefore do not run (skip). Found once per graph.
+// The backend adds the hoisted LoRA preps (forge_cuda_lora_plan_preps: the LORA / LORA_BACK
+// nodes whose Ac and Bd one kernel makes at the start of the step, and that kernel's job table).
 struct forge_cuda_fusions {
     struct lora_acc {
         float *a = nullptr, *b = nullptr;
     };
     std::unordered_map<const forge_tensor *, lora_acc> acc_into;
     std::unordered_set<const forge_tensor *> skip;
+    struct lora_prep {
+        const char *ac, *bd; // bd NULL: the folded form's scale Bd, in W's spare columns
+    };
+    std::unordered_map<const forge_tensor *, lora_prep> preps;
+    const void *prep_jobs = nullptr; // device table of n_prep_jobs jobs
+    int n_prep_jobs = 0, prep_blocks = 0;
+    const forge_tensor *prep_first = nullptr; // the first hoisted node (a profile counts the kernel there)
 };
 forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &nodes);
+// Hoists the preps of the LORA / LORA_BACK nodes that come before the graph's first ADAMW and
+// read A and B from leaves: their Ac (A cast to the GEMM type) and Bd (B block-diagonal) are made
+// once per step, for all of them, by forge_cuda_lora_run_preps, where each node would run its own
+// prep kernel (a LORA and its LORA_BACK share one). mem NULL: returns the device bytes needed;
+// else fills f's preps and job table in mem (an upload: call it outside any capture).
+size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem);
+void forge_cuda_lora_run_preps(const forge_cuda_fusions &f, const forge_cuda_params *p);
+// The fusions the backend found for a planned graph (NULL: not planned on this backend).
+const forge_cuda_fusions *forge_cuda_backend_fusions(forge_backend *be, const forge_graph *g);
 // Enqueues nodes in order as the backend runs a graph, with three fusions: a residual ADD followed
 // by the RMSNORM of its result runs as one kernel, so does an RMSNORM_BACK with the ADD of its dx
 // to the residual gradient, and a LORA_BACK adds its dA and dB straight into the persistent
