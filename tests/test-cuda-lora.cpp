@@ -9,7 +9,9 @@
 // forward-only graph (no u result) giving bitwise the training graph's y. Then the folded
 // forward of a LORA whose W has R spare elements per row (forge_lora_set_spare, the model's
 // gate/up): Qwen2.5 and Gemma2 gate/up shapes, shapes off its 16-byte copy path, F16, biases, and
-// its saved u / forward-only agreement.
+// its saved u / forward-only agreement. Graphs run by the backend make the casts of A and B for
+// all their LoRAs in one kernel at the start (A and B leaves); the own-prep cases compute A and B
+// in the graph, so each node runs its own prep, folded and not.
 #include "cuda-util.h"
 
 namespace {
@@ -34,8 +36,10 @@ forge_tensor *weight_of(forge_ctx *ctx, forge_type wt, int64_t K, int64_t M, int
 }
 
 // x [K, T, B] (xt), W [K, M] (wt; spare: see weight_of), A F32 [K, r * blocks], B F32 [r, M],
-// bias [M] (bt or none).
-void lora_case(const char *name, forge_type xt, forge_type wt, int bt, const LoraShape &s, float scale = 2.0f, bool spare = false) {
+// bias [M] (bt or none). own_prep: the LORA reads A and B through a SCALE by 1 (computed in the
+// graph, so its prep is not hoisted).
+void lora_case(const char *name, forge_type xt, forge_type wt, int bt, const LoraShape &s, float scale = 2.0f, bool spare = false,
+               bool own_prep = false) {
     conformance(name, [=](forge_ctx *ctx) {
         ConfCase c;
         int64_t M = 0;
@@ -44,7 +48,8 @@ void lora_case(const char *name, forge_type xt, forge_type wt, int bt, const Lor
         forge_tensor *x = forge_tensor_new_3d(ctx, xt, s.K, s.T, s.B), *w = weight_of(ctx, wt, s.K, M, s.r * nb, spare);
         forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, s.K, s.r * nb), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, s.r, M);
         forge_tensor *bias = bt == kNone ? nullptr : forge_tensor_new_1d(ctx, (forge_type)bt, M);
-        c.y = forge_lora(ctx, x, w, bias, a, b, scale, nb, s.blocks.data());
+        forge_tensor *au = own_prep ? forge_scale(ctx, a, 1.0f) : a, *bu = own_prep ? forge_scale(ctx, b, 1.0f) : b;
+        c.y = forge_lora(ctx, x, w, bias, au, bu, scale, nb, s.blocks.data());
         if (spare) c.y = forge_lora_set_spare(ctx, c.y);
         c.params = {x, a, b};
         if (bias) c.params.push_back(bias);
@@ -176,5 +181,11 @@ int main() {
     lora_case("spare lora bf16 x, f32 W (unfolded) 128->96 r8", BF16, F32, kNone, {128, 8, {96}, 300, 1}, 0.5f, kSpare);
     saved_u_case("saved u, spare bf16 qwen2.5 gate/up x 512", BF16, BF16, {896, 16, {4864, 4864}, 512, 1}, 2.0f, kSpare);
     saved_u_case("saved u, spare bf16 77->[40,40] r5", BF16, BF16, {77, 5, {40, 40}, 13, 3}, 2.0f, kSpare);
+
+    // A and B computed in the graph: each LORA and LORA_BACK runs its own prep
+    const bool kOwnPrep = true;
+    lora_case("own prep lora bf16 qwen2.5 q/k/v + f32 bias", BF16, BF16, F32, qkv, 2.0f, false, kOwnPrep);
+    lora_case("own prep spare lora bf16 qwen2.5 gate/up x 512", BF16, BF16, kNone, {896, 16, {4864, 4864}, 512, 1}, 2.0f, kSpare, kOwnPrep);
+    lora_case("own prep lora f32 77->[33,9,9] r5", F32, F32, kNone, odd, 2.0f, false, kOwnPrep);
     return test_finish("test-cuda-lora");
 }
