@@ -60,6 +60,41 @@ __device__ inline void forge_cuda_store(forge_type t, void *p, float v) {
     }
 }
 
+// 2K 16-bit values of type t (BF16 or F16), packed two per 32-bit word, <-> fp32; packing rounds
+// to nearest even. The type is tested once per call.
+template <int K> __device__ inline void forge_cuda_unpack16(forge_type t, const uint32_t *w, float *v) {
+    if (t == FORGE_TYPE_BF16) {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+            v[2 * k] = f.x;
+            v[2 * k + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const float2 f = __half22float2(*(const __half2 *)&w[k]);
+            v[2 * k] = f.x;
+            v[2 * k + 1] = f.y;
+        }
+    }
+}
+template <int K> __device__ inline void forge_cuda_pack16(forge_type t, const float *v, uint32_t *w) {
+    if (t == FORGE_TYPE_BF16) {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+            w[k] = *(const uint32_t *)&h;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+            w[k] = *(const uint32_t *)&h;
+        }
+    }
+}
+
 // 8 consecutive elements of a float type at a 16-byte aligned address, as fp32 (one 128-bit
 // access for bf16/f16, two for f32); stores round to nearest even.
 __device__ inline void forge_cuda_load8(forge_type t, const char *p, float *v) {
@@ -70,14 +105,7 @@ __device__ inline void forge_cuda_load8(forge_type t, const char *p, float *v) {
     }
     const uint4 u = *(const uint4 *)p;
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 f;
-        if (t == FORGE_TYPE_BF16) f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-        else f = __half22float2(*(const __half2 *)&w[k]);
-        v[2 * k] = f.x;
-        v[2 * k + 1] = f.y;
-    }
+    forge_cuda_unpack16<4>(t, w, v);
 }
 __device__ inline void forge_cuda_store8(forge_type t, char *p, const float *v) {
     if (t == FORGE_TYPE_F32) {
@@ -86,11 +114,7 @@ __device__ inline void forge_cuda_store8(forge_type t, char *p, const float *v) 
         return;
     }
     uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        if (t == FORGE_TYPE_BF16) { __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
-        else { __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]); w[k] = *(uint32_t *)&h; }
-    }
+    forge_cuda_pack16<4>(t, v, w);
     *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
 }
 

@@ -407,6 +407,7 @@ size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forg
     std::vector<slot> slots;
     std::map<std::vector<int64_t>, size_t> by_key;
     size_t bytes = 0;
+    const forge_tensor *first = nullptr; // the first hoisted node
     auto leaf = [](const forge_tensor *t) {
         const forge_tensor *r = forge_view_root(const_cast<forge_tensor *>(t));
         return r && r->op == FORGE_OP_NONE;
@@ -432,6 +433,7 @@ size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forg
             slots.push_back({job_of(d, ac, bd, fold ? ldw : d.R, fold ? d.scale : 1.0f), fold, {}});
         }
         slots[it->second].users.push_back(t);
+        if (!first) first = t;
     }
     const size_t table = align_up(slots.size() * sizeof(prep_job));
     if (slots.empty() || !mem) return slots.empty() ? 0 : bytes + table;
@@ -446,11 +448,7 @@ size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forg
     f->prep_jobs = mem + bytes;
     f->n_prep_jobs = (int)jobs.size();
     f->prep_blocks = (int)std::min<int64_t>((most + 4 * kPrepThreads - 1) / (4 * kPrepThreads), 64);
-    for (forge_tensor *t : nodes)
-        if (f->preps.count(t)) {
-            f->prep_first = t;
-            break;
-        }
+    f->prep_first = first;
     return bytes + table;
 }
 

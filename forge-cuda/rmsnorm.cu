@@ -99,39 +99,6 @@ template <> struct chunk<1> {
     float f;
 };
 
-// 2k 16-bit values <-> floats; the type test once per call.
-template <int K> __device__ inline void unpack16(forge_type t, const uint32_t *w, float *v) {
-    if (t == FORGE_TYPE_BF16) {
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-            v[2 * k] = f.x;
-            v[2 * k + 1] = f.y;
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            const float2 f = __half22float2(*(const __half2 *)&w[k]);
-            v[2 * k] = f.x;
-            v[2 * k + 1] = f.y;
-        }
-    }
-}
-template <int K> __device__ inline void pack16(forge_type t, const float *v, uint32_t *w) {
-    if (t == FORGE_TYPE_BF16) {
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-            w[k] = *(const uint32_t *)&h;
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
-            w[k] = *(const uint32_t *)&h;
-        }
-    }
-}
 // V values rounded to type t (to nearest even).
 template <int V> __device__ inline void round_to(forge_type t, float *v) {
     if (t == FORGE_TYPE_BF16) {
@@ -149,7 +116,7 @@ template <int V> __device__ inline void unpack(forge_type t, const chunk<V> &c, 
         v[0] = __uint_as_float(c.u.x); v[1] = __uint_as_float(c.u.y); v[2] = __uint_as_float(c.u.z); v[3] = __uint_as_float(c.u.w);
     } else {
         const uint32_t w[4] = {c.u.x, c.u.y, c.u.z, c.u.w};
-        unpack16<4>(t, w, v);
+        forge_cuda_unpack16<4>(t, w, v);
     }
 }
 // Packing rounds to the type, so unpack(pack(v)) is v as stored.
@@ -162,7 +129,7 @@ template <int V> __device__ inline chunk<V> pack(forge_type t, const float *v) {
         c.u = make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
     } else {
         uint32_t w[4];
-        pack16<4>(t, v, w);
+        forge_cuda_pack16<4>(t, v, w);
         c.u = make_uint4(w[0], w[1], w[2], w[3]);
     }
     return c;
@@ -226,7 +193,7 @@ template <int V> __device__ inline void weight(const rms_args &a, const char *w,
             uint32_t u[V / 2];
             if constexpr (V == 8) { const uint4 q = *(const uint4 *)p; u[0] = q.x; u[1] = q.y; u[2] = q.z; u[3] = q.w; }
             else { const uint2 q = *(const uint2 *)p; u[0] = q.x; u[1] = q.y; }
-            unpack16<V / 2>(a.wtype, u, v);
+            forge_cuda_unpack16<V / 2>(a.wtype, u, v);
         } else {
 #pragma unroll
             for (int e = 0; e < V; e++) v[e] = forge_cuda_load(a.wtype, p + e * a.w_nb);

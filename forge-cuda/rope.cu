@@ -37,20 +37,8 @@ template <int V> __device__ inline void unpack16(forge_type t, const uint4 &u, f
     if constexpr (V == 4) {
 #pragma unroll
         for (int k = 0; k < 4; k++) v[k] = __uint_as_float(w[k]);
-    } else if (t == FORGE_TYPE_BF16) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-            v[2 * k] = f.x;
-            v[2 * k + 1] = f.y;
-        }
     } else {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float2 f = __half22float2(*(const __half2 *)&w[k]);
-            v[2 * k] = f.x;
-            v[2 * k + 1] = f.y;
-        }
+        forge_cuda_unpack16<4>(t, w, v);
     }
 }
 template <int V> __device__ inline uint4 pack16(forge_type t, const float *v) {
@@ -58,18 +46,8 @@ template <int V> __device__ inline uint4 pack16(forge_type t, const float *v) {
     if constexpr (V == 4) {
 #pragma unroll
         for (int k = 0; k < 4; k++) w[k] = __float_as_uint(v[k]);
-    } else if (t == FORGE_TYPE_BF16) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-            w[k] = *(const uint32_t *)&h;
-        }
     } else {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
-            w[k] = *(const uint32_t *)&h;
-        }
+        forge_cuda_pack16<4>(t, v, w);
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
 }

@@ -199,27 +199,25 @@ int main() {
                         return c;
                     });
     }
-    // a and h of 4-byte elements, b of 2: the chunk widths differ, so the pair runs unfused
-    conformance("residual add + rmsnorm f32 + bf16 [896, 64] (not fused)", [](forge_ctx *ctx) {
-        ConfCase c;
-        forge_tensor *x = forge_tensor_new_2d(ctx, F32, 896, 64), *r = forge_tensor_new_2d(ctx, BF16, 896, 64), *w = forge_tensor_new_1d(ctx, F32, 896);
-        c.y = forge_rmsnorm(ctx, forge_add(ctx, x, r), w, 1e-6f, 0.0f, BEFORE);
-        c.params = {x, r, w};
-        return c;
-    });
+    // x f32 + r bf16: [896, 64] has a and h of 4-byte elements, b of 2, so the chunk widths differ
+    // and the pair runs unfused; [37, 9] takes the element path
+    const struct { const char *name; int64_t C, T; } mixed[] = {{"residual add + rmsnorm f32 + bf16 [896, 64] (not fused)", 896, 64},
+                                                                {"residual add + rmsnorm f32 [37, 9] (element path)", 37, 9}};
+    for (const auto &m : mixed)
+        conformance(m.name, [m](forge_ctx *ctx) {
+            ConfCase c;
+            forge_tensor *x = forge_tensor_new_2d(ctx, F32, m.C, m.T), *r = forge_tensor_new_2d(ctx, BF16, m.C, m.T);
+            forge_tensor *w = forge_tensor_new_1d(ctx, F32, m.C);
+            c.y = forge_rmsnorm(ctx, forge_add(ctx, x, r), w, 1e-6f, 0.0f, BEFORE);
+            c.params = {x, r, w};
+            return c;
+        });
     conformance("residual add + rmsnorm bf16 [16400, 3] (rows past the registers)", [](forge_ctx *ctx) {
         ConfCase c;
         forge_tensor *x = forge_tensor_new_2d(ctx, BF16, 16400, 3), *r = forge_tensor_new_2d(ctx, BF16, 16400, 3);
         forge_tensor *w = forge_tensor_new_1d(ctx, BF16, 16400);
         forge_tensor *h = forge_add(ctx, x, r);
         c.y = forge_add(ctx, forge_rmsnorm(ctx, h, w, 1e-6f, 0.0f, BEFORE), h);
-        c.params = {x, r, w};
-        return c;
-    });
-    conformance("residual add + rmsnorm f32 [37, 9] (element path)", [](forge_ctx *ctx) {
-        ConfCase c;
-        forge_tensor *x = forge_tensor_new_2d(ctx, F32, 37, 9), *r = forge_tensor_new_2d(ctx, BF16, 37, 9), *w = forge_tensor_new_1d(ctx, F32, 37);
-        c.y = forge_rmsnorm(ctx, forge_add(ctx, x, r), w, 1e-6f, 0.0f, BEFORE);
         c.params = {x, r, w};
         return c;
     });
