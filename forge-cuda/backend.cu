@@ -1,7 +1,9 @@
 // forge-cuda/backend.cu - the CUDA backend: device buffers for the allocator's arenas, one
 // stream, one cuBLASLt handle and workspace, one scratch buffer sized before the first run, and
-// the step runner. The first compute of a graph captures every node's launches into a CUDA
-// graph; later computes replay it with one cudaGraphLaunch. Three patterns of nodes are fused at
+// the step runner. The first compute of a graph launches its nodes directly (cuBLASLt's
+// algorithms are chosen then, by timing, which cannot happen inside a capture: linear.cu); the
+// second captures every node's launches into a CUDA graph; later computes replay it with one
+// cudaGraphLaunch. Three patterns of nodes are fused at
 // launch (forge_cuda_launch_nodes): a residual ADD followed by the RMSNORM of its result, an
 // RMSNORM_BACK followed by the ADD of its dx to the residual gradient, and a LORA_BACK with the
 // ACCs of its dA and dB into the persistent gradients; and the preps of the LoRA projections (A
@@ -15,13 +17,13 @@
 // Data parallelism: with a communicator attached (forge_backend_set_dist), ALLREDUCE nodes run on
 // a second stream (collective.cu) inside the same capture. A graph with collectives has two
 // captured steps, one with them on and one with them off (the micro-batches of gradient
-// accumulation before the last); the first run of the "on" step is not captured but launched
-// directly, because NCCL sets up its connections lazily, on a collective's first use.
+// accumulation before the last); each has its own direct first run, which for the "on" step also
+// lets NCCL set up its connections (it does so lazily, on a collective's first use).
 #include "cuda.cuh"
 
 #include <map>
+#include <set>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace {
 
@@ -55,7 +57,7 @@ struct CudaBackend final : forge_backend {
     std::unordered_map<const forge_graph *, forge_cuda_fusions> fusions;    // found once per planned graph
     std::unordered_map<const forge_graph *, void *> prep_mem;              // its hoisted LoRA preps' buffers and job table
     std::map<const forge_graph *, int> collective_world;                  // graphs with ALLREDUCE nodes -> their world size
-    std::unordered_set<const forge_graph *> nccl_warm;                      // graphs whose collectives have run once
+    std::set<std::pair<const forge_graph *, bool>> ran;                     // (graph, collectives run) launched directly once
     forge_cuda_comm *comm = nullptr;
     int last_kernel_nodes = 0;
     int last_syncs = 0;
@@ -67,6 +69,9 @@ struct CudaBackend final : forge_backend {
         for (auto &m : prep_mem) cudaFree(m.second);
         forge_cuda_comm_free(comm);
         if (params.lt) cublasLtDestroy(params.lt);
+        if (params.fork) cudaEventDestroy(params.fork);
+        if (params.join) cudaEventDestroy(params.join);
+        if (params.side) cudaStreamDestroy(params.side);
         if (stream) cudaStreamDestroy(stream);
         if (host_error) cudaFreeHost(host_error);
     }
@@ -75,15 +80,20 @@ struct CudaBackend final : forge_backend {
         device = dev;
         name = "cuda:" + std::to_string(dev);
         if (cudaSetDevice(dev) != cudaSuccess) return false;
-        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return false;
+        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+            cudaStreamCreateWithFlags(&params.side, cudaStreamNonBlocking) != cudaSuccess ||
+            cudaEventCreateWithFlags(&params.fork, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&params.join, cudaEventDisableTiming) != cudaSuccess)
+            return false;
         if (cublasLtCreate(&params.lt) != CUBLAS_STATUS_SUCCESS) return false;
         if (cudaMallocHost(&host_error, sizeof(int)) != cudaSuccess) return false;
         params.stream = stream;
         cudaDeviceGetAttribute(&params.sm_count, cudaDevAttrMultiProcessorCount, dev);
         params.lt_workspace_size = kLtWorkspace;
         params.lt_workspace = backend_alloc(kLtWorkspace);
+        params.side_lt_workspace = backend_alloc(kLtWorkspace);
         params.error = (int *)backend_alloc(256);
-        return params.lt_workspace && params.error;
+        return params.lt_workspace && params.side_lt_workspace && params.error;
     }
 
     void *backend_alloc(size_t bytes) {
@@ -140,7 +150,8 @@ struct CudaBackend final : forge_backend {
             }
         }
         collective_world.erase(g);
-        nccl_warm.erase(g);
+        ran.erase({g, false});
+        ran.erase({g, true});
         fusions[g] = forge_cuda_find_fusions(g->nodes); // the graph's nodes are final once planned
         auto pm = prep_mem.find(g);
         if (pm != prep_mem.end()) {
@@ -200,10 +211,10 @@ struct CudaBackend final : forge_backend {
             return FORGE_ERR_INVALID_ARG;
         }
         if (comm) forge_cuda_comm_enable(comm, coll);
-        if (!capture || (coll && !nccl_warm.count(g))) {
+        if (!capture || !ran.count({g, coll})) {
             launch_nodes(g);
             last_kernel_nodes = -1;
-            if (coll) nccl_warm.insert(g);
+            ran.insert({g, coll});
             if (forge_status s = comm_status()) return s;
         } else {
             auto it = execs.find({g, coll});

@@ -34,6 +34,9 @@ struct forge_cuda_params {
     size_t work_size;
     int *error;             // device word: kernels set a nonzero FORGE_CUDA_ERR_* code on bad data
     int sm_count;
+    cudaStream_t side;       // a second stream for work of a node that can overlap its main GEMMs (LoRA's dA and dB):
+    cudaEvent_t fork, join;  // forked from and joined back into `stream` with these events (legal inside a capture)
+    void *side_lt_workspace; // its own cuBLASLt workspace (lt_workspace_size bytes)
     forge_cuda_comm *comm;  // ALLREDUCE's communicator and stream (NULL: none attached)
     const forge_cuda_fusions *fusions; // set by forge_cuda_launch_nodes while it runs a graph (NULL: none)
 };

@@ -305,14 +305,26 @@ void lora_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dim
 }
 
 // dA (R x K) = du^T x and dB (M x r) = scale dy^T u (one GEMM per block), each written (beta 0)
-// or added (beta 1) to out.
+// or added (beta 1) to out. They run on the side stream, forked here from p->stream, so that
+// these skinny split-K GEMMs (5-20 us each, latency-bound) overlap the node's dX GEMMs on the
+// main stream; lora_backward joins the side stream back before it returns. Nothing the main
+// stream writes meanwhile is read here (the dX GEMMs write dX and their own scratch).
 void lora_grads(const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const void *du, int64_t lddu, const char *dy,
                 int64_t ldy, const char *u, int64_t ldu, float *dA, float *dB, float beta) {
-    forge_cuda_gemm(p, d.R, d.K, d.N, du, lddu, 1, x, ldx, 0, d.T, dA, d.K, FORGE_TYPE_F32, 1.0f, beta, nullptr, d.T);
+    forge_cuda_params side = *p;
+    side.stream = p->side;
+    side.lt_workspace = p->side_lt_workspace;
+    FORGE_CUDA_CHECK(cudaEventRecord(p->fork, p->stream));
+    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->side, p->fork, 0));
+    forge_cuda_gemm(&side, d.R, d.K, d.N, du, lddu, 1, x, ldx, 0, d.T, dA, d.K, FORGE_TYPE_F32, 1.0f, beta, nullptr, d.T);
     for (int i = 0; i < d.blocks.n; i++)
-        forge_cuda_gemm(p, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(d.T), ldy, 1, u + i * d.r * type_size(d.T),
+        forge_cuda_gemm(&side, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(d.T), ldy, 1, u + i * d.r * type_size(d.T),
                         ldu, 0, d.T, dB + d.start[i] * d.r, d.r, FORGE_TYPE_F32, d.scale, beta, nullptr, d.T);
+    FORGE_CUDA_CHECK(cudaEventRecord(p->join, p->side));
 }
+
+// p->stream waits for what lora_grads put on the side stream.
+void join_grads(const forge_cuda_params *p) { FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->join, 0)); }
 
 // ---- the backward ---------------------------------------------------------------------------------
 //
@@ -357,13 +369,14 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
         const char *du = g + d.K * type_size(T);
         lora_grads(p, d, x, ldx, du, KR, dy, ldy, u, ldu, dA, dB, beta);
         forge_cuda_gemm_into(p, d.N, d.K, d.R, du, KR, 0, ac, d.K, 0, T, g, KR, dx_t->data, d.K, T, 1.0f, 1.0f, nullptr, T);
+        join_grads(p);
         return;
     }
     const prepped pr = prep(node, p, d, &scratch);
     char *du = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
     forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T); // du = scale dy Bd
     lora_grads(p, d, x, ldx, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
-    if (!dx_t) return;
+    if (!dx_t) return join_grads(p);
     // dX = du Ac, then dX = dy W + dX
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
     const void *w = forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch);
@@ -371,6 +384,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     forge_cuda_gemm(p, d.N, d.K, d.R, du, d.R, 0, pr.ac, d.K, 0, T, dx, d.K, ct, 1.0f, 0.0f, nullptr, T);
     forge_cuda_gemm(p, d.N, d.K, d.M, dy, ldy, 0, w, ldw, 0, T, dx, d.K, ct, 1.0f, 1.0f, nullptr, T);
     if (dx != dx_t->data) forge_cuda_convert(p, forge_cuda_dense_view(dx, FORGE_TYPE_F32, dx_t->ne), dx_t->data, dx_t->type);
+    join_grads(p);
 }
 
 } // namespace
