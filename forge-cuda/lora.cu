@@ -12,21 +12,24 @@
 // ms, 1 x 512 9.29 -> 8.91 ms (192 prep launches of 4-6.5 us each become one). Otherwise (a
 // node alone, or A or B computed in the graph) the node runs its own prep kernel:
 //     forward   u = x Ac^T                      (N x R, x's type: the node's res[1] when the
-//                                                graph has it - a training graph - else scratch)
-//               y = scale * u Bd^T              (depth R)
-//               y = x W^T + y + bias            (the base GEMM, beta = 1, bias in the epilogue)
+//                                                graph has it - a training graph - else scratch;
+//                                                on the side stream, beside the base GEMM)
+//               y = x W^T + bias                (the base GEMM, bias in the epilogue)
+//               y = y + scale * u Bd^T          (depth R, beta = 1)
 //     backward  u = src5 (the forward's res[1]: read, not recomputed), du = scale * dy Bd
-//               dA = du^T x                     (F32 out, R x K)
-//               dB_blk = scale * dy_blk^T u_blk (F32 out, one GEMM per block)
+//               dA = du^T x                     (F32 out, R x K; side stream)
+//               dB_blk = scale * dy_blk^T u_blk (F32 out, one GEMM per block; side stream)
 //               dX = du Ac, then dX = dy W + dX (beta = 1)
+// The side stream (fork_side / join_side) overlaps a node's skinny GEMMs with its base GEMMs:
+// measured on the H200, the backward's dA and dB took Qwen2.5-0.5B 4 x 1024 from 29.4 to 28.9 ms
+// and 1 x 512 from 9.1 to 8.7 ms; the forward's u another 0.16 ms at 1 x 512.
 // u is stored unscaled in x's type (the contract; T in every model whose x and W share a type).
 // When T differs (mixed x/W types) the forward rounds u to x's type first and reads that back as
 // T, so a forward computes the same y whether or not u is saved, and the backward sees that u.
-// The low-rank term is written first and the base GEMM accumulates onto it: the big GEMM is
-// compute-bound, so reading C in its epilogue hides behind its math, where a low-rank
-// accumulate after it would be a separate read-modify-write pass over y (80 MB at Qwen2.5
-// gate/up). It is also the more accurate order: the extra rounding falls on the small
-// low-rank term, and y is rounded once, with the bias, like the CPU's.
+// The low-rank term is added after the base GEMM, so that u can be computed beside it: a
+// read-modify-write pass over y, which costs 1-2 us at the q/k/v, o and down outputs that take
+// this path (7-9 MB at Qwen2.5; gate/up's 80 MB folds, below). The base term is rounded to T
+// before the low-rank term is added, as HF's separate base and LoRA outputs are.
 // Block-diagonal Bd versus one GEMM per block: the per-block form writes column slices of y
 // (rows of 1792 / 256 bytes at the Qwen q/k/v split: partial-width tiles) in n_blocks launches;
 // Bd does it in one launch whose tiles span y's full rows. Bd's zeros triple a GEMM of depth
@@ -37,7 +40,7 @@
 // Cost against the base GEMM alone (H200; a 4096-token micro-batch of Qwen2.5-0.5B, r = 16):
 // the forward adds the prep (~100 KB), u (one more read of x: 7 MB, 40 MB at down; its write,
 // N x R, is 0.1-0.4 MB, kept for the backward in a training graph) and the
-// write of the low-rank y (9 MB at q/k/v, 80 MB at gate/up), plus three launches. Expected:
+// read-modify-write of y for the low-rank term (9 MB at q/k/v), plus three launches. Expected:
 // ~1.25x at gate/up (the 80 MB write) and down (the 40 MB read of x), ~1.4x at q/k/v and o,
 // where the base GEMM takes only ~12-15 us and the three small launches cost ~2 us each. The
 // 1.15x target needs the low-rank product inside the base GEMM's mainloop: the K-concatenated
@@ -199,6 +202,26 @@ size_t u_work(const lora_dims &d) {
     return rank_work(d, ut) + (forge_cuda_gemm_out_type(ut, d.T) != ut ? rank_work(d, FORGE_TYPE_F32) : 0) + (ut != d.T ? rank_work(d, d.T) : 0);
 }
 
+// The side stream, forked from p->stream: what is enqueued on the returned params runs after
+// everything p->stream holds so far, beside what p->stream gets next, until join_side. LoRA puts
+// its skinny GEMMs there (depth or width 16 to 48: 4-20 us each, latency-bound), so that they
+// overlap the base GEMMs of the same node; the caller makes sure neither stream writes what the
+// other reads in between.
+forge_cuda_params fork_side(const forge_cuda_params *p) {
+    forge_cuda_params side = *p;
+    side.stream = p->side;
+    side.lt_workspace = p->side_lt_workspace;
+    FORGE_CUDA_CHECK(cudaEventRecord(p->fork, p->stream));
+    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->side, p->fork, 0));
+    return side;
+}
+
+// p->stream waits for what the side stream holds.
+void join_side(const forge_cuda_params *p) {
+    FORGE_CUDA_CHECK(cudaEventRecord(p->join, p->side));
+    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->join, 0));
+}
+
 // u = x Ac^T, rounded to x's type ut and stored in res[1] (or scratch); returns u as a dense T
 // operand (ld R) for the low-rank GEMM: u itself when ut is T, else a converted copy.
 const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const char *ac,
@@ -298,33 +321,24 @@ void lora_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dim
     const prepped pr = prep(node, p, d, &scratch);
     void *y = ct == node->type ? node->data : take(&scratch, (size_t)(d.N * d.M) * sizeof(float));
     const void *bias = forge_cuda_gemm_bias(p, bias_t, ct, &scratch);
-    const void *u = forward_u(node, p, d, x, ldx, pr.ac, &scratch);
-    forge_cuda_gemm(p, d.N, d.M, d.R, u, d.R, 0, pr.bd, d.R, 1, T, y, d.M, ct, d.scale, 0.0f, nullptr, T);
-    forge_cuda_gemm(p, d.N, d.M, d.K, x, ldx, 0, w, ldw, 1, T, y, d.M, ct, 1.0f, 1.0f, bias, ct);
+    // u = x Ac^T on the side stream beside y = x W^T + bias (u and its scratch come after y's)
+    const forge_cuda_params side = fork_side(p);
+    const void *u = forward_u(node, &side, d, x, ldx, pr.ac, &scratch);
+    forge_cuda_gemm(p, d.N, d.M, d.K, x, ldx, 0, w, ldw, 1, T, y, d.M, ct, 1.0f, 0.0f, bias, ct);
+    join_side(p);
+    forge_cuda_gemm(p, d.N, d.M, d.R, u, d.R, 0, pr.bd, d.R, 1, T, y, d.M, ct, d.scale, 1.0f, nullptr, T);
     if (y != node->data) forge_cuda_convert(p, forge_cuda_dense_view(y, FORGE_TYPE_F32, node->ne), node->data, node->type);
 }
 
 // dA (R x K) = du^T x and dB (M x r) = scale dy^T u (one GEMM per block), each written (beta 0)
-// or added (beta 1) to out. They run on the side stream, forked here from p->stream, so that
-// these skinny split-K GEMMs (5-20 us each, latency-bound) overlap the node's dX GEMMs on the
-// main stream; lora_backward joins the side stream back before it returns. Nothing the main
-// stream writes meanwhile is read here (the dX GEMMs write dX and their own scratch).
+// or added (beta 1) to out, on the stream of p.
 void lora_grads(const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const void *du, int64_t lddu, const char *dy,
                 int64_t ldy, const char *u, int64_t ldu, float *dA, float *dB, float beta) {
-    forge_cuda_params side = *p;
-    side.stream = p->side;
-    side.lt_workspace = p->side_lt_workspace;
-    FORGE_CUDA_CHECK(cudaEventRecord(p->fork, p->stream));
-    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->side, p->fork, 0));
-    forge_cuda_gemm(&side, d.R, d.K, d.N, du, lddu, 1, x, ldx, 0, d.T, dA, d.K, FORGE_TYPE_F32, 1.0f, beta, nullptr, d.T);
+    forge_cuda_gemm(p, d.R, d.K, d.N, du, lddu, 1, x, ldx, 0, d.T, dA, d.K, FORGE_TYPE_F32, 1.0f, beta, nullptr, d.T);
     for (int i = 0; i < d.blocks.n; i++)
-        forge_cuda_gemm(&side, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(d.T), ldy, 1, u + i * d.r * type_size(d.T),
+        forge_cuda_gemm(p, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(d.T), ldy, 1, u + i * d.r * type_size(d.T),
                         ldu, 0, d.T, dB + d.start[i] * d.r, d.r, FORGE_TYPE_F32, d.scale, beta, nullptr, d.T);
-    FORGE_CUDA_CHECK(cudaEventRecord(p->join, p->side));
 }
-
-// p->stream waits for what lora_grads put on the side stream.
-void join_grads(const forge_cuda_params *p) { FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->join, 0)); }
 
 // ---- the backward ---------------------------------------------------------------------------------
 //
@@ -367,16 +381,18 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
         char *g = take(&scratch, (size_t)(d.N * KR * type_size(T)));
         forge_cuda_gemm(p, d.N, KR, d.M, dy, ldy, 0, d.w->data, ldw, 0, T, g, KR, T, 1.0f, 0.0f, nullptr, T); // [dy W | du]
         const char *du = g + d.K * type_size(T);
-        lora_grads(p, d, x, ldx, du, KR, dy, ldy, u, ldu, dA, dB, beta);
+        const forge_cuda_params side = fork_side(p); // dA, dB beside dX (which reads G and writes dX only)
+        lora_grads(&side, d, x, ldx, du, KR, dy, ldy, u, ldu, dA, dB, beta);
         forge_cuda_gemm_into(p, d.N, d.K, d.R, du, KR, 0, ac, d.K, 0, T, g, KR, dx_t->data, d.K, T, 1.0f, 1.0f, nullptr, T);
-        join_grads(p);
+        join_side(p);
         return;
     }
     const prepped pr = prep(node, p, d, &scratch);
     char *du = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
     forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T); // du = scale dy Bd
-    lora_grads(p, d, x, ldx, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
-    if (!dx_t) return join_grads(p);
+    const forge_cuda_params side = fork_side(p); // dA, dB beside dX (which writes dX and scratch past du only)
+    lora_grads(&side, d, x, ldx, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
+    if (!dx_t) return join_side(p);
     // dX = du Ac, then dX = dy W + dX
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
     const void *w = forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch);
@@ -384,7 +400,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     forge_cuda_gemm(p, d.N, d.K, d.R, du, d.R, 0, pr.ac, d.K, 0, T, dx, d.K, ct, 1.0f, 0.0f, nullptr, T);
     forge_cuda_gemm(p, d.N, d.K, d.M, dy, ldy, 0, w, ldw, 0, T, dx, d.K, ct, 1.0f, 1.0f, nullptr, T);
     if (dx != dx_t->data) forge_cuda_convert(p, forge_cuda_dense_view(dx, FORGE_TYPE_F32, dx_t->ne), dx_t->data, dx_t->type);
-    join_grads(p);
+    join_side(p);
 }
 
 } // namespace

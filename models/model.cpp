@@ -255,6 +255,17 @@ forge_tensor *model_logits(Model &m, forge_tensor *h) {
     return z;
 }
 
+// Tokens per chunk of the fused cross-entropy: the most, up to 1024, whose bf16 logits fit in
+// 256 MiB of scratch, a power of two. The scratch is held during the whole step (at its peak,
+// with every saved activation), and 512-token chunks keep the lm_head GEMMs as efficient as
+// 1024-token ones: Qwen's 151936 words get 512 (297 -> 148 MiB), Gemma's 256000 get 512
+// (500 -> 250 MiB).
+static int loss_chunk(int64_t n_vocab) {
+    int chunk = 1024;
+    while (chunk > 64 && (int64_t)chunk * n_vocab * 2 > (int64_t)256 << 20) chunk /= 2;
+    return chunk;
+}
+
 bool model_build(Model &m, int64_t T, int64_t B, forge_type act, bool want_loss, bool want_logits, Graph *out, std::string *err) {
     forge_ctx *ctx = m.ctx;
     Batch in{input(ctx, FORGE_TYPE_I32, T, B, "batch.ids"), input(ctx, FORGE_TYPE_I32, T * B, 1, "batch.pos"),
@@ -268,7 +279,7 @@ bool model_build(Model &m, int64_t T, int64_t B, forge_type act, bool want_loss,
     }
     h = model_norm(m, h, m.output_norm);
     Graph g{in, h, nullptr, nullptr};
-    if (want_loss) g.loss = forge_cross_entropy(ctx, h, m.lm_head, in.labels, in.count, m.cfg.final_softcap, 1024);
+    if (want_loss) g.loss = forge_cross_entropy(ctx, h, m.lm_head, in.labels, in.count, m.cfg.final_softcap, loss_chunk(m.cfg.vocab));
     if (want_logits) g.logits = model_logits(m, h);
     if ((want_loss && !g.loss) || (want_logits && !g.logits)) {
         *err = forge_ctx_error(ctx) ? forge_ctx_error(ctx) : "model graph: a node could not be built";
