@@ -18,8 +18,8 @@
 // and against the H200's 989 TFLOP/s datasheet figure, the device memory the run took
 // (cudaMemGetInfo before the backend starts and after the timed steps: arenas, scratch,
 // cuBLASLt workspace and handle), the planned arenas, the CUDA graph's kernel nodes and the host
-// synchronisations per step. --recompute recomputes each MLP's GLU output in the backward pass
-// (models/model.h), trading a little time for memory. With --profile, the graph is also run
+// synchronisations per step. --recompute [N] recomputes the GLU output of every layer (of the
+// first N) in the backward pass (models/model.h), trading a little time for memory. With --profile, the graph is also run
 // without capture with a CUDA event after each unit the backend enqueues (a node, or a pair it
 // fuses), and the time is summed per op family, forward and backward apart (medians of 5 runs;
 // launch gaps between small nodes land in the following node, so the total exceeds the replayed
@@ -101,7 +101,8 @@ struct Options {
     std::string json, commit, curve, model, adapter, curve_out;
     int steps = 20, warmup = 5, r = 16;
     float alpha = 32.0f, lr = 2e-4f;
-    bool profile = false, recompute = false;
+    bool profile = false;
+    int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
     std::vector<std::string> configs;
 };
 
@@ -162,7 +163,7 @@ struct Step {
     }
 
     // Builds and plans the step graph; weights come from dir (HF) or are random (dir empty).
-    void build(const ModelConfig *cfg, const std::string &dir, const LoraConfig &lc, int64_t b, int64_t t, bool recompute) {
+    void build(const ModelConfig *cfg, const std::string &dir, const LoraConfig &lc, int64_t b, int64_t t, int64_t recompute) {
         B = b, T = t;
         be = forge_backend_cuda_new(0);
         if (!be) die("the CUDA backend could not start on device 0");
@@ -173,7 +174,7 @@ struct Step {
         else if (!(gguf ? model_load_gguf(m, dir, ctx, FORGE_TYPE_BF16, &err) : model_load_hf(m, dir, ctx, FORGE_TYPE_BF16, &err)))
             die("%s", err.c_str());
         model_add_lora(m, lc);
-        m.recompute = recompute;
+        m.recompute_layers = recompute < 0 ? m.cfg.n_layer : recompute;
         if (!model_build(m, T, B, FORGE_TYPE_BF16, true, false, &tg, &err)) die("building the step graph: %s", err.c_str());
         g = forge_graph_new(ctx);
         hyper = forge_tensor_set_flags(forge_tensor_set_name(forge_tensor_new_1d(ctx, FORGE_TYPE_F32, 8), "adamw.hyper"), FORGE_FLAG_INPUT);
@@ -416,7 +417,8 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
     const double med = ms[ms.size() / 2], flops = step_flops(s.m, B, T);
 
     json::Value r = json::Value::object();
-    r.set("model", name), r.set("batch", B), r.set("seq", T), r.set("lora_r", (int64_t)o.r), r.set("recompute", o.recompute);
+    r.set("model", name), r.set("batch", B), r.set("seq", T), r.set("lora_r", (int64_t)o.r), r.set("recompute", s.m.recompute_layers > 0);
+    r.set("recompute_layers", s.m.recompute_layers);
     r.set("ms_per_step", med), r.set("ms_mean", mean), r.set("ms_min", ms.front()), r.set("ms_max", ms.back());
     r.set("tokens_per_s", (double)(B * T) / (med / 1000));
     r.set("tflop_per_step", flops / 1e12), r.set("tflops", flops / (med / 1000) / 1e12);
@@ -428,9 +430,11 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
     r.set("graph_nodes", (int64_t)forge_graph_n_nodes(s.g)), r.set("cuda_graph_kernel_nodes", (int64_t)kernel_nodes);
     r.set("host_syncs_per_step", (int64_t)syncs);
     r.set("loss_first", (double)first), r.set("loss_last", (double)last), r.set("steps", (int64_t)o.steps);
+    const std::string rc = s.m.recompute_layers == 0 ? "" : s.m.recompute_layers >= s.m.cfg.n_layer ? " recompute"
+                                                                      : " recompute " + std::to_string(s.m.recompute_layers);
     std::printf("%-14s %2lldx%-5lld%s %8.2f ms/step (mean %.2f)  %8.0f tok/s  %6.1f TFLOP/s  MFU %4.1f%% (of %.0f measured)  mem %7.0f MiB  "
                 "loss %.3f -> %.3f\n",
-                name.c_str(), (long long)B, (long long)T, o.recompute ? " recompute" : "", med, mean, (double)(B * T) / (med / 1000), flops / (med / 1000) / 1e12,
+                name.c_str(), (long long)B, (long long)T, rc.c_str(), med, mean, (double)(B * T) / (med / 1000), flops / (med / 1000) / 1e12,
                 100 * flops / (med / 1000) / 1e12 / gemm_tflops, gemm_tflops, (double)(free0 - free1) / 1048576.0, first, last);
     if (o.profile) {
         const std::map<std::string, double> prof = profile(s);
@@ -495,7 +499,10 @@ Options parse(int argc, char **argv) {
         else if (a == "--steps") o.steps = std::max(1, std::atoi(val()));
         else if (a == "--warmup") o.warmup = std::max(1, std::atoi(val()));
         else if (a == "--profile") o.profile = true;
-        else if (a == "--recompute") o.recompute = true;
+        else if (a == "--recompute") {
+            o.recompute = -1;
+            if (i + 1 < argc && std::isdigit((unsigned char)argv[i + 1][0])) o.recompute = std::atoi(argv[++i]);
+        }
         else if (a == "--r") o.r = std::max(1, std::atoi(val()));
         else if (a == "--alpha") o.alpha = (float)std::atof(val());
         else if (a == "--lr") o.lr = (float)std::atof(val());
@@ -504,7 +511,7 @@ Options parse(int argc, char **argv) {
         else if (a == "--adapter") o.adapter = val();
         else if (a == "--curve-out") o.curve_out = val();
         else if (a == "-h" || a == "--help") {
-            std::puts("usage: bench-step [--json FILE] [--commit SHA] [--steps N] [--warmup N] [--profile] [--r R] [--alpha A] [--recompute] CONFIG...\n"
+            std::puts("usage: bench-step [--json FILE] [--commit SHA] [--steps N] [--warmup N] [--profile] [--r R] [--alpha A] [--recompute [N]] CONFIG...\n"
                       "       CONFIG: qwen2.5-0.5b, qwen3-0.6b, gemma-2b, gemma2-2b, an HF directory or a .gguf file, optionally :BxT\n"
                       "               (default 4x1024)\n"
                       "       bench-step --curve DIR --model HFDIR --adapter PEFTDIR --curve-out FILE [--lr F]");

@@ -138,8 +138,9 @@ const char *kUsageText =
     "  --steps N              optimizer steps (overrides --epochs)\n"
     "  --seed N               data order and LoRA initialisation (default 42)\n"
     "  --eval-every N         eval every N steps (default: 10 times per run; 0: at the end only)\n"
-    "  --recompute            recompute each MLP's activation in the backward pass instead of keeping\n"
-    "                         it: less memory (ffn x tokens per layer), a little more time\n"
+    "  --recompute [N]        recompute the MLP activation of every layer (of the first N) in the\n"
+    "                         backward pass instead of keeping it: less memory (ffn x tokens per\n"
+    "                         layer), a little more time (one GLU pass per layer)\n"
     "\n"
     "output:\n"
     "  --out DIR              run directory (default runs/<model>-lora): adapter files, metrics.jsonl,\n"
@@ -176,7 +177,8 @@ struct Options {
     int64_t save_every = 0, log_every = 0, lora_r = 16, threads = 0;
     double bucket_mb = 4.0;
     std::string lora_targets = "q,k,v,o,gate,up,down";
-    bool recompute = false, rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false;
+    int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
+    bool rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false;
 };
 
 int64_t parse_int(const std::string &opt, const char *s, int64_t lo) {
@@ -245,7 +247,10 @@ Options parse_args(int argc, char **argv) {
         else if (a == "--dtype") o.dtype = val();
         else if (a == "--threads") o.threads = parse_int(a, val(), 0);
         else if (a == "--bucket-mb") o.bucket_mb = parse_num(a, val(), 0.0, false);
-        else if (a == "--recompute") o.recompute = true;
+        else if (a == "--recompute") {
+            o.recompute = -1;
+            if (i + 1 < argc && std::isdigit((unsigned char)argv[i + 1][0])) o.recompute = parse_int(a, argv[++i], 0);
+        }
         else if (a == "--merge") die(kUsage, "--merge: writing the merged base is not implemented yet; the adapter is written as PEFT and GGUF");
         else die(kUsage, "unknown option '%s' (see --help)", a.c_str());
     }
@@ -844,7 +849,7 @@ void build(Run &r) {
     const Options &o = r.o;
     std::string err;
     model_add_lora(r.lm.m, lora_config(o, r.lm.m.cfg.arch_name));
-    r.lm.m.recompute = o.recompute;
+    r.lm.m.recompute_layers = o.recompute < 0 ? r.lm.m.cfg.n_layer : o.recompute;
     if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, true, false, &r.tg, &err)) die(kError, "building the training graph: %s", err.c_str());
     r.g = forge_graph_new(r.ctx);
     r.hyper = forge_tensor_set_flags(forge_tensor_set_name(forge_tensor_new_1d(r.ctx, FORGE_TYPE_F32, 8), "adamw.hyper"), FORGE_FLAG_INPUT);

@@ -242,7 +242,7 @@ forge_tensor *model_layer_out(Model &m, int l, forge_tensor *h, forge_tensor *at
     h = forge_add(ctx, h, o);
     forge_tensor *x = model_norm(m, h, y.ffn_norm);
     forge_tensor *f = forge_glu(ctx, project(m, x, y.wgu, nullptr, y.a_gu, y.b_gu, 2, gu_rows, y.wgu_spare), c.act);
-    if (f && m.recompute) forge_tensor_set_flags(f, FORGE_FLAG_RECOMPUTE);
+    if (f && l < m.recompute_layers) forge_tensor_set_flags(f, FORGE_FLAG_RECOMPUTE);
     f = project(m, f, y.wdown, nullptr, y.a_down, y.b_down, 1, nullptr);
     if (c.sandwich_norms) f = model_norm(m, f, y.post_ffn_norm);
     return forge_add(ctx, h, f);

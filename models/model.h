@@ -71,8 +71,8 @@ struct Model {
     bool has_lora = false;
     forge_ctx *ctx = nullptr;
     forge_type wtype = FORGE_TYPE_BF16; // frozen weights' type
-    bool recompute = false;             // the backward recomputes each MLP's GLU output instead of
-                                        // keeping it (ffn x tokens activations per layer)
+    int64_t recompute_layers = 0;       // the backward recomputes the GLU output of layers [0, this)
+                                        // instead of keeping it (ffn x tokens activations per layer)
     bool lora_spare = true;             // model_add_lora pads 16-bit gate/up weights (Layer::wgu_spare);
                                         // false keeps them plain (the unfolded LORA everywhere)
     forge_tensor *tok_embd = nullptr, *output_norm = nullptr, *lm_head = nullptr;

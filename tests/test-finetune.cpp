@@ -412,9 +412,10 @@ int main() {
     test_reload(run1);
 
     // --resume from step 10 continues bit for bit: the same losses, the same adapter bytes (with
-    // --recompute, which must not change a single bit either)
+    // --recompute 1: the first layer's GLU output recomputed, the second's kept, which must not
+    // change a single bit either)
     const std::string run2 = g_tmp + "/run2";
-    r = run(train + "--recompute --out " + run2 + " --resume " + run1 + "/checkpoint-10");
+    r = run(train + "--recompute 1 --out " + run2 + " --resume " + run1 + "/checkpoint-10");
     CHECK(r.rc == 0 && has(r, "resume  " + run1 + "/checkpoint-10: step 10"), "resume: exit %d\n%s", r.rc, r.out.c_str());
     std::map<int64_t, double> loss2 = metric(run2 + "/metrics.jsonl", "loss"), eval2 = metric(run2 + "/metrics.jsonl", "eval_loss");
     bool same = loss2.size() == 30;
