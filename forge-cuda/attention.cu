@@ -1032,9 +1032,7 @@ void run_tc(attn_args a, bool fwd, const forge_cuda_params *p) {
         const int64_t rows = HB * a.Tp * (D / 8);
         attn_stats<D><<<(unsigned)((rows + 255) / 256), 256, 0, p->stream>>>(a);
         FORGE_CUDA_CHECK(cudaGetLastError());
-        FORGE_CUDA_CHECK(cudaEventRecord(p->fork, p->stream));
-        FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->side, p->fork, 0));
-        dq(p->side);
+        dq(forge_cuda_fork_side(p).stream);
     }
     launch(attn_cols<D, CAP>, cols_blocks, 32 * CC::NW, cols_smem<D>(), a, p->stream);
     if (a.hsplit > 1) {
@@ -1042,10 +1040,7 @@ void run_tc(attn_args a, bool fwd, const forge_cuda_params *p) {
         attn_dkdv_sum<<<(unsigned)((n + 255) / 256), 256, 0, p->stream>>>(a);
         FORGE_CUDA_CHECK(cudaGetLastError());
     }
-    if (side) {
-        FORGE_CUDA_CHECK(cudaEventRecord(p->join, p->side));
-        FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->join, 0));
-    }
+    if (side) forge_cuda_join_side(p);
 }
 
 template <int D>

@@ -163,6 +163,24 @@ __device__ inline char *forge_cuda_ptr(const forge_cuda_view &v, int64_t i0, int
         }                                                                                          \
     } while (0)
 
+// The side stream (forge_cuda_params::side), forked from p->stream: what is enqueued on the
+// returned params (side stream, its own cuBLASLt workspace) runs after everything p->stream holds
+// so far, beside what p->stream gets next, until forge_cuda_join_side makes p->stream wait for
+// it. Inside a capture the fork and the join are graph edges. A node that forks joins before it
+// returns, and makes sure neither stream writes what the other reads in between.
+inline forge_cuda_params forge_cuda_fork_side(const forge_cuda_params *p) {
+    forge_cuda_params side = *p;
+    side.stream = p->side;
+    side.lt_workspace = p->side_lt_workspace;
+    FORGE_CUDA_CHECK(cudaEventRecord(p->fork, p->stream));
+    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->side, p->fork, 0));
+    return side;
+}
+inline void forge_cuda_join_side(const forge_cuda_params *p) {
+    FORGE_CUDA_CHECK(cudaEventRecord(p->join, p->side));
+    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->join, 0));
+}
+
 #define FORGE_CUDA_FAMILY(name)                                                 \
     void forge_cuda_##name(forge_tensor *node, const forge_cuda_params *p);     \
     size_t forge_cuda_##name##_work(const forge_tensor *node);

@@ -20,7 +20,7 @@
 //               dA = du^T x                     (F32 out, R x K; side stream)
 //               dB_blk = scale * dy_blk^T u_blk (F32 out, one GEMM per block; side stream)
 //               dX = du Ac, then dX = dy W + dX (beta = 1)
-// The side stream (fork_side / join_side) overlaps a node's skinny GEMMs with its base GEMMs:
+// The side stream (forge_cuda_fork_side / join_side, cuda.cuh) overlaps a node's skinny GEMMs with its base GEMMs:
 // measured on the H200, the backward's dA and dB took Qwen2.5-0.5B 4 x 1024 from 29.4 to 28.9 ms
 // and 1 x 512 from 9.1 to 8.7 ms; the forward's u another 0.16 ms at 1 x 512.
 // u is stored unscaled in x's type (the contract; T in every model whose x and W share a type).
@@ -202,26 +202,6 @@ size_t u_work(const lora_dims &d) {
     return rank_work(d, ut) + (forge_cuda_gemm_out_type(ut, d.T) != ut ? rank_work(d, FORGE_TYPE_F32) : 0) + (ut != d.T ? rank_work(d, d.T) : 0);
 }
 
-// The side stream, forked from p->stream: what is enqueued on the returned params runs after
-// everything p->stream holds so far, beside what p->stream gets next, until join_side. LoRA puts
-// its skinny GEMMs there (depth or width 16 to 48: 4-20 us each, latency-bound), so that they
-// overlap the base GEMMs of the same node; the caller makes sure neither stream writes what the
-// other reads in between.
-forge_cuda_params fork_side(const forge_cuda_params *p) {
-    forge_cuda_params side = *p;
-    side.stream = p->side;
-    side.lt_workspace = p->side_lt_workspace;
-    FORGE_CUDA_CHECK(cudaEventRecord(p->fork, p->stream));
-    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->side, p->fork, 0));
-    return side;
-}
-
-// p->stream waits for what the side stream holds.
-void join_side(const forge_cuda_params *p) {
-    FORGE_CUDA_CHECK(cudaEventRecord(p->join, p->side));
-    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->join, 0));
-}
-
 // u = x Ac^T, rounded to x's type ut and stored in res[1] (or scratch); returns u as a dense T
 // operand (ld R) for the low-rank GEMM: u itself when ut is T, else a converted copy.
 const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const char *ac,
@@ -322,10 +302,10 @@ void lora_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dim
     void *y = ct == node->type ? node->data : take(&scratch, (size_t)(d.N * d.M) * sizeof(float));
     const void *bias = forge_cuda_gemm_bias(p, bias_t, ct, &scratch);
     // u = x Ac^T on the side stream beside y = x W^T + bias (u and its scratch come after y's)
-    const forge_cuda_params side = fork_side(p);
+    const forge_cuda_params side = forge_cuda_fork_side(p);
     const void *u = forward_u(node, &side, d, x, ldx, pr.ac, &scratch);
     forge_cuda_gemm(p, d.N, d.M, d.K, x, ldx, 0, w, ldw, 1, T, y, d.M, ct, 1.0f, 0.0f, bias, ct);
-    join_side(p);
+    forge_cuda_join_side(p);
     forge_cuda_gemm(p, d.N, d.M, d.R, u, d.R, 0, pr.bd, d.R, 1, T, y, d.M, ct, d.scale, 1.0f, nullptr, T);
     if (y != node->data) forge_cuda_convert(p, forge_cuda_dense_view(y, FORGE_TYPE_F32, node->ne), node->data, node->type);
 }
@@ -381,18 +361,18 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
         char *g = take(&scratch, (size_t)(d.N * KR * type_size(T)));
         forge_cuda_gemm(p, d.N, KR, d.M, dy, ldy, 0, d.w->data, ldw, 0, T, g, KR, T, 1.0f, 0.0f, nullptr, T); // [dy W | du]
         const char *du = g + d.K * type_size(T);
-        const forge_cuda_params side = fork_side(p); // dA, dB beside dX (which reads G and writes dX only)
+        const forge_cuda_params side = forge_cuda_fork_side(p); // dA, dB beside dX (which reads G and writes dX only)
         lora_grads(&side, d, x, ldx, du, KR, dy, ldy, u, ldu, dA, dB, beta);
         forge_cuda_gemm_into(p, d.N, d.K, d.R, du, KR, 0, ac, d.K, 0, T, g, KR, dx_t->data, d.K, T, 1.0f, 1.0f, nullptr, T);
-        join_side(p);
+        forge_cuda_join_side(p);
         return;
     }
     const prepped pr = prep(node, p, d, &scratch);
     char *du = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
     forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T); // du = scale dy Bd
-    const forge_cuda_params side = fork_side(p); // dA, dB beside dX (which writes dX and scratch past du only)
+    const forge_cuda_params side = forge_cuda_fork_side(p); // dA, dB beside dX (which writes dX and scratch past du only)
     lora_grads(&side, d, x, ldx, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
-    if (!dx_t) return join_side(p);
+    if (!dx_t) return forge_cuda_join_side(p);
     // dX = du Ac, then dX = dy W + dX
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
     const void *w = forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch);
@@ -400,7 +380,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     forge_cuda_gemm(p, d.N, d.K, d.R, du, d.R, 0, pr.ac, d.K, 0, T, dx, d.K, ct, 1.0f, 0.0f, nullptr, T);
     forge_cuda_gemm(p, d.N, d.K, d.M, dy, ldy, 0, w, ldw, 0, T, dx, d.K, ct, 1.0f, 1.0f, nullptr, T);
     if (dx != dx_t->data) forge_cuda_convert(p, forge_cuda_dense_view(dx, FORGE_TYPE_F32, dx_t->ne), dx_t->data, dx_t->type);
-    join_side(p);
+    forge_cuda_join_side(p);
 }
 
 } // namespace
