@@ -20,9 +20,9 @@
 //               dA = du^T x                     (F32 out, R x K; side stream)
 //               dB_blk = scale * dy_blk^T u_blk (F32 out, one GEMM per block; side stream)
 //               dX = du Ac, then dX = dy W + dX (beta = 1)
-// The side stream (forge_cuda_fork_side / join_side, cuda.cuh) overlaps a node's skinny GEMMs with its base GEMMs:
-// measured on the H200, the backward's dA and dB took Qwen2.5-0.5B 4 x 1024 from 29.4 to 28.9 ms
-// and 1 x 512 from 9.1 to 8.7 ms; the forward's u another 0.16 ms at 1 x 512.
+// The side stream (forge_cuda_fork_side / join_side, cuda.cuh) overlaps a node's skinny GEMMs
+// with its base GEMMs: measured on the H200, the backward's dA and dB took Qwen2.5-0.5B 4 x 1024
+// from 29.4 to 28.9 ms and 1 x 512 from 9.1 to 8.7 ms; the forward's u another 0.16 ms at 1 x 512.
 // u is stored unscaled in x's type (the contract; T in every model whose x and W share a type).
 // When T differs (mixed x/W types) the forward rounds u to x's type first and reads that back as
 // T, so a forward computes the same y whether or not u is saved, and the backward sees that u.
