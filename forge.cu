@@ -1448,6 +1448,8 @@ int forge_cuda_device_count(void) { return forge_cuda_backend_device_count(); }
 forge_backend *forge_cuda_backend_create(int) { return nullptr; }
 int forge_cuda_backend_device_count(void) { return 0; }
 void forge_cuda_backend_set_capture(forge_backend *, bool) {}
+forge_status forge_cuda_gemm_algos_save(const char *) { return FORGE_OK; }
+int forge_cuda_gemm_algos_load(const char *) { return 0; }
 void forge_cuda_backend_stats(const forge_backend *, int *kernel_nodes, int *syncs_per_step) {
     if (kernel_nodes) *kernel_nodes = 0;
     if (syncs_per_step) *syncs_per_step = 0;

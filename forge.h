@@ -336,9 +336,21 @@ FORGE_API forge_tensor *forge_graph_get_tensor(const forge_graph *g, const char 
 FORGE_API forge_backend *forge_backend_cpu_new(int n_threads);
 /* Number of CUDA devices forge can use (0 when built without CUDA or when no GPU is present). */
 FORGE_API int forge_cuda_device_count(void);
-/* The CUDA backend on a device: one stream, cuBLASLt, every graph captured into a CUDA graph on
-   its first run and replayed after. NULL when CUDA is unavailable (see forge_cuda_device_count). */
+/* The CUDA backend on a device: one stream, cuBLASLt; every graph runs node by node on its first
+   compute (each new GEMM problem's cuBLASLt algorithm is chosen there, by timing the heuristic's
+   top candidates: FORGE_GEMM_TUNE=N candidates, 0 for the heuristic's first), is captured into a
+   CUDA graph on its second and replayed after. NULL when CUDA is unavailable (see
+   forge_cuda_device_count). */
 FORGE_API forge_backend *forge_backend_cuda_new(int device);
+/* The GEMM algorithms this process has chosen by timing, kept with a run so that a resumed process
+   uses the same ones and continues bit for bit: save writes them to path (text, through a
+   temporary file renamed into place; FORGE_ERR_IO when it cannot); load reads such a file, and
+   later first uses of its problems take the recorded algorithm instead of timing. load returns
+   the number of choices read, -1 when the file cannot be read or is malformed, -2 when it was
+   written on another GPU or cuBLASLt version (ignored). Without CUDA: save writes nothing and
+   returns FORGE_OK, load returns 0. */
+FORGE_API forge_status forge_cuda_gemm_algos_save(const char *path);
+FORGE_API int forge_cuda_gemm_algos_load(const char *path);
 /* Frees the backend and every buffer it allocated. NULL is allowed. */
 FORGE_API void forge_backend_free(forge_backend *be);
 FORGE_API const char *forge_backend_name(const forge_backend *be);

@@ -10,7 +10,9 @@
 // --grad-accum micro-batches per step, each with the step's global target count, apply = 1 on
 // the last. Progress goes to stderr (a live line on a terminal), every step to metrics.jsonl and
 // the curve to loss.svg. Checkpoints (adapter in both formats + optimizer state + data cursor)
-// are written to a temporary directory and renamed; --resume continues one bit for bit.
+// are written to a temporary directory and renamed; --resume continues one bit for bit (on CUDA
+// the checkpoint keeps the GEMM algorithms the run chose by timing, and the resumed process takes
+// them).
 //
 // Several GPUs (forge-run -n N ./finetune ..., or torchrun / srun / mpirun; docs/multi-gpu.md):
 // one process per GPU, cuda:LOCAL_RANK. Every rank reads the same row stream; micro-batch j of a
@@ -927,8 +929,9 @@ double evaluate(Run &r, double *accuracy) {
     return nll / n;
 }
 
-// checkpoint-N/: state.safetensors, the adapter in both formats, metrics.jsonl; written to a
-// temporary directory that is renamed into place.
+// checkpoint-N/: state.safetensors, the adapter in both formats, metrics.jsonl and, on CUDA, the
+// GEMM algorithms chosen so far (gemm-algos.txt: a resumed process takes them instead of timing
+// its own, and so continues bit for bit); written to a temporary directory renamed into place.
 void save_checkpoint(Run &r, int64_t step, int64_t rows_done) {
     std::string err, dir = r.o.out + "/checkpoint-" + std::to_string(step), tmp = r.o.out + "/.checkpoint-" + std::to_string(step) + ".tmp";
     remove_dir(tmp);
@@ -937,6 +940,8 @@ void save_checkpoint(Run &r, int64_t step, int64_t rows_done) {
     if (!checkpoint_save(r.lm.m, r.g, st, tmp + "/state.safetensors", &err) || !adapter_write_peft(r.lm.m, tmp, r.rm.base_name, &err) ||
         !adapter_write_gguf(r.lm.m, tmp + "/adapter.gguf", &err) || !write_atomic(tmp + "/metrics.jsonl", r.metrics.text(), &err))
         die(kError, "writing checkpoint %s: %s", dir.c_str(), err.c_str());
+    if (r.device_name.compare(0, 5, "cuda:") == 0 && forge_cuda_gemm_algos_save((tmp + "/gemm-algos.txt").c_str()) != FORGE_OK)
+        die(kError, "writing checkpoint %s: %s/gemm-algos.txt: %s", dir.c_str(), tmp.c_str(), std::strerror(errno));
     if (is_dir(dir)) remove_dir(dir);
     if (std::rename(tmp.c_str(), dir.c_str()) != 0) die(kError, "%s: cannot rename to %s: %s", tmp.c_str(), dir.c_str(), std::strerror(errno));
     r.last_ckpt = dir;
@@ -1210,6 +1215,14 @@ int main(int argc, char **argv) {
         for (size_t p = 0, nl; (nl = text.find('\n', p)) != std::string::npos; p = nl + 1) r.metrics.add(text.substr(p, nl - p));
         r.last_ckpt = ckpt;
         info("resume  %s: step %lld, %lld rows consumed\n", ckpt.c_str(), (long long)start_step, (long long)rows_done);
+        const std::string algos = ckpt + "/gemm-algos.txt";
+        if (r.device_name.compare(0, 5, "cuda:") == 0 && is_file(algos)) {
+            const int n = forge_cuda_gemm_algos_load(algos.c_str());
+            if (n < 0)
+                info("resume  %s: %s; the GEMM algorithms are timed again, so the run continues within bf16 rounding of the "
+                     "uninterrupted one, not bit for bit\n",
+                     algos.c_str(), n == -1 ? "unreadable or malformed" : "written on another GPU or cuBLASLt version");
+        }
         if (start_step >= r.total_steps) die(kError, "--resume %s: the run is already complete (%lld of %lld steps)", ckpt.c_str(), (long long)start_step, (long long)r.total_steps);
     } else {
         model_init_lora(r.lm.m, (uint64_t)o.seed);

@@ -29,7 +29,12 @@
 // directly, so only a bare caller's) uses the first candidate until a later call outside one.
 // A fixed algorithm with a fixed workspace is deterministic in cuBLASLt (split-K partials are
 // reduced in a fixed order), so results are bitwise stable within a process; across processes
-// the timing may choose differently (FORGE_GEMM_TUNE=0 for bitwise-reproducible runs).
+// the timing may choose differently, so the choices can be kept with a run: forge_cuda_gemm_algos_save
+// writes them (each problem's key without the process's handle, and the algorithm's 64 bytes, as
+// text; tagged with the GPU and cuBLASLt version), forge_cuda_gemm_algos_load reads them back,
+// and a first use then takes the recorded algorithm (when cublasLtMatmulAlgoCheck accepts it for
+// the problem) instead of timing: a resumed run continues bit for bit. FORGE_GEMM_TUNE=0 also
+// gives bitwise-reproducible runs, with the heuristic's first algorithms.
 //
 // LINEAR / MATMUL: the operands' rows are read in place when they have the GEMM's type, unit
 // element stride and evenly spaced rows (e.g. a q slice of a fused q/k/v output: ld = the fused
@@ -49,7 +54,11 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <initializer_list>
+#include <map>
+#include <sstream>
+#include <string>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -118,6 +127,13 @@ struct gemm_plan {
 // could run after cuBLASLt itself is gone.
 std::mutex g_plans_mutex;
 std::unordered_map<gemm_key, gemm_plan, gemm_key_hash> g_plans;
+// Every algorithm chosen by timing or loaded from a file, by the problem's key with the handle
+// (a pointer of this process) zeroed: what forge_cuda_gemm_algos_save writes.
+std::map<gemm_key, cublasLtMatmulAlgo_t> g_chosen;
+gemm_key portable(gemm_key k) {
+    k[0] = 0;
+    return k;
+}
 
 gemm_plan make_plan(const forge_cuda_params *p, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, int ta,
                     const void *b, int64_t ldb, int tb, forge_type ab_type, const void *c_in, int64_t ldc_in, void *c, int64_t ldc,
@@ -173,10 +189,19 @@ gemm_plan make_plan(const forge_cuda_params *p, int64_t M, int64_t N, int64_t K,
 
 // Times the plan's candidates on the operands of this call and keeps the fastest (see the top).
 // Runs on p->stream outside a capture; synchronises.
-void tune_plan(const forge_cuda_params *p, gemm_plan &pl, int64_t M, int64_t N, int64_t K, const void *a, const void *b,
-               const void *c_in, void *c, int64_t ldc, forge_type c_type, float alpha, float beta) {
+void tune_plan(const forge_cuda_params *p, const gemm_key &key, gemm_plan &pl, int64_t M, int64_t N, int64_t K, const void *a,
+               const void *b, const void *c_in, void *c, int64_t ldc, forge_type c_type, float alpha, float beta) {
     std::vector<cublasLtMatmulAlgo_t> cands;
     cands.swap(pl.candidates);
+    auto rec = g_chosen.find(portable(key));
+    if (rec != g_chosen.end()) { // loaded from a run's file: taken when cuBLASLt accepts it here
+        cublasLtMatmulHeuristicResult_t check;
+        if (cublasLtMatmulAlgoCheck(p->lt, pl.desc, pl.la, pl.lb, pl.lc, pl.ld, &rec->second, &check) == CUBLAS_STATUS_SUCCESS &&
+            check.workspaceSize <= p->lt_workspace_size) {
+            pl.algo = rec->second;
+            return;
+        }
+    }
     void *dst = c, *tmp = nullptr;
     if (beta != 0.0f && c_in == c) { // an in-place accumulation: time into a temporary destination
         const size_t bytes = (size_t)(ldc * M) * type_size(c_type);
@@ -218,6 +243,7 @@ void tune_plan(const forge_cuda_params *p, gemm_plan &pl, int64_t M, int64_t N, 
     const size_t fastest = std::min_element(best.begin(), best.end()) - best.begin();
     const size_t pick = best[fastest] < 0.97f * best[0] ? fastest : 0;
     pl.algo = cands[pick];
+    g_chosen[portable(key)] = pl.algo;
     if (std::getenv("FORGE_GEMM_TUNE_LOG"))
         std::fprintf(stderr, "forge-cuda: GEMM %lld x %lld x %lld: candidate %zu of %zu, %.2f us (the first: %.2f us)\n", (long long)M,
                      (long long)N, (long long)K, pick, cands.size(), best[pick] * 1e3f, best[0] * 1e3f);
@@ -358,7 +384,7 @@ void forge_cuda_gemm_into(const forge_cuda_params *p, int64_t M, int64_t N, int6
         FORGE_CUDA_CHECK(cudaStreamIsCapturing(p->stream, &cs));
         if (cs == cudaStreamCaptureStatusNone) {
             if (bias) FORGE_LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-            tune_plan(p, pl, M, N, K, a, b, c_in, c, ldc, c_type, alpha, beta);
+            tune_plan(p, key, pl, M, N, K, a, b, c_in, c, ldc, c_type, alpha, beta);
         }
     }
     if (bias) FORGE_LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -370,6 +396,64 @@ void forge_cuda_gemm(const forge_cuda_params *p, int64_t M, int64_t N, int64_t K
                      const void *b, int64_t ldb, int tb, forge_type ab_type, void *c, int64_t ldc, forge_type c_type,
                      float alpha, float beta, const void *bias, forge_type bias_type) {
     forge_cuda_gemm_into(p, M, N, K, a, lda, ta, b, ldb, tb, ab_type, c, ldc, c, ldc, c_type, alpha, beta, bias, bias_type);
+}
+
+// ---- the chosen algorithms, kept with a run --------------------------------------------------------
+
+namespace {
+
+// "forge-gemm-algos 1 <cuBLASLt version> <GPU name, spaces as _>": a file's first line.
+std::string algos_header() {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) prop.name[0] = 0;
+    std::string name = prop.name;
+    std::replace(name.begin(), name.end(), ' ', '_');
+    return "forge-gemm-algos 1 " + std::to_string(cublasLtGetVersion()) + " " + (name.empty() ? "unknown" : name);
+}
+
+} // namespace
+
+forge_status forge_cuda_gemm_algos_save(const char *path) {
+    if (!path) return FORGE_ERR_INVALID_ARG;
+    std::ostringstream out;
+    out << algos_header() << "\n";
+    {
+        std::lock_guard<std::mutex> lock(g_plans_mutex);
+        for (const auto &e : g_chosen) { // 16 key fields, then the algorithm's 8 words in hex
+            for (int64_t v : e.first) out << v << ' ';
+            out << std::hex;
+            for (int i = 0; i < 8; i++) out << e.second.data[i] << (i < 7 ? ' ' : '\n');
+            out << std::dec;
+        }
+    }
+    const std::string tmp = std::string(path) + ".tmp";
+    {
+        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+        if (!(f << out.str()) || !f.flush()) return FORGE_ERR_IO;
+    }
+    return std::rename(tmp.c_str(), path) == 0 ? FORGE_OK : FORGE_ERR_IO;
+}
+
+int forge_cuda_gemm_algos_load(const char *path) {
+    std::ifstream f(path ? path : "");
+    std::string line;
+    if (!f || !std::getline(f, line) || line.compare(0, 17, "forge-gemm-algos ") != 0) return -1;
+    if (line != algos_header()) return -2; // another GPU or cuBLASLt version: time again
+    std::map<gemm_key, cublasLtMatmulAlgo_t> read;
+    while (std::getline(f, line)) {
+        std::istringstream in(line);
+        gemm_key k;
+        cublasLtMatmulAlgo_t algo;
+        for (int64_t &v : k) in >> v;
+        in >> std::hex;
+        for (int i = 0; i < 8; i++) in >> algo.data[i];
+        if (!in) return -1;
+        read[k] = algo;
+    }
+    std::lock_guard<std::mutex> lock(g_plans_mutex);
+    for (const auto &e : read) g_chosen[e.first] = e.second;
+    return (int)read.size();
 }
 
 // ---- LINEAR and MATMUL ---------------------------------------------------------------------------
