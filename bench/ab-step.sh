@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# A/B of a change on the GPU machine, in one call: ./bench-step of this tree against a copy of it
+# with the files under OLD (default .ab-old/, a tree of paths relative to the repository root,
+# e.g. .ab-old/forge-cuda/lora.cu = the file before the change) swapped in, alternating twice so
+# that both sides see the same clocks. Step times drift by 1-2% between calls and machines, so a
+# change is measured against its parent side by side. Run it after bench/gpu-check.sh has built
+# build-gpu (stage `none` only builds). Make the old tree here with, for example,
+#   mkdir -p .ab-old/forge-cuda && git show HEAD:forge-cuda/lora.cu > .ab-old/forge-cuda/lora.cu
+# and pass it to the device tool (`carry: [".ab-old"]`, it is git-ignored).
+#   C     configurations (default: the four of bench/gpu-check.sh step)
+#   PROF  --profile to add the per-family profile; PAT the lines to show (default: ms/step)
+#   OUT   where the JSON goes (bs-new-1.json, bs-base-1.json, ...)
+set -u
+cd "$(dirname "$0")/.."
+old=${OLD:-.ab-old}
+OUT=${OUT:-/tmp/forge-out}
+mkdir -p "$OUT"
+[ -d "$old" ] || { echo "ab-step: no $old (the files before the change)"; exit 1; }
+rm -rf /tmp/ab-base && mkdir -p /tmp/ab-base
+tar cf - --exclude=./build-gpu --exclude="./$old" . | tar xf - -C /tmp/ab-base
+(cd "$old" && find . -type f) | while read -r f; do cp "$old/$f" "/tmp/ab-base/$f"; done
+gen=; command -v ninja > /dev/null && gen="-G Ninja"
+(cd /tmp/ab-base && cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON -DFORGE_CUDA_ARCH=90a > /dev/null &&
+  cmake --build build-gpu --target bench-step > /tmp/ab-base-build.log 2>&1) || { tail -20 /tmp/ab-base-build.log; exit 1; }
+C=${C:-"qwen2.5-0.5b:4x1024 qwen2.5-0.5b:1x512 qwen3-0.6b:4x1024 gemma2-2b:4x1024"}
+for r in 1 2; do
+  echo "== new"; build-gpu/bench-step --json "$OUT/bs-new-$r.json" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"
+  echo "== base"; /tmp/ab-base/build-gpu/bench-step --json "$OUT/bs-base-$r.json" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"
+done
