@@ -194,7 +194,7 @@ void tune_plan(const forge_cuda_params *p, const gemm_key &key, gemm_plan &pl, i
     std::vector<cublasLtMatmulAlgo_t> cands;
     cands.swap(pl.candidates);
     auto rec = g_chosen.find(portable(key));
-    if (rec != g_chosen.end()) { // loaded from a run's file: taken when cuBLASLt accepts it here
+    if (rec != g_chosen.end()) { // loaded from a run's file, or timed by another handle: taken if cuBLASLt accepts it
         cublasLtMatmulHeuristicResult_t check;
         if (cublasLtMatmulAlgoCheck(p->lt, pl.desc, pl.la, pl.lb, pl.lc, pl.ld, &rec->second, &check) == CUBLAS_STATUS_SUCCESS &&
             check.workspaceSize <= p->lt_workspace_size) {
