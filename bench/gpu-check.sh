@@ -3,11 +3,12 @@
 # run ./bench-kernels and the PyTorch peers, ./bench-step and the whole step's peers, the
 # two-GPU run, regenerate the HF reference fixtures, and write logs and JSON to $OUT (the device
 # tool brings back at most 8 files: pick stages accordingly):
-#   bench/gpu-check.sh [tests] [bench] [peers] [step] [stepvs] [fullmodels] [models] [finetune]
+#   bench/gpu-check.sh [tests] [bench] [peers] [step] [stepvs] [ab] [fullmodels] [models] [finetune]
 #                      [fixtures] [dist]                      (no argument: tests bench peers)
 #   tests    ctest (TESTS: a regex)                    bench     bench-kernels (BENCH: filters)
 #   peers    PyTorch eager / compile per kernel        step      bench-step, plain and --recompute
 #   stepvs   step + HF + PEFT eager / compile / Liger in the same call, 50-step loss curves
+#   ab       bench-step of this tree against its parent's files in .ab-old/ (bench/ab-step.sh)
 #   dist     two GPUs: equivalence, throughput, kill -9 and --resume (an nvidia-h200-x2 machine)
 # FORGE_COMMIT names the commit in the results (the GPU machine's copy has no .git);
 # PEERS_DEADLINE bounds a peers' run in seconds; TARGETS limits the build to some targets
@@ -82,6 +83,10 @@ if has stepvs; then
     --curves $curves -o "$OUT/step-table$lane.md" --json $curves/step-summary.json || rc=1
   (cd $curves && tar czf "$OUT/curves$lane.tar.gz" step-summary.json */curve-*.json)
   stamp "step vs peers done"
+fi
+if has ab; then
+  OUT="$OUT" bash bench/ab-step.sh || rc=1
+  stamp "a/b done"
 fi
 if has fullmodels; then
   # the released configurations with random weights: transformers + peft on this GPU against forge's CUDA backend
