@@ -6,7 +6,8 @@
 //    every llama.cpp loader rule of formats.md 5.2 (and corrupt variants are refused), and a
 //    reloaded adapter (PEFT, GGUF, checkpoint) gives the logits the run computed;
 //  * --resume from a mid-run checkpoint (with --recompute) reproduces the uninterrupted run's
-//    losses bit for bit;
+//    losses bit for bit, and on CUDA too when a GPU is present (the checkpoint keeps the GEMM
+//    algorithms the run chose by timing);
 //  * gradient accumulation matches one large batch; model names resolve through $FORGE_MODELS and
 //    the Hugging Face cache layout;
 //  * every bad input of the issue: its message and its exit status, and nothing half-written.
@@ -424,6 +425,25 @@ int main() {
     CHECK(slurp(run2 + "/adapter_model.safetensors") == slurp(run1 + "/adapter_model.safetensors") &&
               slurp(run2 + "/adapter.gguf") == slurp(run1 + "/adapter.gguf"),
           "resumed adapter files equal the uninterrupted run's");
+    // The same on CUDA (when a GPU is present): each process chooses its GEMM algorithms by timing,
+    // so the resumed run continues bit for bit only because the checkpoint keeps the choices
+    // (gemm-algos.txt) and the resumed process takes them.
+    if (forge_cuda_device_count() > 0) {
+        const std::string gtrain = "-m " + kModel + " --data " + data + " --device cuda --seq-len 64 --batch 4 --seed 1 --steps 20 --lr 1e-2 " +
+                                   "--save-every 10 --eval-every 10 ";
+        const std::string g1 = g_tmp + "/gpu1", g2 = g_tmp + "/gpu2";
+        r = run(gtrain + "--out " + g1);
+        CHECK(r.rc == 0, "CUDA run: exit %d\n%s", r.rc, r.out.c_str());
+        CHECK(slurp(g1 + "/checkpoint-10/gemm-algos.txt").compare(0, 19, "forge-gemm-algos 1 ") == 0, "the checkpoint keeps the GEMM algorithms");
+        r = run(gtrain + "--out " + g2 + " --resume " + g1 + "/checkpoint-10");
+        std::map<int64_t, double> gl1 = metric(g1 + "/metrics.jsonl", "loss"), gl2 = metric(g2 + "/metrics.jsonl", "loss");
+        bool gsame = r.rc == 0 && gl1.size() == 20 && gl2.size() == 20;
+        for (int s = 11; s <= 20; s++) gsame = gsame && gl2[s] == gl1[s];
+        CHECK(gsame && slurp(g2 + "/adapter_model.safetensors") == slurp(g1 + "/adapter_model.safetensors"),
+              "CUDA: resumed losses and adapter equal the uninterrupted run's bit for bit (exit %d)\n%s", r.rc, r.out.c_str());
+    } else {
+        std::printf("test-finetune: no GPU: the CUDA resume check is skipped\n");
+    }
     expect_fail("resume with other options", train + "--lora-r 8 --out " + g_tmp + "/run3 --resume " + run1 + "/checkpoint-10", 1,
                 {"the checkpoint was trained with lora_r = 16, this run has lora_r = 8"});
     expect_fail("an existing run without --resume", train + "--out " + run1, 1, {"already holds a run; continue it with --resume"});
