@@ -19,19 +19,20 @@
 // in a small hash map (a model has a few dozen GEMM shapes); after that a call is one attribute
 // update (the bias pointer) and one cublasLtMatmul on p->stream, so it is graph-capture safe and
 // allocates nothing. The algorithm is chosen by timing: the heuristic's first candidate is often
-// not the fastest at the mid-size shapes of a LoRA step (Qwen2.5-0.5B's q/k/v GEMM: 21 us against
-// 14 us for another of its candidates), so the first call outside a stream capture runs each of
-// the heuristic's top FORGE_GEMM_TUNE (default 8; 0: the first, untimed) candidates on the real
-// operands and keeps the fastest, unless it beats the first by less than 3%. The timed runs write
+// not the fastest at the mid-size shapes of a LoRA step (Qwen2.5-0.5B 4 x 1024: gate/up 120 us,
+// its third candidate 102 us; the q/k/v dX GEMM 22 -> 18 us), so the first call outside a stream
+// capture runs each of the heuristic's top FORGE_GEMM_TUNE (default 8; 0: the first, untimed)
+// candidates on the real operands (three interleaved rounds of ~0.3 ms, each one's median) and
+// keeps the fastest, unless it beats the first by less than 3%. The timed runs write
 // the real destination, which the call then overwrites - except an in-place accumulation
 // (beta != 0, C read from the destination), whose timed runs write a temporary buffer (not
 // timed above 64 MiB). A call inside a capture (the backend launches a graph's first step
 // directly, so only a bare caller's) uses the first candidate until a later call outside one.
 // A fixed algorithm with a fixed workspace is deterministic in cuBLASLt (split-K partials are
-// reduced in a fixed order), so results are bitwise stable within a process; across processes
-// the timing may choose differently, so the choices can be kept with a run: forge_cuda_gemm_algos_save
+// reduced in a fixed order), so results are bitwise stable within a process. Across processes
+// the timing may choose differently, so a run can keep its choices: forge_cuda_gemm_algos_save
 // writes them (each problem's key without the process's handle, and the algorithm's 64 bytes, as
-// text; tagged with the GPU and cuBLASLt version), forge_cuda_gemm_algos_load reads them back,
+// text tagged with the GPU and the cuBLASLt version), forge_cuda_gemm_algos_load reads them back,
 // and a first use then takes the recorded algorithm (when cublasLtMatmulAlgoCheck accepts it for
 // the problem) instead of timing: a resumed run continues bit for bit. FORGE_GEMM_TUNE=0 also
 // gives bitwise-reproducible runs, with the heuristic's first algorithms.
