@@ -871,7 +871,7 @@ void build(Run &r) {
     if (!r.eval_rows.empty()) {
         // eval: per-token log-probabilities and top-1 hits through the lm_head (no loss node)
         if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, false, false, &r.eg, &err)) die(kError, "building the eval graph: %s", err.c_str());
-        r.eval_lp = forge_cross_entropy_eval(r.ctx, r.eg.hidden, r.lm.m.lm_head, r.eg.in.labels, r.lm.m.cfg.final_softcap, 1024);
+        r.eval_lp = forge_cross_entropy_eval(r.ctx, r.eg.hidden, r.lm.m.lm_head, r.eg.in.labels, r.lm.m.cfg.final_softcap, model_loss_chunk(r.lm.m));
         r.ge = forge_graph_new(r.ctx);
         if (forge_graph_build_forward(r.ge, r.eval_lp) != FORGE_OK) r.fail_forge("building the eval graph");
     }

@@ -3,16 +3,16 @@
 // the step runner. The first compute of a graph launches its nodes directly (cuBLASLt's
 // algorithms are chosen then, by timing, which cannot happen inside a capture: linear.cu); the
 // second captures every node's launches into a CUDA graph; later computes replay it with one
-// cudaGraphLaunch. Three patterns of nodes are fused at
-// launch (forge_cuda_launch_nodes): a residual ADD followed by the RMSNORM of its result, an
-// RMSNORM_BACK followed by the ADD of its dx to the residual gradient, and a LORA_BACK with the
-// ACCs of its dA and dB into the persistent gradients; and the preps of the LoRA projections (A
-// cast, B laid out block-diagonally) run as one kernel at the start of the step, into buffers
-// planned with the graph (forge_cuda_lora_plan_preps), instead of two launches per projection (its
-// forward's and its backward's: ~190 of Qwen2.5-0.5B's ~1600 kernels). Inputs live at fixed
-// addresses in the activation arena (the allocator never moves them), so the host copies new
-// inputs there before a replay. The only host synchronisation is at the end of a step, to read the device
-// error word (a bad token id or label) - never inside the step.
+// cudaGraphLaunch. Three patterns of nodes are fused at launch (forge_cuda_launch_nodes): a
+// residual ADD followed by the RMSNORM of its result, an RMSNORM_BACK followed by the ADD of its
+// dx to the residual gradient, and a LORA_BACK with the ACCs of its dA and dB into the persistent
+// gradients; and the preps of the LoRA projections (A cast, B laid out block-diagonally) run as
+// one kernel at the start of the step, into buffers planned with the graph
+// (forge_cuda_lora_plan_preps), instead of two launches per projection (its forward's and its
+// backward's: ~190 of Qwen2.5-0.5B's ~1600 kernels). Inputs live at fixed addresses in the
+// activation arena (the allocator never moves them), so the host copies new inputs there before
+// a replay. The only host synchronisation is at the end of a step, to read the device error word
+// (a bad token id or label) - never inside the step.
 //
 // Data parallelism: with a communicator attached (forge_backend_set_dist), ALLREDUCE nodes run on
 // a second stream (collective.cu) inside the same capture. A graph with collectives has two

@@ -260,9 +260,9 @@ forge_tensor *model_logits(Model &m, forge_tensor *h) {
 // with every saved activation), and 512-token chunks keep the lm_head GEMMs as efficient as
 // 1024-token ones: Qwen's 151936 words get 512 (297 -> 148 MiB), Gemma's 256000 get 512
 // (500 -> 250 MiB).
-static int loss_chunk(int64_t n_vocab) {
+int model_loss_chunk(const Model &m) {
     int chunk = 1024;
-    while (chunk > 64 && (int64_t)chunk * n_vocab * 2 > (int64_t)256 << 20) chunk /= 2;
+    while (chunk > 64 && (int64_t)chunk * m.cfg.vocab * 2 > (int64_t)256 << 20) chunk /= 2;
     return chunk;
 }
 
@@ -279,7 +279,7 @@ bool model_build(Model &m, int64_t T, int64_t B, forge_type act, bool want_loss,
     }
     h = model_norm(m, h, m.output_norm);
     Graph g{in, h, nullptr, nullptr};
-    if (want_loss) g.loss = forge_cross_entropy(ctx, h, m.lm_head, in.labels, in.count, m.cfg.final_softcap, loss_chunk(m.cfg.vocab));
+    if (want_loss) g.loss = forge_cross_entropy(ctx, h, m.lm_head, in.labels, in.count, m.cfg.final_softcap, model_loss_chunk(m));
     if (want_logits) g.logits = model_logits(m, h);
     if ((want_loss && !g.loss) || (want_logits && !g.logits)) {
         *err = forge_ctx_error(ctx) ? forge_ctx_error(ctx) : "model graph: a node could not be built";

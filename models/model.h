@@ -111,6 +111,9 @@ struct Graph {
 // Builds the decoder for T x B tokens with activations of type act. want_loss adds the fused
 // cross-entropy, want_logits the full logits. Returns false with the context's error.
 bool model_build(Model &m, int64_t T, int64_t B, forge_type act, bool want_loss, bool want_logits, Graph *out, std::string *err);
+// Tokens per chunk of the fused cross-entropy (training loss and eval): its logits scratch stays
+// under 256 MiB whatever the vocabulary.
+int model_loss_chunk(const Model &m);
 
 // The pieces of the decoder, shared by the training graph (model_build) and generation:
 // the (scaled) token embedding in the activation type; layer l's q, k (normed, rotated) and v
