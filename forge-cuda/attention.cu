@@ -8,7 +8,9 @@
 // (the next tile streams in while the current one is computed).
 //   forward  attn_rows<D, false>: a block owns 128 query rows of one (head, batch), 32 per warp at
 //            D = 64/128 (each K/V fragment feeds two m16 tiles: half the ldmatrix traffic per mma),
-//            16 at D = 256; it streams the K/V tiles its rows may see: S = Q K^T, online softmax in
+//            16 at D = 256 (and 16 at D = 64/128 when the grid would hold at most one block per SM:
+//            64 rows per block, twice the blocks, half the longest chain of tiles - Qwen2.5-0.5B's
+//            1 x 512 has 56 blocks of 128 rows); it streams the K/V tiles its rows may see: S = Q K^T, online softmax in
 //            the log2 domain (one FFMA + one ex2 per score, the scale riding in the FFMA; O is
 //            rescaled only when some row max moved), O += P V; writes O (bf16) and LSE (fp32).
 //   backward attn_rows<D, true> (dq): the same loop over 64 (D <= 128) or 128 query rows; first
@@ -37,10 +39,12 @@
 // tiles under a causal mask) are dispatched first; 2 blocks of 4 warps per SM (8 warps of one
 // block at D = 256), register-bound (~250 registers, no spills in the D = 64 kernels, a few
 // bytes around the tile bookkeeping elsewhere). Masked work is skipped: causal and window bounds
-// give the tile range, a table of per-16-token min/max document ids (attn_doc_table) skips tiles
-// whose documents cannot meet, and each warp classifies each tile for its own rows (nothing to
-// do / every pair allowed / test each pair): only boundary tiles run the element tests, in a
-// separately compiled variant of the tile step; softcap is a compile-time variant too.
+// give the tile range, a table of per-16-token min/max document ids (attn_doc_table; in a graph
+// the backend runs, made once per step by the first attention node and read by every layer's
+// forward and backward: forge_cuda_attention_plan_docs) skips tiles whose documents cannot meet,
+// and each warp classifies each tile for its own rows (nothing to do / every pair allowed / test
+// each pair): only boundary tiles run the element tests, in a separately compiled variant of the
+// tile step; softcap is a compile-time variant too.
 // Work per (query, key) pair: forward 4D flop, backward 14D (FA2's 10D plus one recomputation of S
 // and dP for dq, the price of determinism without atomics). Traffic: each K/V (or Q/dO) tile is
 // read once per block from L2 and reused by every warp (~100-250 flop per byte of L2 traffic);
@@ -58,7 +62,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -504,20 +510,21 @@ template <> struct rows_cfg<64, true> { static constexpr int NW = 4, MT = 1, BN 
 template <> struct rows_cfg<128, true> { static constexpr int NW = 4, MT = 1, BN = 64, MINB = 2; static constexpr bool QREG = false; };
 template <> struct rows_cfg<256, true> { static constexpr int NW = 8, MT = 1, BN = 32, MINB = 1; static constexpr bool QREG = false; };
 
-template <int D, bool DQ>
-__host__ __device__ constexpr int rows_bm() { return 16 * rows_cfg<D, DQ>::MT * rows_cfg<D, DQ>::NW; }
-template <int D, bool DQ>
+// MT is a parameter of the kernel (the configured one, or 1: the forward's small-grid form, below).
+template <int D, bool DQ, int MT = rows_cfg<D, DQ>::MT>
+__host__ __device__ constexpr int rows_bm() { return 16 * MT * rows_cfg<D, DQ>::NW; }
+template <int D, bool DQ, int MT = rows_cfg<D, DQ>::MT>
 constexpr size_t rows_smem() {
-    constexpr int BM = rows_bm<D, DQ>(), BN = rows_cfg<D, DQ>::BN;
+    constexpr int BM = rows_bm<D, DQ, MT>(), BN = rows_cfg<D, DQ>::BN;
     return (size_t)((DQ ? 2 : 1) * BM * D + 4 * BN * D) * sizeof(bf16) + 2 * BN * sizeof(int) + (DQ ? 2 * BM * sizeof(float) : 0);
 }
 
 // Forward (DQ = false) or dq (DQ = true) for BM query rows of one (head, batch); CAP: softcap.
 // Block x = (query tile from the last) * Hq B + h + Hq b.
-template <int D, bool DQ, bool CAP>
+template <int D, bool DQ, bool CAP, int MT>
 __global__ void __launch_bounds__(32 * rows_cfg<D, DQ>::NW, rows_cfg<D, DQ>::MINB) attn_rows(const attn_args a) {
     using C = rows_cfg<D, DQ>;
-    constexpr int MT = C::MT, BN = C::BN, NT = 32 * C::NW, WM = 16 * MT, BM = rows_bm<D, DQ>();
+    constexpr int BN = C::BN, NT = 32 * C::NW, WM = 16 * MT, BM = rows_bm<D, DQ, MT>();
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *sQ = (bf16 *)smem;                 // [BM][D] q rows, then the output rows
     bf16 *sdO = sQ + BM * D;                 // DQ: [BM][D] dO rows
@@ -1016,11 +1023,19 @@ template <int D, bool CAP>
 void run_tc(attn_args a, bool fwd, const forge_cuda_params *p) {
     const int64_t HB = (int64_t)a.Hq * a.B;
     if (fwd) {
-        launch(attn_rows<D, false, CAP>, cdiv(a.T, rows_bm<D, false>()) * HB, 32 * rows_cfg<D, false>::NW, rows_smem<D, false>(), a, p->stream);
+        // Small grids (at most one block per SM at the configured MT): one m16 tile per warp, twice
+        // the blocks of half the rows, so that the longest block's chain of key tiles is half as long
+        // (the same bits: each row's steps are the same).
+        constexpr int MT = rows_cfg<D, false>::MT, NW = rows_cfg<D, false>::NW;
+        if (MT > 1 && cdiv(a.T, rows_bm<D, false>()) * HB <= p->sm_count)
+            launch(attn_rows<D, false, CAP, 1>, cdiv(a.T, rows_bm<D, false, 1>()) * HB, 32 * NW, rows_smem<D, false, 1>(), a, p->stream);
+        else
+            launch(attn_rows<D, false, CAP, MT>, cdiv(a.T, rows_bm<D, false>()) * HB, 32 * NW, rows_smem<D, false>(), a, p->stream);
         return;
     }
     auto dq = [&](cudaStream_t s) {
-        launch(attn_rows<D, true, CAP>, cdiv(a.T, rows_bm<D, true>()) * HB, 32 * rows_cfg<D, true>::NW, rows_smem<D, true>(), a, s);
+        launch(attn_rows<D, true, CAP, rows_cfg<D, true>::MT>, cdiv(a.T, rows_bm<D, true>()) * HB, 32 * rows_cfg<D, true>::NW,
+               rows_smem<D, true>(), a, s);
     };
     using CC = cols_cfg<D>;
     const int64_t dq_blocks = cdiv(a.T, rows_bm<D, true>()) * HB, cols_blocks = cdiv(a.T, cols_bn<D>()) * a.Hkv * a.B * a.hsplit;
@@ -1123,11 +1138,19 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
     a.doc_groups = (int)cdiv(a.T, kDocGroup);
 
     char *work = (char *)p->work;
-    if (doc) {
-        a.doc_mm = (const int2 *)work;
-        const int64_t n = (int64_t)a.B * a.doc_groups;
-        attn_doc_table<<<(unsigned)((n + 255) / 256), 256, 0, p->stream>>>(a, (int2 *)work);
-        FORGE_CUDA_CHECK(cudaGetLastError());
+    if (doc) { // the step's table (made by its first attention node), or the node's own in scratch
+        const forge_cuda_fusions::doc_table *planned = nullptr;
+        if (p->fusions) {
+            auto it = p->fusions->doc_tables.find(node);
+            if (it != p->fusions->doc_tables.end()) planned = &it->second;
+        }
+        int2 *mm = planned ? planned->mm : (int2 *)work;
+        a.doc_mm = mm;
+        if (!planned || planned->make) {
+            const int64_t n = (int64_t)a.B * a.doc_groups;
+            attn_doc_table<<<(unsigned)((n + 255) / 256), 256, 0, p->stream>>>(a, mm);
+            FORGE_CUDA_CHECK(cudaGetLastError());
+        }
     }
     if (!fwd) {
         a.di = (float *)(work + doc_table_bytes(q, doc));
@@ -1165,4 +1188,25 @@ size_t forge_cuda_attention_work(const forge_tensor *node) {
     const forge_tensor *q = node->src[fwd ? 0 : 1], *doc = node->src[fwd ? 3 : 6];
     if (fwd) return doc_table_bytes(q, doc);
     return doc_table_bytes(q, doc) + di_bytes(q) + (tc_shape(node) ? part_bytes(q, node->src[2]) : 0);
+}
+
+size_t forge_cuda_attention_plan_docs(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem) {
+    std::map<std::vector<int64_t>, int2 *> tables; // (doc ids' data, shape, strides) -> its table
+    size_t bytes = 0;
+    for (const forge_tensor *t : nodes) {
+        if (t->op != FORGE_OP_ATTENTION && t->op != FORGE_OP_ATTENTION_BACK) continue;
+        const bool fwd = t->op == FORGE_OP_ATTENTION;
+        const forge_tensor *q = t->src[fwd ? 0 : 1], *doc = t->src[fwd ? 3 : 6];
+        const forge_tensor *root = doc ? forge_view_root(const_cast<forge_tensor *>(doc)) : nullptr;
+        if (!root || root->op != FORGE_OP_NONE) continue; // ids computed in the graph: the node makes its own
+        const std::vector<int64_t> key{(int64_t)(uintptr_t)doc->data, q->ne[2], q->ne[3], (int64_t)doc->nb[0], (int64_t)doc->nb[1]};
+        auto it = tables.find(key);
+        const bool make = it == tables.end();
+        if (make) {
+            it = tables.emplace(key, mem ? (int2 *)(mem + bytes) : nullptr).first;
+            bytes += doc_table_bytes(q, doc);
+        }
+        if (mem) f->doc_tables[t] = {it->second, make};
+    }
+    return bytes;
 }

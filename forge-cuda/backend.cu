@@ -158,14 +158,17 @@ struct CudaBackend final : forge_backend {
             cudaFree(pm->second);
             prep_mem.erase(pm);
         }
-        if (size_t bytes = forge_cuda_lora_plan_preps(g->nodes, &fusions[g], nullptr)) {
-            void *m = alloc(bytes);
+        const size_t lora_bytes = forge_cuda_lora_plan_preps(g->nodes, &fusions[g], nullptr);
+        const size_t doc_bytes = forge_cuda_attention_plan_docs(g->nodes, &fusions[g], nullptr);
+        if (lora_bytes + doc_bytes) {
+            void *m = alloc(lora_bytes + doc_bytes);
             if (!m) {
-                error = name + ": could not allocate " + std::to_string(bytes) + " bytes for the LoRA preps";
+                error = name + ": could not allocate " + std::to_string(lora_bytes + doc_bytes) + " bytes for the LoRA preps and document tables";
                 return FORGE_ERR_OOM;
             }
             prep_mem[g] = m;
             forge_cuda_lora_plan_preps(g->nodes, &fusions[g], (char *)m);
+            forge_cuda_attention_plan_docs(g->nodes, &fusions[g], (char *)m + lora_bytes);
         }
         size_t need = 0;
         for (const forge_tensor *t : g->nodes) {
@@ -279,6 +282,19 @@ forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &no
             continue;
         (is_b ? f.acc_into[back].b : f.acc_into[back].a) = (float *)acc->data;
         f.skip.insert(acc);
+    }
+    // ACC_VIEW chains: from a first node on no base, through nodes in place on their one reader
+    std::unordered_map<const forge_tensor *, const forge_tensor *> next; // an ACC_VIEW's base -> it
+    for (const forge_tensor *t : nodes)
+        if (t->op == FORGE_OP_ACC_VIEW && t->src[0]) next[t->src[0]] = t;
+    for (const forge_tensor *t : nodes) {
+        if (t->op != FORGE_OP_ACC_VIEW || t->src[0]) continue;
+        std::vector<const forge_tensor *> chain{t};
+        for (auto it = next.find(t); it != next.end() && uses[chain.back()] == 1 && !(chain.back()->flags & FORGE_FLAG_OUTPUT) &&
+                                     it->second->data == t->data && it->second->type == t->type;
+             it = next.find(it->second))
+            chain.push_back(it->second);
+        if (forge_cuda_acc_views_tile(chain)) f.acc_view_copy.insert(chain.begin(), chain.end());
     }
     return f;
 }

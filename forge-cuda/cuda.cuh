@@ -227,8 +227,13 @@ void forge_cuda_lora_back_into(forge_tensor *node, const forge_cuda_params *p, f
 const forge_cuda_params *forge_cuda_backend_params(forge_backend *be);
 // Enqueues one node's kernels (nothing for leafs, views and results).
 void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p);
+// Whether a chain of ACC_VIEW nodes (the first on no base, each in place on the one before)
+// writes every element of their tensor exactly once (elementwise.cu).
+bool forge_cuda_acc_views_tile(const std::vector<const forge_tensor *> &chain);
 // The LORA_BACK nodes of a node list that add their dA / dB straight into the persistent
-// gradients (acc_into), and the ACC nodes that therefore do not run (skip). Found once per graph.
+// gradients (acc_into), and the ACC nodes that therefore do not run (skip); the ACC_VIEW chains
+// that tile their tensor (acc_view_copy: each node copies its region, with no zeroing and no read
+// of the tensor - the q, k and v gradients gathered into the fused projection's). Found once per graph.
 // The backend adds the hoisted LoRA preps (forge_cuda_lora_plan_preps: the LORA / LORA_BACK
 // nodes whose Ac and Bd one kernel makes at the start of the step, and that kernel's job table).
 struct forge_cuda_fusions {
@@ -237,6 +242,7 @@ struct forge_cuda_fusions {
     };
     std::unordered_map<const forge_tensor *, lora_acc> acc_into;
     std::unordered_set<const forge_tensor *> skip;
+    std::unordered_set<const forge_tensor *> acc_view_copy;
     struct lora_prep {
         const char *ac, *bd; // bd NULL: the folded form's scale Bd, in W's spare columns
     };
@@ -244,6 +250,11 @@ struct forge_cuda_fusions {
     const void *prep_jobs = nullptr; // device table of n_prep_jobs jobs
     int n_prep_jobs = 0, prep_blocks = 0;
     const forge_tensor *prep_first = nullptr; // the first hoisted node (a profile counts the kernel there)
+    struct doc_table {
+        int2 *mm;  // per (row, group of tokens): min and max document id (attention.cu)
+        bool make; // this node makes it (the first of its document ids in the step); the rest read it
+    };
+    std::unordered_map<const forge_tensor *, doc_table> doc_tables;
 };
 forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &nodes);
 // Hoists the preps of the LORA / LORA_BACK nodes that come before the graph's first ADAMW and
@@ -253,6 +264,10 @@ forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &no
 // else fills f's preps and job table in mem (an upload: call it outside any capture).
 size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem);
 void forge_cuda_lora_run_preps(const forge_cuda_fusions &f, const forge_cuda_params *p);
+// Plans one document table per step for each leaf of document ids that ATTENTION / ATTENTION_BACK
+// nodes read (every layer's, forward and backward): the first node makes it, the others read it,
+// where each would make its own. mem NULL: returns the device bytes needed; else fills f's doc_tables.
+size_t forge_cuda_attention_plan_docs(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem);
 // The fusions the backend found for a planned graph (NULL: not planned on this backend).
 const forge_cuda_fusions *forge_cuda_backend_fusions(forge_backend *be, const forge_graph *g);
 // Enqueues nodes in order as the backend runs a graph, with three fusions: a residual ADD followed

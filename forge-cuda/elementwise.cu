@@ -14,6 +14,10 @@
 // ACC_VIEW copies (or zeroes) the base, then adds the region in a second map (in place, when the
 // planner gives it the base's memory, only the region is touched); a region whose
 // elements overlap (a view with overlapping rows) is added by one thread in the CPU's order.
+// When a chain of ACC_VIEWs writes every element exactly once (the backend checks:
+// forge_cuda_acc_views_tile), each only copies its addend into its region: the q, k and v
+// gradients land in the fused projection's gradient with no zeroing pass and no read of it
+// (a write and 3 read-modify-writes of the whole tensor become one copy).
 //
 // Reductions, deterministic (no float atomics; the partition depends only on the shape):
 //   SUM        a grid of up to 1024 blocks (a function of the size) sums a grid-strided share each
@@ -26,6 +30,8 @@
 #include "cuda.cuh"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -188,12 +194,63 @@ bool region_is_disjoint(const int64_t *ne, const int64_t *nb, int64_t es) {
 
 void acc_view(forge_tensor *node, const forge_cuda_params *p) {
     const forge_tensor *base = node->src[0], *v = node->src[1];
+    operand r{(char *)node->data + node->op_l[0], node->type, {node->op_l[1], node->op_l[2], node->op_l[3], node->op_l[4]}};
+    if (p->fusions && p->fusions->acc_view_copy.count(node)) // its chain writes each element once
+        return map<EW_COPY>(p, v->ne, r, operand_of(v, v->ne), operand{}, 0.0f);
     if (base && base->data != node->data) map<EW_COPY>(p, node->ne, operand_of(node, node->ne), operand_of(base, node->ne), operand{}, 0.0f);
     else if (!base) FORGE_CUDA_CHECK(cudaMemsetAsync(node->data, 0, forge_tensor_nbytes(node), p->stream));
-    operand r{(char *)node->data + node->op_l[0], node->type, {node->op_l[1], node->op_l[2], node->op_l[3], node->op_l[4]}};
     const bool disjoint = region_is_disjoint(v->ne, r.nb, (int64_t)forge_type_size(node->type));
     map<EW_ADD>(p, v->ne, r, r, operand_of(v, v->ne), 0.0f, !disjoint);
 }
+
+} // namespace
+
+// A chain tiles its tensor when the tensor is contiguous and, for one of its strides taken as the
+// row, each region is row-shaped: the region's dims that step whole rows (strides >= the row) walk
+// every row once, and its other dims stay inside a row; the columns each region covers in a row
+// are then marked, and every column must be marked exactly once.
+static bool tiles_by_rows(const std::vector<const forge_tensor *> &chain, int64_t row) {
+    const forge_tensor *t = chain[0];
+    const int64_t es = (int64_t)forge_type_size(t->type), cols = row / es;
+    if (row % es || cols > (1 << 20)) return false;
+    std::vector<char> covered((size_t)cols, 0);
+    for (const forge_tensor *n : chain) {
+        const forge_tensor *v = n->src[1];
+        std::vector<std::pair<int64_t, int64_t>> rows, in_row; // (stride, count) of v's dims
+        for (int i = 0; i < 4; i++)
+            if (v->ne[i] > 1) (n->op_l[1 + i] >= row ? rows : in_row).push_back({n->op_l[1 + i], v->ne[i]});
+        std::sort(rows.begin(), rows.end());
+        int64_t step = row;
+        for (const auto &d : rows) {
+            if (d.first != step) return false;
+            step *= d.second;
+        }
+        if (step != (int64_t)forge_tensor_nbytes(t)) return false; // every row once
+        int64_t n_in = 1;
+        for (const auto &d : in_row) n_in *= d.second;
+        if (n_in > cols) return false;
+        for (int64_t e = 0; e < n_in; e++) {
+            int64_t rest = e, off = n->op_l[0];
+            for (const auto &d : in_row) {
+                off += rest % d.second * d.first;
+                rest /= d.second;
+            }
+            if (off < 0 || off >= row || off % es || covered[(size_t)(off / es)]) return false;
+            covered[(size_t)(off / es)] = 1;
+        }
+    }
+    return std::all_of(covered.begin(), covered.end(), [](char c) { return c != 0; });
+}
+
+bool forge_cuda_acc_views_tile(const std::vector<const forge_tensor *> &chain) {
+    const forge_tensor *t = chain[0];
+    if (!forge_tensor_is_contiguous(t)) return false;
+    for (int i = 1; i < 4; i++)
+        if (t->ne[i] > 1 && tiles_by_rows(chain, (int64_t)t->nb[i])) return true;
+    return tiles_by_rows(chain, (int64_t)forge_tensor_nbytes(t));
+}
+
+namespace {
 
 // ---- reductions ------------------------------------------------------------------------------
 

@@ -3,13 +3,14 @@
 // position per token, strided sources (q and k are views of the fused q/k/v projection) and
 // in-place use.
 //
-// One kernel, rope_kernel<V>, no barrier after the first: a thread owns one vector of V pair
+// One kernel, rope_kernel<V>, no barrier: a thread owns one vector of V pair
 // indices j..j+V of one token (16 bytes: V = 8 BF16/F16 or 4 F32 elements, when x's rows are
 // dense and 16-byte aligned, x and dst have one element size and n_rot/2 and head_dim are
 // multiples of V; else V = 1) for a run of HPT heads of that token. It computes its V angles
-// a = pos * f_j once (f_j = theta^(-2j/n_rot) from a per-block shared-memory table filled like the
-// CPU: pow in double, rounded to fp32; the product in fp32; then sincosf at full precision) and
-// keeps cos and sin in registers for all its heads, so the trigonometry costs V sincosf per HPT
+// a = pos * f_j once (f_j = theta^(-2j/n_rot) as the CPU makes it, pow in double rounded to fp32,
+// computed by the host into the kernel's arguments rather than by every block before a barrier;
+// the product in fp32; then sincosf at full precision) and keeps cos and sin in registers for
+// all its heads, so the trigonometry costs V sincosf per HPT
 // heads. The heads go in batches of HB = 4: the batch's 2 * HB 128-bit loads (x[j..j+V) and
 // x[j+h..j+h+V) of each head) are all issued before the first use and kept as loaded, then each
 // head is unpacked, rotated and stored with two 128-bit stores. Threads past the rotated pairs
@@ -30,6 +31,7 @@ namespace {
 constexpr int THREADS = 128;
 constexpr int HB = 4;               // heads per batch of loads
 constexpr int THREADS_PER_SM = 1024; // parallelism the head split aims for
+constexpr int kTableHalf = 128;      // frequencies passed in the kernel's arguments (n_rot <= 256)
 
 // ---- 16-byte vectors: V = 8 BF16/F16 or 4 F32 elements ------------------------------------
 template <int V> __device__ inline void unpack16(forge_type t, const uint4 &u, float *v) {
@@ -95,7 +97,11 @@ struct rope_args {
     int per_head;           // vectors a head's thread set covers: half / V rotated, then copied ones
     int hpt, n_hc;          // heads per thread, head chunks per token (n_hc * hpt >= H)
     float theta, sign;      // sign: +1 forward, -1 backward
+    float freq[kTableHalf]; // f_j for j < min(half, kTableHalf), made on the host
 };
+
+// f_j = theta^(-2j/n_rot), as the CPU makes it: pow in double, rounded to fp32.
+__host__ __device__ inline float rope_freq(float theta, int j, int half) { return (float)pow((double)theta, -2.0 * j / (2 * half)); }
 
 __device__ inline int32_t pos_at(const rope_args &a, int64_t n) {
     int64_t q, i0, i1, i2;
@@ -104,11 +110,8 @@ __device__ inline int32_t pos_at(const rope_args &a, int64_t n) {
     return *(const int32_t *)(a.pos + i0 * a.pnb0 + i1 * a.pnb1 + i2 * a.pnb2);
 }
 
-template <int V> __global__ void __launch_bounds__(THREADS, 5) rope_kernel(rope_args a) {
-    extern __shared__ float freq[]; // [half]
+template <int V> __global__ void __launch_bounds__(THREADS, 5) rope_kernel(const __grid_constant__ rope_args a) {
     const int half = a.half;
-    for (int j = threadIdx.x; j < half; j += blockDim.x) freq[j] = (float)pow((double)a.theta, -2.0 * j / (2 * half));
-    __syncthreads();
     const int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int64_t q, k, n, hc;
     forge_cuda_divmod(u, a.per_head, q, k);
@@ -122,7 +125,8 @@ template <int V> __global__ void __launch_bounds__(THREADS, 5) rope_kernel(rope_
         const float ps = (float)pos_at(a, n);
 #pragma unroll
         for (int e = 0; e < V; e++) {
-            sincosf(ps * freq[d0 + e], &s[e], &c[e]);
+            const int j = (int)d0 + e;
+            sincosf(ps * (j < kTableHalf ? a.freq[j] : rope_freq(a.theta, j, half)), &s[e], &c[e]);
             s[e] *= a.sign;
         }
     }
@@ -190,6 +194,7 @@ void forge_cuda_rope(forge_tensor *node, const forge_cuda_params *p) {
     a.n_tok = x->ne[2] * x->ne[3];
     a.half = node->op_i[0] / 2;
     a.theta = node->op_f[0];
+    for (int j = 0; j < std::min(a.half, kTableHalf); j++) a.freq[j] = rope_freq(a.theta, j, a.half);
     a.sign = node->op == FORGE_OP_ROPE ? 1.0f : -1.0f;
     const bool copy = node->data != x->data; // in place, the dims >= n_rot are already there
     // 16-byte vectors when x's rows are dense and aligned and x and dst have one element size
@@ -208,10 +213,8 @@ void forge_cuda_rope(forge_tensor *node, const forge_cuda_params *p) {
     a.n_hc = (int)((a.H + a.hpt - 1) / a.hpt);
     const int64_t threads = items * a.n_hc;
     const unsigned grid = (unsigned)((threads + THREADS - 1) / THREADS);
-    const size_t smem = sizeof(float) * (size_t)a.half;
     auto kernel = V == 8 ? rope_kernel<8> : V == 4 ? rope_kernel<4> : rope_kernel<1>;
-    if (smem > (48u << 10)) FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<grid, THREADS, smem, p->stream>>>(a);
+    kernel<<<grid, THREADS, 0, p->stream>>>(a);
 }
 
 size_t forge_cuda_rope_work(const forge_tensor *node) {

@@ -55,9 +55,57 @@ forge_tensor *slice(forge_ctx *ctx, forge_tensor *x, int64_t ne0, int64_t ne1, i
     return forge_view(ctx, x, 3, ne, nb, (size_t)off * forge_tensor_nb(x, 0));
 }
 
+// q, k and v heads [64, 14 | 2 | 2, 128] of a bf16 qkv [64, 18, 128] (Qwen2.5's, computed from the
+// parameter), all read, so that the ACC_VIEW chain of their gradients writes every element of qkv's once.
+ConfCase qkv_tiled(forge_ctx *ctx) {
+    ConfCase c;
+    forge_tensor *x = leaf(ctx, BF16, {64, 18, 128}), *qkv = forge_scale(ctx, x, 0.5f); // an activation: a parameter's view
+    forge_tensor *q = slice(ctx, qkv, 64, 14, 128, 0), *k = slice(ctx, qkv, 64, 2, 128, 14 * 64), *v = slice(ctx, qkv, 64, 2, 128, 16 * 64);
+    const int64_t one[3] = {1, 1, 1}, ne[3] = {64, 2, 128};
+    c.y = forge_add(ctx, forge_mul(ctx, k, v), forge_repeat(ctx, forge_reshape(ctx, forge_sum(ctx, q), 3, one), 3, ne));
+    c.params = {x}; // gradients go into a parameter directly, one ACC per view
+    return c;
+}
+
 } // namespace
 
+// The backend's check (forge-cuda/elementwise.cu), called here on host data only.
+bool forge_cuda_acc_views_tile(const std::vector<const forge_tensor *> &chain);
+
+// The ACC_VIEW chains of a graph, each from its first node (no base) through the nodes on it.
+std::vector<std::vector<const forge_tensor *>> acc_view_chains(const forge_graph *g) {
+    std::vector<std::vector<const forge_tensor *>> chains;
+    for (const forge_tensor *t : g->nodes) {
+        if (t->op != FORGE_OP_ACC_VIEW) continue;
+        if (!t->src[0]) chains.push_back({t});
+        else
+            for (auto &ch : chains)
+                if (ch.back() == t->src[0]) ch.push_back(t);
+    }
+    return chains;
+}
+
 int main() {
+    // on the host (also without a GPU): which ACC_VIEW chains the backend runs as copies
+    {
+        ConfSide s, h;
+        const bool ok = conf_setup(s, qkv_tiled, forge_backend_cpu_new(0), 1);
+        CHECK(ok, "qkv_tiled: setup");
+        const auto chains = ok ? acc_view_chains(s.g) : std::vector<std::vector<const forge_tensor *>>();
+        CHECK(chains.size() == 1 && chains[0].size() == 3 && forge_cuda_acc_views_tile(chains[0]),
+              "the q/k/v gradient chain tiles qkv (%zu chains)", chains.size());
+        const bool ok_h = conf_setup(h, [](forge_ctx *ctx) {
+                  ConfCase c;
+                  forge_tensor *x = leaf(ctx, BF16, {4096, 256}), *qkv = forge_scale(ctx, x, 0.5f);
+                  forge_tensor *q = slice(ctx, qkv, 1024, 256, 1, 0), *k = slice(ctx, qkv, 1024, 256, 1, 2048), *v = slice(ctx, qkv, 1024, 256, 1, 3072);
+                  c.y = forge_mul(ctx, forge_add(ctx, k, v), forge_cont(ctx, q));
+                  c.params = {x};
+                  return c;
+              }, forge_backend_cpu_new(0), 1);
+        CHECK(ok_h, "holes: setup");
+        const auto holes = ok_h ? acc_view_chains(h.g) : std::vector<std::vector<const forge_tensor *>>();
+        CHECK(holes.size() == 1 && holes[0].size() == 3 && !forge_cuda_acc_views_tile(holes[0]), "a chain with uncovered columns does not tile");
+    }
     FORGE_CUDA_TEST_REQUIRE_GPU();
 
     // ---- maps at model shapes: 8 elements per thread
@@ -114,6 +162,9 @@ int main() {
         c.params = {qkv};
         return c;
     });
+    // every head of qkv read: the chain's ACC_VIEWs copy their regions (no zeroing, no adds); the
+    // chain of the case above leaves qkv's columns 1024..2047 to the zeroing
+    conformance("add of mul(k, v) and sum(q): q/k/v heads tiling a bf16 qkv [64, 18, 128]", qkv_tiled);
     conformance("add of f32 k/v slices [64, 2, 128] of qkv [64, 18, 128] (qwen2.5 heads)", [](forge_ctx *ctx) {
         ConfCase c;
         forge_tensor *qkv = leaf(ctx, F32, {64, 18, 128});
