@@ -21,9 +21,9 @@
 // synchronisations per step. --recompute [N] recomputes the GLU output of every layer (of the
 // first N) in the backward pass (models/model.h), trading a little time for memory. With --profile, the graph is also run
 // without capture with a CUDA event after each unit the backend enqueues (a node, or a pair it
-// fuses), and the time is summed per op family, forward and backward apart (medians of 5 runs;
-// launch gaps between small nodes land in the following node, so the total exceeds the replayed
-// step's time).
+// fuses), and the time is summed per op family, forward and backward apart, and in the JSON
+// also per op (profile_ops_ms) (medians of 5 runs; launch gaps between small nodes land in the
+// following node, so the total exceeds the replayed step's time).
 //
 // FLOPs of a step (what MFU counts): the GEMMs, 2 x tokens x params for each of the forward and
 // the backward's dX (frozen weights need no dW), over every layer's projections and the
@@ -297,7 +297,9 @@ struct Profiler {
     }
 };
 
-std::map<std::string, double> profile(Step &s) {
+// Milliseconds per op family and pass, and (into *ops) per op and pass: the unit of a fused pair
+// counts under its last node.
+std::map<std::string, double> profile(Step &s, std::map<std::string, double> *ops) {
     const forge_cuda_params *p = forge_cuda_backend_params(s.be);
     Profiler pr{p->stream, {}, {}, 0};
     const forge_cuda_fusions *fusions = forge_cuda_backend_fusions(s.be, s.g); // the backend's, as the step uses them
@@ -329,6 +331,7 @@ std::map<std::string, double> profile(Step &s) {
         else if (t->op == FORGE_OP_CROSS_ENTROPY) fam = "cross_entropy (fwd+bwd)", bwd = true;
         else fam += bwd ? " bwd" : " fwd";
         out[fam] += times[i][2];
+        (*ops)[std::string(forge_op_name(t->op)) + (bwd && t->op != FORGE_OP_CROSS_ENTROPY ? " bwd" : " fwd")] += times[i][2];
     }
     return out;
 }
@@ -437,8 +440,11 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
                 name.c_str(), (long long)B, (long long)T, rc.c_str(), med, mean, (double)(B * T) / (med / 1000), flops / (med / 1000) / 1e12,
                 100 * flops / (med / 1000) / 1e12 / gemm_tflops, gemm_tflops, (double)(free0 - free1) / 1048576.0, first, last);
     if (o.profile) {
-        const std::map<std::string, double> prof = profile(s);
-        json::Value pj = json::Value::object();
+        std::map<std::string, double> by_op;
+        const std::map<std::string, double> prof = profile(s, &by_op);
+        json::Value pj = json::Value::object(), po = json::Value::object();
+        for (const auto &kv : by_op) po.set(kv.first, kv.second);
+        r.set("profile_ops_ms", po);
         double sum = 0;
         for (const auto &kv : prof) sum += kv.second;
         std::printf("  profile (node by node, %.2f ms in all):\n", sum);
