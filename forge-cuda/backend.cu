@@ -3,13 +3,13 @@
 // the step runner. The first compute of a graph launches its nodes directly (cuBLASLt's
 // algorithms are chosen then, by timing, which cannot happen inside a capture: linear.cu); the
 // second captures every node's launches into a CUDA graph; later computes replay it with one
-// cudaGraphLaunch. Three patterns of nodes are fused at launch (forge_cuda_launch_nodes): a
+// cudaGraphLaunch. Four patterns of nodes are fused at launch (forge_cuda_launch_nodes): a
 // residual ADD followed by the RMSNORM of its result, an RMSNORM_BACK followed by the ADD of its
-// dx to the residual gradient, and a LORA_BACK with the ACCs of its dA and dB into the persistent
-// gradients; and the preps of the LoRA projections (A cast, B laid out block-diagonally) run as
-// one kernel at the start of the step, into buffers planned with the graph
-// (forge_cuda_lora_plan_preps), instead of two launches per projection (its forward's and its
-// backward's: ~190 of Qwen2.5-0.5B's ~1600 kernels). Inputs live at fixed addresses in the
+// dx to the residual gradient, two ROPE nodes in a row (q's and k's), and a LORA_BACK with the
+// ACCs of its dA and dB into the persistent gradients; and the preps of the LoRA projections (A
+// cast, B laid out block-diagonally) run as one kernel at the start of the step, into buffers
+// planned with the graph (forge_cuda_lora_plan_preps), instead of two launches per projection
+// (its forward's and its backward's: ~190 of Qwen2.5-0.5B's ~1600 kernels). Inputs live at fixed addresses in the
 // activation arena (the allocator never moves them), so the host copies new inputs there before
 // a replay. The only host synchronisation is at the end of a step, to read the device error word
 // (a bad token id or label) - never inside the step.
@@ -322,6 +322,15 @@ void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const for
         if (t->op == FORGE_OP_ADD && i + 1 < n) {
             forge_cuda_comm_before(nodes[i + 1], p);
             if (forge_cuda_add_rmsnorm(t, nodes[i + 1], p)) {
+                t = nodes[++i];
+                if (launched) launched(t, user);
+                continue;
+            }
+        }
+        // q's and k's rope, one after the other, in one launch
+        if (t->op == FORGE_OP_ROPE && i + 1 < n && !skip.count(nodes[i + 1])) {
+            forge_cuda_comm_before(nodes[i + 1], p);
+            if (forge_cuda_rope_pair(t, nodes[i + 1], p)) {
                 t = nodes[++i];
                 if (launched) launched(t, user);
                 continue;

@@ -217,6 +217,10 @@ std::string forge_cuda_comm_take_error(forge_cuda_comm *c);
 bool forge_cuda_add_rmsnorm(forge_tensor *add, forge_tensor *norm, const forge_cuda_params *p);
 // RMSNORM_BACK + the ADD(g, dx) after it as one kernel writing dx and dx + g (see rmsnorm.cu).
 bool forge_cuda_rmsnorm_back_add(forge_tensor *back, forge_tensor *add, const forge_cuda_params *p);
+// Two ROPE nodes in one launch (q's and k's: the same kernel, its blocks split between them).
+// Returns false, enqueueing nothing, unless both are ROPE, neither writes memory the other reads or
+// writes, and both take the same vector width (rope.cu).
+bool forge_cuda_rope_pair(forge_tensor *first, forge_tensor *second, const forge_cuda_params *p);
 // LORA_BACK with dA and/or dB added straight into F32 gradient buffers (beta = 1) instead of its
 // outputs; NULL: the output as usual (forge-cuda/lora.cu).
 void forge_cuda_lora_back_into(forge_tensor *node, const forge_cuda_params *p, float *acc_a, float *acc_b);

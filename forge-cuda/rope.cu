@@ -21,7 +21,9 @@
 // SM keep about 80 KB of loads in flight.
 // Traffic: one read and one write of x plus one position per token (the roofline).
 // In place (dst == x) is safe: a thread reads both halves of its pairs before writing either,
-// and no other thread touches them.
+// and no other thread touches them. Two ROPE nodes in a row (the model's q and k) run as one
+// launch whose blocks are split between them (forge_cuda_rope_pair, called by the backend when
+// neither node writes what the other reads or writes): one launch less per layer.
 #include "cuda.cuh"
 
 #include <algorithm>
@@ -110,9 +112,17 @@ __device__ inline int32_t pos_at(const rope_args &a, int64_t n) {
     return *(const int32_t *)(a.pos + i0 * a.pnb0 + i1 * a.pnb1 + i2 * a.pnb2);
 }
 
-template <int V> __global__ void __launch_bounds__(THREADS, 5) rope_kernel(const __grid_constant__ rope_args a) {
+// One launch for one node, or for two (q's and k's rope): blocks [0, split) run job 0, the rest job 1.
+struct rope_jobs {
+    rope_args job[2];
+    unsigned split;
+};
+
+template <int V> __global__ void __launch_bounds__(THREADS, 5) rope_kernel(const __grid_constant__ rope_jobs jobs) {
+    const bool second = blockIdx.x >= jobs.split;
+    const rope_args &a = jobs.job[second];
     const int half = a.half;
-    const int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t u = (int64_t)(blockIdx.x - (second ? jobs.split : 0)) * blockDim.x + threadIdx.x;
     int64_t q, k, n, hc;
     forge_cuda_divmod(u, a.per_head, q, k);
     forge_cuda_divmod(q, a.n_hc, n, hc);
@@ -170,12 +180,17 @@ template <int V> __global__ void __launch_bounds__(THREADS, 5) rope_kernel(const
     }
 }
 
-} // namespace
-
-void forge_cuda_rope(forge_tensor *node, const forge_cuda_params *p) {
-    if (node->op != FORGE_OP_ROPE && node->op != FORGE_OP_ROPE_BACK) return;
-    const forge_tensor *x = node->src[0], *pos = node->src[1];
+// A node's job: its arguments, vector width V and block count (0: nothing to do).
+struct rope_job {
     rope_args a;
+    int V;
+    unsigned grid;
+};
+
+rope_job job_of(const forge_tensor *node, const forge_cuda_params *p) {
+    const forge_tensor *x = node->src[0], *pos = node->src[1];
+    rope_job j{};
+    rope_args &a = j.a;
     a.x = (const char *)x->data;
     a.xtype = x->type;
     for (int i = 0; i < 4; i++) a.xnb[i] = (int64_t)x->nb[i];
@@ -194,7 +209,7 @@ void forge_cuda_rope(forge_tensor *node, const forge_cuda_params *p) {
     a.n_tok = x->ne[2] * x->ne[3];
     a.half = node->op_i[0] / 2;
     a.theta = node->op_f[0];
-    for (int j = 0; j < std::min(a.half, kTableHalf); j++) a.freq[j] = rope_freq(a.theta, j, a.half);
+    for (int k = 0; k < std::min(a.half, kTableHalf); k++) a.freq[k] = rope_freq(a.theta, k, a.half);
     a.sign = node->op == FORGE_OP_ROPE ? 1.0f : -1.0f;
     const bool copy = node->data != x->data; // in place, the dims >= n_rot are already there
     // 16-byte vectors when x's rows are dense and aligned and x and dst have one element size
@@ -202,19 +217,54 @@ void forge_cuda_rope(forge_tensor *node, const forge_cuda_params *p) {
     bool vec = (es == 2 || es == 4) && forge_type_size(node->type) == (size_t)es && a.half % VV == 0 && a.D % VV == 0 &&
                x->nb[0] == (size_t)es && (uintptr_t)x->data % 16 == 0 && (uintptr_t)node->data % 16 == 0;
     for (int i = 1; i < 4; i++) vec = vec && (x->ne[i] == 1 || x->nb[i] % 16 == 0);
-    const int V = vec ? VV : 1;
-    a.per_head = (int)((a.half + (copy ? a.D - 2 * a.half : 0)) / V);
-    if (a.per_head == 0 || a.n_tok == 0) return;
+    j.V = vec ? VV : 1;
+    a.per_head = (int)((a.half + (copy ? a.D - 2 * a.half : 0)) / j.V);
+    if (a.per_head == 0 || a.n_tok == 0) return j;
     // heads per thread: the fewest (a multiple of HB, or all H) that still fill the GPU
     const int64_t items = a.n_tok * a.per_head, want = (int64_t)p->sm_count * THREADS_PER_SM;
     const int64_t max_chunks = (a.H + HB - 1) / HB;
     const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(max_chunks, (want + items - 1) / items));
     a.hpt = (int)std::min<int64_t>(a.H, ((a.H + chunks - 1) / chunks + HB - 1) / HB * HB);
     a.n_hc = (int)((a.H + a.hpt - 1) / a.hpt);
-    const int64_t threads = items * a.n_hc;
-    const unsigned grid = (unsigned)((threads + THREADS - 1) / THREADS);
-    auto kernel = V == 8 ? rope_kernel<8> : V == 4 ? rope_kernel<4> : rope_kernel<1>;
-    kernel<<<grid, THREADS, 0, p->stream>>>(a);
+    j.grid = (unsigned)((items * a.n_hc + THREADS - 1) / THREADS);
+    return j;
+}
+
+void launch(const rope_job &j0, const rope_job *j1, const forge_cuda_params *p) {
+    const rope_jobs jobs{{j0.a, j1 ? j1->a : j0.a}, j0.grid};
+    auto kernel = j0.V == 8 ? rope_kernel<8> : j0.V == 4 ? rope_kernel<4> : rope_kernel<1>;
+    kernel<<<j0.grid + (j1 ? j1->grid : 0), THREADS, 0, p->stream>>>(jobs);
+    FORGE_CUDA_CHECK(cudaGetLastError());
+}
+
+// The bytes a tensor's elements span from its data pointer.
+int64_t span(const forge_tensor *t) {
+    int64_t s = (int64_t)forge_type_size(t->type);
+    for (int i = 0; i < 4; i++) s += (t->ne[i] - 1) * (int64_t)t->nb[i];
+    return s;
+}
+bool overlap(const forge_tensor *a, const forge_tensor *b) {
+    const char *pa = (const char *)a->data, *pb = (const char *)b->data;
+    return pa < pb + span(b) && pb < pa + span(a);
+}
+
+} // namespace
+
+void forge_cuda_rope(forge_tensor *node, const forge_cuda_params *p) {
+    if (node->op != FORGE_OP_ROPE && node->op != FORGE_OP_ROPE_BACK) return;
+    const rope_job j = job_of(node, p);
+    if (j.grid) launch(j, nullptr, p);
+}
+
+bool forge_cuda_rope_pair(forge_tensor *first, forge_tensor *second, const forge_cuda_params *p) {
+    // independent: neither writes what the other reads or writes
+    if (first->op != FORGE_OP_ROPE || second->op != FORGE_OP_ROPE || overlap(first, second) || overlap(first, second->src[0]) ||
+        overlap(first, second->src[1]) || overlap(second, first->src[0]) || overlap(second, first->src[1]))
+        return false;
+    const rope_job j0 = job_of(first, p), j1 = job_of(second, p);
+    if (!j0.grid || !j1.grid || j0.V != j1.V) return false;
+    launch(j0, &j1, p);
+    return true;
 }
 
 size_t forge_cuda_rope_work(const forge_tensor *node) {

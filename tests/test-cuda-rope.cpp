@@ -1,7 +1,8 @@
 // test-cuda-rope: ROPE and ROPE_BACK on the CUDA backend against the CPU reference, forward and
 // through autograd. Covers: Qwen2.5 (head_dim 64, 14 q / 2 kv heads, theta 1e6), Qwen3 (128, 16 /
 // 8), Gemma2 (256, 8 / 4, theta 1e4) with q and k as strided slices of a fused q/k/v tensor (the
-// gradient flows back through ACC_VIEW) in BF16 and F32; positions restarting per packed
+// gradient flows back through ACC_VIEW; the two ropes run as one launch, forge_cuda_rope_pair) in
+// BF16 and F32; positions restarting per packed
 // document and large positions (up to 131071: sincosf's slow argument reduction); partial
 // rotation (n_rot 32 of 64: the copied dims; n_rot 24: the element path); in-place use (the rope
 // of an intermediate that dies there, forward and backward); enough tokens that one thread takes
