@@ -266,12 +266,17 @@ void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p) {
 // else: the LORA_BACK's GEMMs add into the gradient themselves (beta = 1) and the ACC is skipped,
 // which saves two launches per adapted projection. Same sums: only the GEMM epilogue's fused
 // multiply-add replaces the ACC's separate rounding of dB = scale * dy^T u.
-forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &nodes) {
-    forge_cuda_fusions f;
+std::unordered_map<const forge_tensor *, int> forge_cuda_readers(const std::vector<forge_tensor *> &nodes) {
     std::unordered_map<const forge_tensor *, int> uses;
     for (const forge_tensor *t : nodes)
         for (int j = t->op == FORGE_OP_RESULT ? 1 : 0; j < t->n_src; j++) // a result does not read its producer
             if (t->src[j]) uses[t->src[j]]++;
+    return uses;
+}
+
+forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &nodes) {
+    forge_cuda_fusions f;
+    std::unordered_map<const forge_tensor *, int> uses = forge_cuda_readers(nodes);
     for (const forge_tensor *acc : nodes) {
         if (acc->op != FORGE_OP_ACC || acc->type != FORGE_TYPE_F32) continue;
         const forge_tensor *add = acc->src[1];
@@ -283,19 +288,7 @@ forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &no
         (is_b ? f.acc_into[back].b : f.acc_into[back].a) = (float *)acc->data;
         f.skip.insert(acc);
     }
-    // ACC_VIEW chains: from a first node on no base, through nodes in place on their one reader
-    std::unordered_map<const forge_tensor *, const forge_tensor *> next; // an ACC_VIEW's base -> it
-    for (const forge_tensor *t : nodes)
-        if (t->op == FORGE_OP_ACC_VIEW && t->src[0]) next[t->src[0]] = t;
-    for (const forge_tensor *t : nodes) {
-        if (t->op != FORGE_OP_ACC_VIEW || t->src[0]) continue;
-        std::vector<const forge_tensor *> chain{t};
-        for (auto it = next.find(t); it != next.end() && uses[chain.back()] == 1 && !(chain.back()->flags & FORGE_FLAG_OUTPUT) &&
-                                     it->second->data == t->data && it->second->type == t->type;
-             it = next.find(it->second))
-            chain.push_back(it->second);
-        if (forge_cuda_acc_views_tile(chain)) f.acc_view_copy.insert(chain.begin(), chain.end());
-    }
+    f.acc_view_copy = forge_cuda_acc_view_copies(nodes, uses);
     return f;
 }
 

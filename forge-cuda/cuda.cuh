@@ -154,6 +154,16 @@ __device__ inline char *forge_cuda_ptr(const forge_cuda_view &v, int64_t i0, int
     return v.data + i0 * v.nb[0] + i1 * v.nb[1] + i2 * v.nb[2] + i3 * v.nb[3];
 }
 
+// Whether two tensors' bytes (from each one's first to one past its last element) do not meet.
+inline bool forge_cuda_disjoint(const forge_tensor *s, const forge_tensor *t) {
+    auto end = [](const forge_tensor *x) {
+        uintptr_t e = (uintptr_t)x->data + forge_type_size(x->type);
+        for (int i = 0; i < 4; i++) e += (uintptr_t)((x->ne[i] - 1) * (int64_t)x->nb[i]);
+        return e;
+    };
+    return end(s) <= (uintptr_t)t->data || end(t) <= (uintptr_t)s->data;
+}
+
 #define FORGE_CUDA_CHECK(expr)                                                                     \
     do {                                                                                           \
         cudaError_t e_ = (expr);                                                                   \
@@ -231,9 +241,13 @@ void forge_cuda_lora_back_into(forge_tensor *node, const forge_cuda_params *p, f
 const forge_cuda_params *forge_cuda_backend_params(forge_backend *be);
 // Enqueues one node's kernels (nothing for leafs, views and results).
 void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p);
-// Whether a chain of ACC_VIEW nodes (the first on no base, each in place on the one before)
-// writes every element of their tensor exactly once (elementwise.cu).
-bool forge_cuda_acc_views_tile(const std::vector<const forge_tensor *> &chain);
+// How many nodes read each tensor (a RESULT does not read its producer).
+std::unordered_map<const forge_tensor *, int> forge_cuda_readers(const std::vector<forge_tensor *> &nodes);
+// The ACC_VIEW nodes that may copy their addend into their region instead of adding it: the
+// chains (a first node on no base, then each node in place on the one before, which it alone
+// reads) that write every element of their tensor exactly once (elementwise.cu).
+std::unordered_set<const forge_tensor *> forge_cuda_acc_view_copies(const std::vector<forge_tensor *> &nodes,
+                                                                    const std::unordered_map<const forge_tensor *, int> &readers);
 // The LORA_BACK nodes of a node list that add their dA / dB straight into the persistent
 // gradients (acc_into), and the ACC nodes that therefore do not run (skip); the ACC_VIEW chains
 // that tile their tensor (acc_view_copy: each node copies its region, with no zeroing and no read

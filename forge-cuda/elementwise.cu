@@ -30,6 +30,8 @@
 #include "cuda.cuh"
 
 #include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -242,12 +244,33 @@ static bool tiles_by_rows(const std::vector<const forge_tensor *> &chain, int64_
     return std::all_of(covered.begin(), covered.end(), [](char c) { return c != 0; });
 }
 
-bool forge_cuda_acc_views_tile(const std::vector<const forge_tensor *> &chain) {
+static bool tiles(const std::vector<const forge_tensor *> &chain) {
     const forge_tensor *t = chain[0];
     if (!forge_tensor_is_contiguous(t)) return false;
     for (int i = 1; i < 4; i++)
         if (t->ne[i] > 1 && tiles_by_rows(chain, (int64_t)t->nb[i])) return true;
     return tiles_by_rows(chain, (int64_t)forge_tensor_nbytes(t));
+}
+
+std::unordered_set<const forge_tensor *> forge_cuda_acc_view_copies(const std::vector<forge_tensor *> &nodes,
+                                                                    const std::unordered_map<const forge_tensor *, int> &readers) {
+    std::unordered_map<const forge_tensor *, const forge_tensor *> next; // an ACC_VIEW's base -> it
+    for (const forge_tensor *t : nodes)
+        if (t->op == FORGE_OP_ACC_VIEW && t->src[0]) next[t->src[0]] = t;
+    auto one_reader = [&](const forge_tensor *t) {
+        auto it = readers.find(t);
+        return it != readers.end() && it->second == 1 && !(t->flags & FORGE_FLAG_OUTPUT);
+    };
+    std::unordered_set<const forge_tensor *> out;
+    for (const forge_tensor *t : nodes) {
+        if (t->op != FORGE_OP_ACC_VIEW || t->src[0]) continue;
+        std::vector<const forge_tensor *> chain{t};
+        for (auto it = next.find(t); it != next.end() && one_reader(chain.back()) && it->second->data == t->data && it->second->type == t->type;
+             it = next.find(it->second))
+            chain.push_back(it->second);
+        if (tiles(chain)) out.insert(chain.begin(), chain.end());
+    }
+    return out;
 }
 
 namespace {

@@ -73,6 +73,7 @@
 #include "cuda.cuh"
 
 #include <algorithm>
+#include <initializer_list>
 #include <type_traits>
 
 namespace {
@@ -525,18 +526,6 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
         dw_reduce_kernel<<<(unsigned)((C + 31) / 32), dim3(32, 32), 0, p->stream>>>(a.part, pl.slots, C, (float *)node->res[1]->data);
 }
 
-// The bytes from the first to one past the last element of t.
-void span_of(const forge_tensor *t, uintptr_t &lo, uintptr_t &hi) {
-    lo = (uintptr_t)t->data;
-    hi = lo + forge_type_size(t->type);
-    for (int i = 0; i < 4; i++) hi += (uintptr_t)((t->ne[i] - 1) * (int64_t)t->nb[i]);
-}
-bool disjoint(const forge_tensor *s, const forge_tensor *t) {
-    uintptr_t s0, s1, t0, t1;
-    span_of(s, s0, s1);
-    span_of(t, t0, t1);
-    return s1 <= t0 || t1 <= s0;
-}
 bool contiguous(const forge_tensor *t) {
     size_t nb = forge_type_size(t->type);
     for (int i = 0; i < 4; i++) {
@@ -560,9 +549,9 @@ bool fusable(const forge_tensor *add, const forge_tensor *norm) {
     if (width_of(norm, add) != width_of(norm, nullptr)) return false; // the norm alone would cut rows differently
     for (const forge_tensor *s : {a, b}) {
         const bool in_place = s->data == add->data && s->type == add->type && contiguous(s);
-        if (!(in_place || disjoint(s, add)) || !(disjoint(s, norm) || same_memory(s, norm))) return false;
+        if (!(in_place || forge_cuda_disjoint(s, add)) || !(forge_cuda_disjoint(s, norm) || same_memory(s, norm))) return false;
     }
-    return disjoint(add, norm);
+    return forge_cuda_disjoint(add, norm);
 }
 
 // Whether an RMSNORM_BACK node and the ADD after it can run as one kernel (see the top of the file).
@@ -576,12 +565,13 @@ bool back_fusable(const forge_tensor *back, const forge_tensor *add) {
         if (g->ne[i] != back->ne[i] || add->ne[i] != back->ne[i] || x->ne[i] != back->ne[i] || dy->ne[i] != back->ne[i]) return false;
     if (width_of(back, add) != width_of(back, nullptr)) return false; // the backward alone would cut rows differently
     // dx (written) overlaps none of what the kernel reads
-    if (!disjoint(back, g) || !disjoint(back, dy) || !disjoint(back, x) || !disjoint(back, w)) return false;
+    for (const forge_tensor *t : {g, dy, x, w})
+        if (!forge_cuda_disjoint(back, t)) return false;
     // the sum: its own memory, or exactly that of dx, g, dy or x (each chunk is read, then written,
     // by one thread), never w nor dw
     for (const forge_tensor *s : {back, g, dy, x})
-        if (!same_memory(s, add) && !disjoint(s, add)) return false;
-    if (!disjoint(add, w) || (dw && !disjoint(add, dw))) return false;
+        if (!same_memory(s, add) && !forge_cuda_disjoint(s, add)) return false;
+    if (!forge_cuda_disjoint(add, w) || (dw && !forge_cuda_disjoint(add, dw))) return false;
     return true;
 }
 

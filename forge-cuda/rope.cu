@@ -27,6 +27,7 @@
 #include "cuda.cuh"
 
 #include <algorithm>
+#include <initializer_list>
 
 namespace {
 
@@ -237,17 +238,6 @@ void launch(const rope_job &j0, const rope_job *j1, const forge_cuda_params *p) 
     FORGE_CUDA_CHECK(cudaGetLastError());
 }
 
-// The bytes a tensor's elements span from its data pointer.
-int64_t span(const forge_tensor *t) {
-    int64_t s = (int64_t)forge_type_size(t->type);
-    for (int i = 0; i < 4; i++) s += (t->ne[i] - 1) * (int64_t)t->nb[i];
-    return s;
-}
-bool overlap(const forge_tensor *a, const forge_tensor *b) {
-    const char *pa = (const char *)a->data, *pb = (const char *)b->data;
-    return pa < pb + span(b) && pb < pa + span(a);
-}
-
 } // namespace
 
 void forge_cuda_rope(forge_tensor *node, const forge_cuda_params *p) {
@@ -258,9 +248,11 @@ void forge_cuda_rope(forge_tensor *node, const forge_cuda_params *p) {
 
 bool forge_cuda_rope_pair(forge_tensor *first, forge_tensor *second, const forge_cuda_params *p) {
     // independent: neither writes what the other reads or writes
-    if (first->op != FORGE_OP_ROPE || second->op != FORGE_OP_ROPE || overlap(first, second) || overlap(first, second->src[0]) ||
-        overlap(first, second->src[1]) || overlap(second, first->src[0]) || overlap(second, first->src[1]))
-        return false;
+    if (first->op != FORGE_OP_ROPE || second->op != FORGE_OP_ROPE) return false;
+    for (const forge_tensor *t : {second, second->src[0], second->src[1]})
+        if (!forge_cuda_disjoint(first, t)) return false;
+    for (const forge_tensor *t : {first->src[0], first->src[1]})
+        if (!forge_cuda_disjoint(second, t)) return false;
     const rope_job j0 = job_of(first, p), j1 = job_of(second, p);
     if (!j0.grid || !j1.grid || j0.V != j1.V) return false;
     launch(j0, &j1, p);
