@@ -6,23 +6,22 @@
 // bf16 with fp32 accumulation, ldmatrix fragments from XOR-swizzled shared memory (conflict-free;
 // per-lane offset tables make each address one add to an immediate), cp.async double buffering
 // (the next tile streams in while the current one is computed).
-//   forward  attn_rows<D, false>: a block owns 128 query rows of one (head, batch), 32 per warp at
+//   forward  attn_rows<D>: a block owns 128 query rows of one (head, batch), 32 per warp at
 //            D = 64/128 (each K/V fragment feeds two m16 tiles: half the ldmatrix traffic per mma),
 //            16 at D = 256 (and 16 at D = 64/128 when the grid would hold at most one block per SM:
 //            64 rows per block, twice the blocks, half the longest chain of tiles - Qwen2.5-0.5B's
 //            1 x 512 has 56 blocks of 128 rows); it streams the K/V tiles its rows may see: S = Q K^T, online softmax in
 //            the log2 domain (one FFMA + one ex2 per score, the scale riding in the FFMA; O is
 //            rescaled only when some row max moved), O += P V; writes O (bf16) and LSE (fp32).
-//   backward attn_rows<D, true> (dq): the same loop over 64 (D <= 128) or 128 query rows; first
-//            D_i = dO_i . O_i and LSE*log2e of its rows (also to scratch, padded to Tp rows, for
-//            attn_cols), then per key tile P = exp2(S scale log2e - L), dP = dO V^T,
-//            dS = P (dP - D_i) softcap', dq += dS K. When the dq and dk/dv grids together are
-//            under two waves (small batches), attn_stats<D> writes that scratch first instead
-//            (the same bits) and dq runs on the side stream beside dk/dv: measured on the H200,
-//            Qwen2.5-0.5B 1 x 512's attention backward 1.35-1.40 -> 1.05-1.07 ms (the step
-//            8.41-8.55 -> 8.25-8.43 ms over two calls), while at 4 x 1024 the two grids only
-//            slowed each other (Qwen3-0.6B 10.2 -> 10.5 ms, with the extra statistics pass).
-//            attn_cols<D> (dk, dv): a block owns 16 key rows per warp (D <= 128) or per pair of
+//   backward attn_stats<D>: D_i = dO_i . O_i and LSE*log2e of every query row (scratch, padded to
+//            Tp rows). Then attn_cols<D> (dk, dv, dS^T), and attn_dq<D>: dq = scale dS K, a block
+//            of 128 query rows (64 at small grids, as the forward) streaming 64-key tiles of dS^T
+//            and K, dS read through ldmatrix.trans as A fragments. dS^T (bf16, the fragments dk's
+//            product uses) goes through global memory: the causal half of B Hq T^2 / 2 bytes, tiles
+//            of 64 x 64 (31-67 MB at the 4 x 1024 steps of Qwen2.5/Qwen3/Gemma2). It replaces
+//            FA2's atomics on dq and a second pass that recomputed S and dP for dq (14D flop per
+//            pair, against 10D now, plus 2 bytes written and read).
+//            attn_cols<D>: a block owns 16 key rows per warp (D <= 128) or per pair of
 //            warps (D = 256) of one kv head; it loops over the query heads of its group (all, or
 //            one of `hsplit` parts when there are too few warps to fill the GPU) and the query
 //            tiles that see its keys: S^T = K Q^T, dP^T = V dO^T, dv += P^T dO, dk += dS^T Q, all
@@ -34,6 +33,8 @@
 //            words per lane): S and dP are computed once, for 12 16-byte shared accesses per lane
 //            and two pair barriers per step (against 80 ldmatrix.x4). hsplit = 1: it writes dk
 //            (times scale) and dv; else fp32 partials that attn_dkdv_sum adds in a fixed order.
+//            Each warp stores its dS^T (zeros where its keys see none of the tile's queries), so
+//            that every tile of a query tile the block visits is whole for attn_dq.
 //   Every value is written by exactly one thread: no atomics, bit-for-bit deterministic.
 // Launch shape: 1-D grids ordered so that the longest blocks (the last query tiles; the first key
 // tiles under a causal mask) are dispatched first; 2 blocks of 4 warps per SM (8 warps of one
@@ -45,8 +46,7 @@
 // and each warp classifies each tile for its own rows (nothing to do / every pair allowed / test
 // each pair): only boundary tiles run the element tests, in a separately compiled variant of the
 // tile step; softcap is a compile-time variant too.
-// Work per (query, key) pair: forward 4D flop, backward 14D (FA2's 10D plus one recomputation of S
-// and dP for dq, the price of determinism without atomics). Traffic: each K/V (or Q/dO) tile is
+// Work per (query, key) pair: forward 4D flop, backward 10D (FA2's) and 4 bytes of dS^T traffic. Traffic: each K/V (or Q/dO) tile is
 // read once per block from L2 and reused by every warp (~100-250 flop per byte of L2 traffic);
 // shared memory gives one ldmatrix.x4 per 2.7-3.2 mma (D = 64/128 forward) or per 1.4-2 mma
 // (backward, the D = 256 pair exchange counted as ldmatrix), so the kernels are bound by mma.sync
@@ -74,6 +74,8 @@ constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 constexpr int kDocGroup = 16; // tokens per entry of the document table
 constexpr int kThreads = 128; // threads per block of the generic kernels
 constexpr int kRowPad = 64;   // the backward's per-row scratch (D_i, LSE) pads T to a multiple of this
+constexpr int kDsTile = 64;   // the backward's dS^T is stored in tiles of kDsTile keys x kDsTile queries
+static_assert(kRowPad % kDsTile == 0, "Tp is a whole number of dS^T tiles");
 
 enum { kSkip, kPartial, kFull };
 
@@ -86,7 +88,8 @@ struct attn_args {
     float *di, *l2;                             // backward: D_i and LSE*log2e of query row qrow(h, i, b)
     float *part;                                // backward, tensor cores, hsplit > 1: dk then dv partials [hsplit][B][Hkv][T][D]
     int D, Hq, Hkv, T, Tp, B, group, window, doc_groups, hsplit; // Tp: T rounded up to kRowPad
-    bool dq_stats; // backward: attn_rows<D, true> writes D_i and LSE*log2e for attn_cols (else attn_stats has)
+    bf16 *ds;     // backward, tensor cores: dS^T of every (b, h), see ds_tile
+    int ds_tiles; // tiles of dS^T per (b, h)
     float scale, cap, mul, cap2; // mul = scale/cap (softcap) or scale*log2e; cap2 = cap*log2e
 
     __device__ char *row(const forge_cuda_view &t, int h, int i, int b) const {
@@ -96,6 +99,11 @@ struct attn_args {
         return kLog2e * *(const float *)(lse.data + h * lse.nb[0] + (int64_t)i * lse.nb[1] + (int64_t)b * lse.nb[2]);
     }
     __device__ int64_t qrow(int h, int i, int b) const { return i + (int64_t)Tp * (h + (int64_t)Hq * b); }
+    // The 64 x 64 tile of dS^T (key rows, query columns; bf16, unscaled) of key tile kb and query
+    // tile qb >= kb of (b, h): causal, so only those tiles exist, packed by qb (qb + 1) / 2 + kb.
+    __device__ bf16 *ds_tile(int b, int h, int qb, int kb) const {
+        return ds + (((int64_t)b * Hq + h) * ds_tiles + qb * (qb + 1) / 2 + kb) * (kDsTile * kDsTile);
+    }
     __device__ int doc_id(int i, int b) const {
         return doc.data ? *(const int *)(doc.data + (int64_t)i * doc.nb[0] + (int64_t)b * doc.nb[1]) : 0;
     }
@@ -319,9 +327,7 @@ __device__ __forceinline__ float dot8(uint4 x, uint4 y) {
 }
 
 // The backward's per-row statistics for attn_cols: D_i = dO_i . O_i and LSE_i log2e of every
-// query row qrow(h, i, b), rows [T, Tp) zero. D / 8 lanes per row, one 16-byte chunk each, summed
-// as attn_rows<D, true> sums its own copy (so both hold the same bits). It runs first, so that
-// attn_rows (dq) and attn_cols (dk, dv) can run side by side.
+// query row qrow(h, i, b), rows [T, Tp) zero. D / 8 lanes per row, one 16-byte chunk each.
 template <int D>
 __global__ void attn_stats(const attn_args a) {
     constexpr int CH = D / 8;
@@ -497,52 +503,45 @@ __device__ __forceinline__ void warp_store_rows(const float (&c)[DO / 8][4], con
 
 // ---- tensor-core kernels ------------------------------------------------------------------------
 
-// attn_rows tiles per head_dim, forward and dq: NW warps of MT x 16 query rows (BM = 16 MT NW rows
-// per block), BN keys per step, the warp's Q (and dO) fragments kept in registers (QREG) or
-// reloaded from shared memory, MINB blocks per SM asked of the register allocator. Two m16 tiles
+// attn_rows tiles per head_dim (the forward): NW warps of MT x 16 query rows (BM = 16 MT NW rows
+// per block), BN keys per step, MINB blocks per SM asked of the register allocator. Two m16 tiles
 // per warp (MT = 2) halve the ldmatrix traffic per mma (each K/V fragment feeds both); D = 256
-// and dq keep MT = 1 for the accumulators to fit in registers. The forward's 64-key steps at
-// D = 128 and 256 (from 32) halve its barriers and softmax bookkeeping per key: measured on the
-// H200 (bench-kernels, B 4, causal), Qwen3-0.6B's forward 89.2 -> 85.4 us at T 1024 and 1027 ->
-// 930 us at T 4096, Gemma2-2B's (softcap) 110 -> 93 us and 1397 -> 1144 us. Tried there without
-// a gain: 128-key steps at D = 64, 64-query steps of attn_cols at D = 128.
-template <int D, bool DQ> struct rows_cfg;
-template <> struct rows_cfg<64, false> { static constexpr int NW = 4, MT = 2, BN = 64, MINB = 2; static constexpr bool QREG = false; };
-template <> struct rows_cfg<128, false> { static constexpr int NW = 4, MT = 2, BN = 64, MINB = 2; static constexpr bool QREG = false; };
-template <> struct rows_cfg<256, false> { static constexpr int NW = 8, MT = 1, BN = 64, MINB = 1; static constexpr bool QREG = false; };
-template <> struct rows_cfg<64, true> { static constexpr int NW = 4, MT = 1, BN = 64, MINB = 2; static constexpr bool QREG = true; };
-template <> struct rows_cfg<128, true> { static constexpr int NW = 4, MT = 1, BN = 64, MINB = 2; static constexpr bool QREG = false; };
-template <> struct rows_cfg<256, true> { static constexpr int NW = 8, MT = 1, BN = 32, MINB = 1; static constexpr bool QREG = false; };
+// keeps MT = 1 for the accumulators to fit in registers. The 64-key steps at D = 128 and 256
+// (from 32) halve the barriers and softmax bookkeeping per key: measured on the H200
+// (bench-kernels, B 4, causal), Qwen3-0.6B's forward 89.2 -> 85.4 us at T 1024 and 1027 -> 930 us
+// at T 4096, Gemma2-2B's (softcap) 110 -> 93 us and 1397 -> 1144 us. Tried there without a gain:
+// 128-key steps at D = 64, 64-query steps of attn_cols at D = 128.
+template <int D> struct rows_cfg;
+template <> struct rows_cfg<64> { static constexpr int NW = 4, MT = 2, BN = 64, MINB = 2; };
+template <> struct rows_cfg<128> { static constexpr int NW = 4, MT = 2, BN = 64, MINB = 2; };
+template <> struct rows_cfg<256> { static constexpr int NW = 8, MT = 1, BN = 64, MINB = 1; };
 
-// MT is a parameter of the kernel (the configured one, or 1: the forward's small-grid form, below).
-template <int D, bool DQ, int MT = rows_cfg<D, DQ>::MT>
-__host__ __device__ constexpr int rows_bm() { return 16 * MT * rows_cfg<D, DQ>::NW; }
-template <int D, bool DQ, int MT = rows_cfg<D, DQ>::MT>
+// MT is a parameter of the kernel (the configured one, or 1: the small-grid form, see run_tc).
+template <int D, int MT = rows_cfg<D>::MT>
+__host__ __device__ constexpr int rows_bm() { return 16 * MT * rows_cfg<D>::NW; }
+template <int D, int MT = rows_cfg<D>::MT>
 constexpr size_t rows_smem() {
-    constexpr int BM = rows_bm<D, DQ, MT>(), BN = rows_cfg<D, DQ>::BN;
-    return (size_t)((DQ ? 2 : 1) * BM * D + 4 * BN * D) * sizeof(bf16) + 2 * BN * sizeof(int) + (DQ ? 2 * BM * sizeof(float) : 0);
+    constexpr int BM = rows_bm<D, MT>(), BN = rows_cfg<D>::BN;
+    return (size_t)(BM * D + 4 * BN * D) * sizeof(bf16) + 2 * BN * sizeof(int);
 }
 
-// Forward (DQ = false) or dq (DQ = true) for BM query rows of one (head, batch); CAP: softcap.
+// The forward for BM query rows of one (head, batch); CAP: softcap.
 // Block x = (query tile from the last) * Hq B + h + Hq b.
-template <int D, bool DQ, bool CAP, int MT>
-__global__ void __launch_bounds__(32 * rows_cfg<D, DQ>::NW, rows_cfg<D, DQ>::MINB) attn_rows(const attn_args a) {
-    using C = rows_cfg<D, DQ>;
-    constexpr int BN = C::BN, NT = 32 * C::NW, WM = 16 * MT, BM = rows_bm<D, DQ, MT>();
+template <int D, bool CAP, int MT>
+__global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_rows(const attn_args a) {
+    using C = rows_cfg<D>;
+    constexpr int BN = C::BN, NT = 32 * C::NW, WM = 16 * MT, BM = rows_bm<D, MT>();
     extern __shared__ __align__(128) unsigned char smem[];
-    bf16 *sQ = (bf16 *)smem;                 // [BM][D] q rows, then the output rows
-    bf16 *sdO = sQ + BM * D;                 // DQ: [BM][D] dO rows
-    bf16 *sK = sQ + (DQ ? 2 : 1) * BM * D;   // [2][BN][D]
-    bf16 *sV = sK + 2 * BN * D;              // [2][BN][D]
-    int *sDoc = (int *)(sV + 2 * BN * D);    // [2][BN] doc ids of the keys
-    float *sStat = (float *)(sDoc + 2 * BN); // DQ: [2][BM] D_i and LSE*log2e of the rows
+    bf16 *sQ = (bf16 *)smem;              // [BM][D] q rows, then the output rows
+    bf16 *sK = sQ + BM * D;               // [2][BN][D]
+    bf16 *sV = sK + 2 * BN * D;           // [2][BN][D]
+    int *sDoc = (int *)(sV + 2 * BN * D); // [2][BN] doc ids of the keys
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int HB = a.Hq * a.B, hb = (int)(blockIdx.x % HB), h = hb % a.Hq, b = hb / a.Hq, hk = h / a.group;
     const int i0 = ((a.T + BM - 1) / BM - 1 - (int)(blockIdx.x / HB)) * BM; // the last (longest) query tiles first
     const int iend = min(i0 + BM, a.T), w0 = warp * WM;                    // the warp's rows: i0 + w0 + [0, WM)
 
     load_tile<BM, D, NT>(sQ, a.row(a.q, h, i0, b), a.q.nb[2], iend - i0, tid);
-    if (DQ) load_tile<BM, D, NT>(sdO, a.row(a.dout, h, i0, b), a.dout.nb[2], iend - i0, tid);
     cp_async_commit();
     if (!a.doc.data)
         for (int r = tid; r < 2 * BN; r += NT) sDoc[r] = 0;
@@ -569,64 +568,23 @@ __global__ void __launch_bounds__(32 * rows_cfg<D, DQ>::NW, rows_cfg<D, DQ>::MIN
             rows[mt][e] = i0 + w0 + mt * 16 + gq + 8 * e;
             rdoc[mt][e] = rows[mt][e] < a.T ? a.doc_id(rows[mt][e], b) : 0;
         }
-    // dq: D_i = dO_i . O_i and LSE*log2e of the warp's rows; a row of CH 16-byte chunks is summed
-    // by CH lanes. The O and LSE loads are issued before waiting for the tiles.
-    constexpr int CH = D / 8, RPP = 32 / CH, NO = DQ ? WM / RPP : 1;
-    uint4 orow[NO];
-    float lrow[NO];
-    if constexpr (DQ) {
-#pragma unroll
-        for (int k = 0; k < NO; k++) {
-            const int i = i0 + w0 + k * RPP + lane / CH;
-            orow[k] = i < a.T ? *(const uint4 *)(a.row(a.o, h, i, b) + lane % CH * 16) : make_uint4(0, 0, 0, 0);
-            lrow[k] = i < a.T && lane % CH == 0 ? a.lse2(h, i, b) : 0.0f;
-        }
-    }
-    cp_async_wait<1>(); // the q (and dO) rows
+    cp_async_wait<1>(); // the q rows
     __syncthreads();
     const lane_offs<D> lo(lane);
-    const uint32_t uQ = smem_addr(sQ), udO = smem_addr(sdO), uK = smem_addr(sK), uV = smem_addr(sV);
-    afrags<MT, D, C::QREG> fq, fdo;
-    fq.init(uQ + w0 * 2 * D, lo);
+    const uint32_t uK = smem_addr(sK), uV = smem_addr(sV);
+    afrags<MT, D, false> fq;
+    fq.init(smem_addr(sQ) + w0 * 2 * D, lo);
     float acc[MT][D / 8][4] = {};
-    float rs[MT][2][2]; // forward: running max (score units) and partial sum of each row; dq: LSE*log2e and D_i
-    if constexpr (DQ) {
-        fdo.init(udO + w0 * 2 * D, lo);
+    float rs[MT][2][2]; // running max (score units) and partial sum of each row
 #pragma unroll
-        for (int k = 0; k < NO; k++) {
-            const int row = w0 + k * RPP + lane / CH, c = lane % CH, i = i0 + row;
-            float s = dot8(orow[k], *(const uint4 *)(sdO + swz<D>(row, c * 8)));
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int o = CH / 2; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (c == 0) {
-                const float l2 = lrow[k];
-                sStat[row] = l2;
-                sStat[BM + row] = s;
-                if (a.dq_stats && i < a.Tp) {
-                    a.l2[a.qrow(h, i, b)] = l2;
-                    a.di[a.qrow(h, i, b)] = s;
-                }
-            }
+        for (int e = 0; e < 2; e++) {
+            rs[mt][e][0] = -INFINITY;
+            rs[mt][e][1] = 0.0f;
         }
-        __syncwarp();
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                rs[mt][e][0] = sStat[w0 + mt * 16 + gq + 8 * e];
-                rs[mt][e][1] = sStat[BM + w0 + mt * 16 + gq + 8 * e];
-            }
-    } else {
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                rs[mt][e][0] = -INFINITY;
-                rs[mt][e][1] = 0.0f;
-            }
-    }
-    // scores of the forward are kept in score units (times scl in the log2 domain): the scale rides
-    // in the FFMA of the exponent
+    // scores are kept in score units (times scl in the log2 domain): the scale rides in the FFMA
+    // of the exponent
     const float scl = CAP ? 1.0f : a.mul;
 
     for (int st = 0; jt <= jt_hi; st ^= 1) {
@@ -645,77 +603,52 @@ __global__ void __launch_bounds__(32 * rows_cfg<D, DQ>::NW, rows_cfg<D, DQ>::MIN
             constexpr bool MASK = decltype(masked)::value;
             float s[MT][BN / 8][4] = {};
             gemm_nt<MT, BN, D>(s, fq, tK, lo);
-            uint32_t f[MT][BN / 16][4];
-            if constexpr (DQ) {
-                float dp[MT][BN / 8][4] = {};
-                gemm_nt<MT, BN, D>(dp, fdo, tV, lo);
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int nt = 0; nt < BN / 8; nt++)
+                for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int r = e >> 1, jj = nt * 8 + 2 * tq + (e & 1);
-                            float p, dc = 1.0f;
-                            if constexpr (CAP) {
-                                const float t = tanh_sfu(s[mt][nt][e] * a.mul);
-                                dc = 1.0f - t * t;
-                                p = ex2(a.cap2 * t - rs[mt][r][0]);
-                            } else {
-                                p = ex2(fmaf(s[mt][nt][e], a.mul, -rs[mt][r][0]));
-                            }
-                            if (MASK && !a.allowed(rows[mt][r], j0 + jj, rdoc[mt][r], tDoc[jj])) p = 0.0f;
-                            dp[mt][nt][e] = p * (dp[mt][nt][e] - rs[mt][r][1]) * dc;
-                        }
-                to_frags<MT, BN>(dp, f);
-                gemm_nn<MT, BN, D, D>(acc, f, tK, lo); // dq += dS K
-            } else {
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            float x = s[mt][nt][e];
-                            if constexpr (CAP) x = a.cap2 * tanh_sfu(x * a.mul);
-                            if (MASK && !a.allowed(rows[mt][e >> 1], j0 + nt * 8 + 2 * tq + (e & 1), rdoc[mt][e >> 1], tDoc[nt * 8 + 2 * tq + (e & 1)]))
-                                x = -INFINITY;
-                            s[mt][nt][e] = x;
-                        }
-                float alpha[MT][2];
-                bool rescale = false;
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int r = 0; r < 2; r++) { // online softmax of row r (the lanes of a quad share a row)
-                        float mx = rs[mt][r][0];
-#pragma unroll
-                        for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                        const float ms = mx == -INFINITY ? 0.0f : mx * scl;
-                        alpha[mt][r] = ex2(rs[mt][r][0] * scl - ms);
-                        rescale |= alpha[mt][r] != 1.0f;
-                        rs[mt][r][0] = mx;
-                        float sum = 0.0f;
-#pragma unroll
-                        for (int nt = 0; nt < BN / 8; nt++) {
-                            s[mt][nt][2 * r] = ex2(fmaf(s[mt][nt][2 * r], scl, -ms));
-                            s[mt][nt][2 * r + 1] = ex2(fmaf(s[mt][nt][2 * r + 1], scl, -ms));
-                            sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
-                        }
-                        rs[mt][r][1] = rs[mt][r][1] * alpha[mt][r] + sum;
+                    for (int e = 0; e < 4; e++) {
+                        float x = s[mt][nt][e];
+                        if constexpr (CAP) x = a.cap2 * tanh_sfu(x * a.mul);
+                        if (MASK && !a.allowed(rows[mt][e >> 1], j0 + nt * 8 + 2 * tq + (e & 1), rdoc[mt][e >> 1], tDoc[nt * 8 + 2 * tq + (e & 1)]))
+                            x = -INFINITY;
+                        s[mt][nt][e] = x;
                     }
-                if (__any_sync(0xffffffffu, rescale)) // some row max moved: rescale O (exact when skipped: alpha is 1)
+            float alpha[MT][2];
+            bool rescale = false;
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                        for (int dt = 0; dt < D / 8; dt++)
+                for (int r = 0; r < 2; r++) { // online softmax of row r (the lanes of a quad share a row)
+                    float mx = rs[mt][r][0];
 #pragma unroll
-                            for (int e = 0; e < 4; e++) acc[mt][dt][e] *= alpha[mt][e >> 1];
-                to_frags<MT, BN>(s, f);
-                gemm_nn<MT, BN, D, D>(acc, f, tV, lo); // O += P V
-            }
+                    for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float ms = mx == -INFINITY ? 0.0f : mx * scl;
+                    alpha[mt][r] = ex2(rs[mt][r][0] * scl - ms);
+                    rescale |= alpha[mt][r] != 1.0f;
+                    rs[mt][r][0] = mx;
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int nt = 0; nt < BN / 8; nt++) {
+                        s[mt][nt][2 * r] = ex2(fmaf(s[mt][nt][2 * r], scl, -ms));
+                        s[mt][nt][2 * r + 1] = ex2(fmaf(s[mt][nt][2 * r + 1], scl, -ms));
+                        sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
+                    }
+                    rs[mt][r][1] = rs[mt][r][1] * alpha[mt][r] + sum;
+                }
+            if (__any_sync(0xffffffffu, rescale)) // some row max moved: rescale O (exact when skipped: alpha is 1)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int dt = 0; dt < D / 8; dt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[mt][dt][e] *= alpha[mt][e >> 1];
+            uint32_t f[MT][BN / 16][4];
+            to_frags<MT, BN>(s, f);
+            gemm_nn<MT, BN, D, D>(acc, f, tV, lo); // O += P V
         };
         // the warp's own view of the tile: nothing to do, every pair allowed, or test each pair
         const int cls = a.tile_class(b, i0 + w0, i0 + w0 + WM, j0, j0 + BN);
@@ -730,20 +663,32 @@ __global__ void __launch_bounds__(32 * rows_cfg<D, DQ>::NW, rows_cfg<D, DQ>::MIN
         float mul[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            if constexpr (DQ) {
-                mul[r] = a.scale;
-            } else {
-                float l = rs[mt][r][1];
-                l += __shfl_xor_sync(0xffffffffu, l, 1);
-                l += __shfl_xor_sync(0xffffffffu, l, 2);
-                mul[r] = 1.0f / l;
-                if (a.lse.data && tq == 0 && rows[mt][r] < a.T)
-                    *(float *)(a.lse.data + h * a.lse.nb[0] + (int64_t)rows[mt][r] * a.lse.nb[1] + (int64_t)b * a.lse.nb[2]) =
-                        (rs[mt][r][0] * scl + log2f(l)) * kLn2;
-            }
+            float l = rs[mt][r][1];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            mul[r] = 1.0f / l;
+            if (a.lse.data && tq == 0 && rows[mt][r] < a.T)
+                *(float *)(a.lse.data + h * a.lse.nb[0] + (int64_t)rows[mt][r] * a.lse.nb[1] + (int64_t)b * a.lse.nb[2]) =
+                    (rs[mt][r][0] * scl + log2f(l)) * kLn2;
         }
         const int r0 = w0 + mt * 16;
         warp_store_rows<D, D>(acc[mt], mul, sQ, r0, 0, a.row(a.out, h, i0 + r0, b), a.out.nb[2], iend - i0 - r0, lane);
+    }
+}
+
+// Stores a warp's dS^T fragments (16 key rows x NQ query columns, as to_frags made them) at t,
+// a position in a tile of dS^T (rows kDsTile bf16 apart): a quad's 4-byte stores cover 16 bytes
+// of a row, the two halves of a fragment's columns one 32-byte sector.
+template <int NQ>
+__device__ __forceinline__ void store_ds(bf16 *t, const uint32_t (&f)[NQ / 16][4], int lane) {
+    constexpr int ROW = kDsTile / 2; // words per row
+    uint32_t *w = (uint32_t *)t + (lane >> 2) * ROW + (lane & 3);
+#pragma unroll
+    for (int k = 0; k < NQ / 16; k++) {
+        w[8 * k] = f[k][0];
+        w[8 * k + 8 * ROW] = f[k][1];
+        w[8 * k + 4] = f[k][2];
+        w[8 * k + 4 + 8 * ROW] = f[k][3];
     }
 }
 
@@ -777,7 +722,7 @@ template <int D, bool CAP>
 __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_cols(const attn_args a) {
     using C = cols_cfg<D>;
     constexpr int BQ = C::BQ, DS = C::DS, DO = D / DS, NT = 32 * C::NW, BN = cols_bn<D>(), XS = cols_xslots<D>();
-    constexpr int NQ = BQ / DS; // query columns of a step whose P^T and dS^T the warp computes
+    constexpr int NQ = BQ / DS;
     static_assert((DS == 1 || DS == 2) && NQ % 16 == 0, "key rows are shared by a pair of warps at most, query columns split in whole fragments");
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *sK = (bf16 *)smem;                 // [BN][D] k rows, then the dk rows
@@ -790,6 +735,7 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     uint4 *sX = (uint4 *)(sDoc + 2 * BQ);    // DS = 2: [NW][XS][32] exchange slots
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int slab = warp / DS, hi = warp % DS, col0 = hi * DO; // the warp's key rows and slice
+    const int qc0 = hi * NQ; // the query columns of a step whose P^T and dS^T the warp computes
     int x = (int)blockIdx.x;
     const int part = x % a.hsplit;
     x /= a.hsplit;
@@ -851,6 +797,8 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
         }
         __syncthreads();
         const int q0 = qt * BQ;
+        // where this warp's dS^T goes: its key rows and query columns of a tile of the dq kernel's
+        bf16 *const ds_dst = a.ds_tile(b, g * a.group + hh, q0 / kDsTile, j0 / kDsTile) + slab * 16 * kDsTile + q0 % kDsTile + qc0;
         const uint32_t tQ = uQ + st * BQ * D * 2, tdO = udO + st * BQ * D * 2;
         const float *tL = sL + st * BQ, *tDi = sDi + st * BQ;
         const int *tDoc = sDoc + st * BQ;
@@ -860,7 +808,6 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
             gemm_nt<1, BQ, D, DO>(s, fk, tQ + col0 * 2, lo);   // S^T  = K Q^T over the warp's slice of the depth
             gemm_nt<1, BQ, D, DO>(dp, fv, tdO + col0 * 2, lo); // dP^T = V dO^T
             // ps, ds: the whole S^T and dP^T of the warp's query columns qc0 + [0, NQ)
-            const int qc0 = hi * NQ;
             float ps[1][NQ / 8][4], ds[1][NQ / 8][4];
             uint4 *mine = sX + warp * XS * 32 + lane;                 // DS = 2: slots the partner reads
             const uint4 *theirs = sX + (warp ^ 1) * XS * 32 + lane; // and the partner's
@@ -920,10 +867,12 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
             if constexpr (DS == 1) {
                 to_frags<1, BQ>(ps, fp);
                 to_frags<1, BQ>(ds, fds);
+                store_ds<NQ>(ds_dst, fds[0], lane);
             } else { // hand the fragments of our columns to the partner, take those of its columns
                 uint32_t op[1][NQ / 16][4], od[1][NQ / 16][4], tp[NQ / 16][4], td[NQ / 16][4];
                 to_frags<1, NQ>(ps, op);
                 to_frags<1, NQ>(ds, od);
+                store_ds<NQ>(ds_dst, od[0], lane);
 #pragma unroll
                 for (int k = 0; k < NQ / 16; k++) {
                     mine[(BQ / 8 + k) * 32] = make_uint4(op[0][k][0], op[0][k][1], op[0][k][2], op[0][k][3]);
@@ -950,10 +899,16 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
             gemm_nn<1, BQ, DO, D>(dv, fp, tdO + col0 * 2, lo); // dV += P^T dO
             gemm_nn<1, BQ, DO, D>(dk, fds, tQ + col0 * 2, lo); // dK += dS^T Q
         };
-        // the warp's own view of the tile: nothing to do, every pair allowed, or test each pair
+        // the warp's own view of the tile: nothing to do (dS^T = 0), every pair allowed, or test each pair
         const int cls = a.tile_class(b, q0, q0 + BQ, wj0, wj0 + 16);
-        if (cls == kFull) step(std::false_type());
-        else if (cls == kPartial) step(std::true_type());
+        if (cls == kFull) {
+            step(std::false_type());
+        } else if (cls == kPartial) {
+            step(std::true_type());
+        } else {
+            const uint32_t zero[NQ / 16][4] = {};
+            store_ds<NQ>(ds_dst, zero, lane);
+        }
         __syncthreads();
         hh = nh;
         qt = nq;
@@ -998,6 +953,87 @@ __global__ void attn_dkdv_sum(const attn_args a) {
     if (a.dv.data) forge_cuda_store(a.dv.type, a.row(a.dv, g, j, b) + d * a.dv.nb[0], sv);
 }
 
+// attn_dq tiles per head_dim: NW warps of MT x 16 query rows (BM = 16 MT NW = 128 rows per block,
+// 64 in the small-grid form MT = 1), one 64-key tile of dS^T and of K per step, MINB blocks per SM. A warp's rows lie
+// in one of attn_cols' query tiles (16 MT <= BQ), so the dS^T it reads was all written.
+template <int D> struct dq_cfg;
+template <> struct dq_cfg<64> { static constexpr int NW = 4, MT = 2, MINB = 2; };
+template <> struct dq_cfg<128> { static constexpr int NW = 4, MT = 2, MINB = 2; };
+template <> struct dq_cfg<256> { static constexpr int NW = 8, MT = 1, MINB = 1; };
+
+template <int D, int MT = dq_cfg<D>::MT>
+__host__ __device__ constexpr int dq_bm() { return 16 * MT * dq_cfg<D>::NW; }
+template <int D, int MT = dq_cfg<D>::MT>
+constexpr size_t dq_smem() { return (size_t)(2 * kDsTile * D + 2 * dq_bm<D, MT>() * kDsTile) * sizeof(bf16); }
+
+// dq = scale * sum over key tiles of dS K, for BM query rows of one (head, batch): dS comes from
+// attn_cols (dS^T tiles, read through ldmatrix.trans as A fragments), K from its rows.
+// Block x = (query tile from the last) * Hq B + h + Hq b.
+template <int D, int MT>
+__global__ void __launch_bounds__(32 * dq_cfg<D>::NW, dq_cfg<D>::MINB) attn_dq(const attn_args a) {
+    constexpr int NT = 32 * dq_cfg<D>::NW, WM = 16 * MT, BM = dq_bm<D, MT>(), BN = kDsTile, NS = BM / kDsTile;
+    static_assert(16 * MT <= cols_cfg<D>::BQ && cols_bn<D>() == kDsTile, "a warp's rows in one query tile of attn_cols, its key tiles 64 wide");
+    extern __shared__ __align__(128) unsigned char smem[];
+    bf16 *sK = (bf16 *)smem;      // [2][BN][D] k rows, then the output rows (2 BN >= BM)
+    bf16 *sS = sK + 2 * BN * D;   // [2][NS][BN][64] dS^T: key rows, query columns
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int HB = a.Hq * a.B, hb = (int)(blockIdx.x % HB), h = hb % a.Hq, b = hb / a.Hq, hk = h / a.group;
+    const int i0 = ((a.T + BM - 1) / BM - 1 - (int)(blockIdx.x / HB)) * BM; // the last (longest) query tiles first
+    const int iend = min(i0 + BM, a.T), w0 = warp * WM;                    // the warp's rows: i0 + w0 + [0, WM)
+    const int kt_hi = (iend - 1) / BN;
+    auto next_tile = [&](int kt) { // the next key tile some row of the block may see
+        while (kt <= kt_hi && a.tile_class(b, i0, i0 + BM, kt * BN, kt * BN + BN) == kSkip) kt++;
+        return kt;
+    };
+    auto load = [&](int kt, int st) {
+        const int j0 = kt * BN, n = min(BN, a.T - j0);
+        load_tile<BN, D, NT>(sK + st * BN * D, a.row(a.k, hk, j0, b), a.k.nb[2], n, tid);
+#pragma unroll
+        for (int s = 0; s < NS; s++) { // the query tiles of dS^T attn_cols wrote (qb >= kt), else zeros
+            const int qb = i0 / kDsTile + s, q0 = qb * kDsTile;
+            const bool seen = q0 < a.T && a.tile_class(b, q0, q0 + kDsTile, j0, j0 + BN) != kSkip;
+            load_tile<BN, kDsTile, NT>(sS + (st * NS + s) * BN * kDsTile, (const char *)a.ds_tile(b, h, min(max(qb, kt), a.Tp / kDsTile - 1), kt),
+                                       kDsTile * sizeof(bf16), seen ? n : 0, tid);
+        }
+        cp_async_commit();
+    };
+    int kt = next_tile(a.first_key(i0) / BN);
+    load(kt, 0);
+    const lane_offs<D> lo(lane);
+    const lane_offs<kDsTile> ls(lane);
+    const uint32_t uK = smem_addr(sK), uS = smem_addr(sS) + (w0 / kDsTile) * BN * kDsTile * 2;
+    const int m0 = w0 % kDsTile; // the warp's first query column in its dS^T tile
+    float acc[MT][D / 8][4] = {};
+
+    for (int st = 0; kt <= kt_hi; st ^= 1) {
+        const int kn = next_tile(kt + 1);
+        if (kn <= kt_hi) {
+            load(kn, st ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (a.tile_class(b, i0 + w0, i0 + w0 + WM, kt * BN, kt * BN + BN) != kSkip) {
+            uint32_t f[MT][BN / 16][4];
+            const uint32_t tS = uS + st * NS * BN * kDsTile * 2;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; kk++) ldsm_x4_t(f[mt][kk], tS + kk * 16 * kDsTile * 2 + ls.b[m0 / 16 + mt]);
+            gemm_nn<MT, BN, D, D>(acc, f, uK + st * BN * D * 2, lo); // dq += dS K
+        }
+        __syncthreads();
+        kt = kn;
+    }
+    const float mul[2] = {a.scale, a.scale};
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int r0 = w0 + mt * 16;
+        warp_store_rows<D, D>(acc[mt], mul, sK, r0, 0, a.row(a.out, h, i0 + r0, b), a.out.nb[2], iend - i0 - r0, lane);
+    }
+}
+
 // ---- host side ----------------------------------------------------------------------------------
 
 size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -1021,45 +1057,35 @@ void launch(K kernel, int64_t blocks, int threads, size_t smem, const attn_args 
     FORGE_CUDA_CHECK(cudaGetLastError());
 }
 
-// The backward: dq then dk/dv; or, when both grids fit in two waves of two blocks per SM, the row
-// statistics, then dq on the side stream beside dk/dv, joined before the node ends.
+// The forward; or the backward: the row statistics, dk and dv with dS^T (attn_cols), then dq.
+// Either kernel of 128 query rows per block takes the small-grid form (MT = 1) when its grid
+// would hold at most one block per SM: one m16 tile per warp, twice the blocks of half the rows,
+// half the longest block's chain of key tiles (the same bits: each row's steps are the same).
 template <int D, bool CAP>
-void run_tc(attn_args a, bool fwd, const forge_cuda_params *p) {
+void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
     const int64_t HB = (int64_t)a.Hq * a.B;
     if (fwd) {
-        // Small grids (at most one block per SM at the configured MT): one m16 tile per warp, twice
-        // the blocks of half the rows, so that the longest block's chain of key tiles is half as long
-        // (the same bits: each row's steps are the same).
-        constexpr int MT = rows_cfg<D, false>::MT, NW = rows_cfg<D, false>::NW;
-        if (MT > 1 && cdiv(a.T, rows_bm<D, false>()) * HB <= p->sm_count)
-            launch(attn_rows<D, false, CAP, 1>, cdiv(a.T, rows_bm<D, false, 1>()) * HB, 32 * NW, rows_smem<D, false, 1>(), a, p->stream);
+        constexpr int MT = rows_cfg<D>::MT, NW = rows_cfg<D>::NW;
+        if (MT > 1 && cdiv(a.T, rows_bm<D>()) * HB <= p->sm_count)
+            launch(attn_rows<D, CAP, 1>, cdiv(a.T, rows_bm<D, 1>()) * HB, 32 * NW, rows_smem<D, 1>(), a, p->stream);
         else
-            launch(attn_rows<D, false, CAP, MT>, cdiv(a.T, rows_bm<D, false>()) * HB, 32 * NW, rows_smem<D, false>(), a, p->stream);
+            launch(attn_rows<D, CAP, MT>, cdiv(a.T, rows_bm<D>()) * HB, 32 * NW, rows_smem<D>(), a, p->stream);
         return;
     }
-    auto dq = [&](cudaStream_t s) {
-        launch(attn_rows<D, true, CAP, rows_cfg<D, true>::MT>, cdiv(a.T, rows_bm<D, true>()) * HB, 32 * rows_cfg<D, true>::NW,
-               rows_smem<D, true>(), a, s);
-    };
-    using CC = cols_cfg<D>;
-    const int64_t dq_blocks = cdiv(a.T, rows_bm<D, true>()) * HB, cols_blocks = cdiv(a.T, cols_bn<D>()) * a.Hkv * a.B * a.hsplit;
-    const bool side = (a.dk.data || a.dv.data) && dq_blocks + cols_blocks <= 4 * (int64_t)p->sm_count;
-    a.dq_stats = !side;
-    if (!side) dq(p->stream);
-    if (!a.dk.data && !a.dv.data) return;
-    if (side) {
-        const int64_t rows = HB * a.Tp * (D / 8);
-        attn_stats<D><<<(unsigned)((rows + 255) / 256), 256, 0, p->stream>>>(a);
-        FORGE_CUDA_CHECK(cudaGetLastError());
-        dq(forge_cuda_fork_side(p).stream);
-    }
-    launch(attn_cols<D, CAP>, cols_blocks, 32 * CC::NW, cols_smem<D>(), a, p->stream);
-    if (a.hsplit > 1) {
+    const int64_t rows = HB * a.Tp * (D / 8);
+    attn_stats<D><<<(unsigned)((rows + 255) / 256), 256, 0, p->stream>>>(a);
+    FORGE_CUDA_CHECK(cudaGetLastError());
+    launch(attn_cols<D, CAP>, cdiv(a.T, cols_bn<D>()) * a.Hkv * a.B * a.hsplit, 32 * cols_cfg<D>::NW, cols_smem<D>(), a, p->stream);
+    if (a.hsplit > 1 && (a.dk.data || a.dv.data)) {
         const int64_t n = (int64_t)a.B * a.Hkv * a.T * a.D;
         attn_dkdv_sum<<<(unsigned)((n + 255) / 256), 256, 0, p->stream>>>(a);
         FORGE_CUDA_CHECK(cudaGetLastError());
     }
-    if (side) forge_cuda_join_side(p);
+    constexpr int MT = dq_cfg<D>::MT, NW = dq_cfg<D>::NW;
+    if (MT > 1 && cdiv(a.T, dq_bm<D>()) * HB <= p->sm_count)
+        launch(attn_dq<D, 1>, cdiv(a.T, dq_bm<D, 1>()) * HB, 32 * NW, dq_smem<D, 1>(), a, p->stream);
+    else
+        launch(attn_dq<D, MT>, cdiv(a.T, dq_bm<D>()) * HB, 32 * NW, dq_smem<D>(), a, p->stream);
 }
 
 template <int D>
@@ -1096,7 +1122,7 @@ int cols_hsplit(const forge_tensor *q, const forge_tensor *k) {
 }
 
 // The scratch: [doc table (when doc ids are given)] [D_i and LSE*log2e per query row (backward)]
-// [dk/dv partials (backward, tensor cores, hsplit > 1)].
+// [dk/dv partials (backward, tensor cores, hsplit > 1)] [dS^T tiles (backward, tensor cores)].
 size_t doc_table_bytes(const forge_tensor *q, const forge_tensor *doc) {
     return doc ? align256((size_t)q->ne[3] * cdiv(q->ne[2], kDocGroup) * sizeof(int2)) : 0;
 }
@@ -1106,6 +1132,11 @@ size_t part_bytes(const forge_tensor *q, const forge_tensor *k) {
     const int hsplit = cols_hsplit(q, k);
     return hsplit > 1 ? (size_t)(2 * hsplit) * (size_t)forge_tensor_nelements(k) * sizeof(float) : 0;
 }
+int64_t ds_tiles(const forge_tensor *q) { // per (b, h): the causal half of the 64 x 64 tiles
+    const int64_t n = cdiv(q->ne[2], kDsTile);
+    return n * (n + 1) / 2;
+}
+size_t ds_bytes(const forge_tensor *q) { return align256((size_t)(q->ne[1] * q->ne[3] * ds_tiles(q)) * kDsTile * kDsTile * sizeof(bf16)); }
 
 } // namespace
 
@@ -1161,6 +1192,8 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
         a.l2 = a.di + row_floats(q);
         a.part = (float *)(work + doc_table_bytes(q, doc) + di_bytes(q));
         a.hsplit = cols_hsplit(q, node->src[2]);
+        a.ds = (bf16 *)((char *)a.part + part_bytes(q, node->src[2]));
+        a.ds_tiles = (int)ds_tiles(q);
     }
 
     const bool tc = tc_shape(node) && tc_view(a.q) && tc_view(a.k) && tc_view(a.v) && tc_view(a.out) &&
@@ -1191,7 +1224,7 @@ size_t forge_cuda_attention_work(const forge_tensor *node) {
     const bool fwd = node->op == FORGE_OP_ATTENTION;
     const forge_tensor *q = node->src[fwd ? 0 : 1], *doc = node->src[fwd ? 3 : 6];
     if (fwd) return doc_table_bytes(q, doc);
-    return doc_table_bytes(q, doc) + di_bytes(q) + (tc_shape(node) ? part_bytes(q, node->src[2]) : 0);
+    return doc_table_bytes(q, doc) + di_bytes(q) + (tc_shape(node) ? part_bytes(q, node->src[2]) + ds_bytes(q) : 0);
 }
 
 size_t forge_cuda_attention_plan_docs(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem) {
