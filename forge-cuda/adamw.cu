@@ -77,6 +77,7 @@ __device__ inline double block_sum(double s) {
 }
 
 __global__ void __launch_bounds__(kThreads) adamw_sumsq_kernel(const adamw_tensors T, double *partials) {
+    forge_cuda_prologue();
     int64_t off, len;
     const int t = find_chunk(T, &off, &len);
     const float *g = T.g[t] + off;
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(kThreads) adamw_sumsq_kernel(const adamw_tenso
 // coefs = {coef, 1 - b1^step, 1 - b2^step}; out = {norm, coef}.
 __global__ void __launch_bounds__(kFinalThreads) adamw_finalize_kernel(const double *partials, int64_t n, const float *hyper,
                                                                         float *out, float *coefs) {
+    forge_cuda_prologue();
     double s = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += kFinalThreads) s += partials[i];
     s = block_sum<kFinalThreads>(s);
@@ -128,6 +130,7 @@ __device__ inline void adam_step(const adam_hyper &h, float &p, float &g, float 
 }
 
 __global__ void __launch_bounds__(kThreads) adamw_update_kernel(const adamw_tensors T, const float *hyper, const float *coefs) {
+    forge_cuda_prologue();
     if (hyper[7] == 0.0f) return;
     const adam_hyper h{hyper[0], hyper[1], hyper[2], hyper[3], hyper[4], coefs[0], coefs[1], coefs[2]};
     int64_t off, len;
@@ -195,13 +198,10 @@ void forge_cuda_adamw(forge_tensor *node, const forge_cuda_params *p) {
     float *coefs = (float *)((char *)p->work + align_up((size_t)n_chunks * sizeof(double)));
     const float *hyper = (const float *)node->src[0]->data;
     for_each_batch(node, [&](const adamw_tensors &T) {
-        adamw_sumsq_kernel<<<(unsigned)T.chunk0[T.n], kThreads, 0, p->stream>>>(T, partials);
-        FORGE_CUDA_CHECK(cudaGetLastError());
+        forge_cuda_launch_kernel(adamw_sumsq_kernel, (unsigned)T.chunk0[T.n], kThreads, 0, p->stream, T, partials);
     });
-    adamw_finalize_kernel<<<1, kFinalThreads, 0, p->stream>>>(partials, n_chunks, hyper, (float *)node->data, coefs);
-    FORGE_CUDA_CHECK(cudaGetLastError());
+    forge_cuda_launch_kernel(adamw_finalize_kernel, 1, kFinalThreads, 0, p->stream, partials, n_chunks, hyper, (float *)node->data, coefs);
     for_each_batch(node, [&](const adamw_tensors &T) {
-        adamw_update_kernel<<<(unsigned)T.chunk0[T.n], kThreads, 0, p->stream>>>(T, hyper, coefs);
-        FORGE_CUDA_CHECK(cudaGetLastError());
+        forge_cuda_launch_kernel(adamw_update_kernel, (unsigned)T.chunk0[T.n], kThreads, 0, p->stream, T, hyper, coefs);
     });
 }

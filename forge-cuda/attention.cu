@@ -150,6 +150,7 @@ struct attn_args {
 // ---- small kernels shared by both paths -------------------------------------------------------
 
 __global__ void attn_doc_table(const attn_args a, int2 *mm) {
+    forge_cuda_prologue();
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= (int64_t)a.B * a.doc_groups) return;
     const int b = (int)(e / a.doc_groups), t0 = (int)(e % a.doc_groups) * kDocGroup, t1 = min(t0 + kDocGroup, a.T);
@@ -170,6 +171,7 @@ __device__ __forceinline__ float warp_sum(float s) {
 
 // D_i = dO_i . O_i, one warp per query row (generic path; the tensor-core dq kernel does its own).
 __global__ void attn_di(const attn_args a) {
+    forge_cuda_prologue();
     const int lane = threadIdx.x & 31;
     const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (r >= (int64_t)a.B * a.Hq * a.T) return;
@@ -199,6 +201,7 @@ __device__ void warp_store_row(const forge_cuda_view &t, char *dst, const float 
 // Forward (DQ = false: O and LSE) or dq (DQ = true), one warp per query row i + T (h + Hq b).
 template <bool DQ>
 __global__ void attn_generic_rows(const attn_args a) {
+    forge_cuda_prologue();
     extern __shared__ float gsm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int64_t r = (int64_t)blockIdx.x * (kThreads / 32) + w;
@@ -233,6 +236,7 @@ __global__ void attn_generic_rows(const attn_args a) {
 
 // dk and dv, one warp per key row j + T (g + Hkv b), over the query heads of kv head g.
 __global__ void attn_generic_cols(const attn_args a) {
+    forge_cuda_prologue();
     extern __shared__ float gsm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int64_t r = (int64_t)blockIdx.x * (kThreads / 32) + w;
@@ -330,6 +334,7 @@ __device__ __forceinline__ float dot8(uint4 x, uint4 y) {
 // query row qrow(h, i, b), rows [T, Tp) zero. D / 8 lanes per row, one 16-byte chunk each.
 template <int D>
 __global__ void attn_stats(const attn_args a) {
+    forge_cuda_prologue();
     constexpr int CH = D / 8;
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, r = t / CH;
     if (r >= (int64_t)a.B * a.Hq * a.Tp) return; // whole warps: B Hq Tp CH is a multiple of 32
@@ -529,6 +534,7 @@ constexpr size_t rows_smem() {
 // Block x = (query tile from the last) * Hq B + h + Hq b.
 template <int D, bool CAP, int MT>
 __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_rows(const attn_args a) {
+    forge_cuda_prologue();
     using C = rows_cfg<D>;
     constexpr int BN = C::BN, NT = 32 * C::NW, WM = 16 * MT, BM = rows_bm<D, MT>();
     extern __shared__ __align__(128) unsigned char smem[];
@@ -720,6 +726,7 @@ constexpr size_t cols_smem() {
 // fragments to the other. Block x = part + hsplit (g + Hkv (b + B key tile)): first key tiles first.
 template <int D, bool CAP>
 __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_cols(const attn_args a) {
+    forge_cuda_prologue();
     using C = cols_cfg<D>;
     constexpr int BQ = C::BQ, DS = C::DS, DO = D / DS, NT = 32 * C::NW, BN = cols_bn<D>(), XS = cols_xslots<D>();
     constexpr int NQ = BQ / DS;
@@ -940,6 +947,7 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
 // dk = scale * (sum of the dk partials), dv = sum of the dv partials, parts added in order; one
 // thread per element, element e = d + D (j + T (g + Hkv b)) of both the partials and the outputs.
 __global__ void attn_dkdv_sum(const attn_args a) {
+    forge_cuda_prologue();
     const int64_t n = (int64_t)a.B * a.Hkv * a.T * a.D, e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     float sk = 0.0f, sv = 0.0f;
@@ -971,6 +979,7 @@ constexpr size_t dq_smem() { return (size_t)(2 * kDsTile * D + 2 * dq_bm<D, MT>(
 // Block x = (query tile from the last) * Hq B + h + Hq b.
 template <int D, int MT>
 __global__ void __launch_bounds__(32 * dq_cfg<D>::NW, dq_cfg<D>::MINB) attn_dq(const attn_args a) {
+    forge_cuda_prologue();
     constexpr int NT = 32 * dq_cfg<D>::NW, WM = 16 * MT, BM = dq_bm<D, MT>(), BN = kDsTile, NS = BM / kDsTile;
     static_assert(16 * MT <= cols_cfg<D>::BQ && cols_bn<D>() == kDsTile, "a warp's rows in one query tile of attn_cols, its key tiles 64 wide");
     extern __shared__ __align__(128) unsigned char smem[];
@@ -1053,8 +1062,7 @@ bool tc_view(const forge_cuda_view &t) {
 template <typename K>
 void launch(K kernel, int64_t blocks, int threads, size_t smem, const attn_args &a, cudaStream_t stream) {
     if (smem > 48 * 1024) FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<(unsigned)blocks, threads, smem, stream>>>(a);
-    FORGE_CUDA_CHECK(cudaGetLastError());
+    forge_cuda_launch_kernel(kernel, (unsigned)blocks, threads, smem, stream, a);
 }
 
 // The forward; or the backward: the row statistics, dk and dv with dS^T (attn_cols), then dq.
@@ -1073,13 +1081,11 @@ void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
         return;
     }
     const int64_t rows = HB * a.Tp * (D / 8);
-    attn_stats<D><<<(unsigned)((rows + 255) / 256), 256, 0, p->stream>>>(a);
-    FORGE_CUDA_CHECK(cudaGetLastError());
+    forge_cuda_launch_kernel(attn_stats<D>, (unsigned)((rows + 255) / 256), 256, 0, p->stream, a);
     launch(attn_cols<D, CAP>, cdiv(a.T, cols_bn<D>()) * a.Hkv * a.B * a.hsplit, 32 * cols_cfg<D>::NW, cols_smem<D>(), a, p->stream);
     if (a.hsplit > 1 && (a.dk.data || a.dv.data)) {
         const int64_t n = (int64_t)a.B * a.Hkv * a.T * a.D;
-        attn_dkdv_sum<<<(unsigned)((n + 255) / 256), 256, 0, p->stream>>>(a);
-        FORGE_CUDA_CHECK(cudaGetLastError());
+        forge_cuda_launch_kernel(attn_dkdv_sum, (unsigned)((n + 255) / 256), 256, 0, p->stream, a);
     }
     constexpr int MT = dq_cfg<D>::MT, NW = dq_cfg<D>::NW;
     if (MT > 1 && cdiv(a.T, dq_bm<D>()) * HB <= p->sm_count)
@@ -1183,8 +1189,7 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
         a.doc_mm = mm;
         if (!planned || planned->make) {
             const int64_t n = (int64_t)a.B * a.doc_groups;
-            attn_doc_table<<<(unsigned)((n + 255) / 256), 256, 0, p->stream>>>(a, mm);
-            FORGE_CUDA_CHECK(cudaGetLastError());
+            forge_cuda_launch_kernel(attn_doc_table, (unsigned)((n + 255) / 256), 256, 0, p->stream, a, mm);
         }
     }
     if (!fwd) {
@@ -1208,8 +1213,7 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
     }
     const int64_t qrows = (int64_t)a.B * a.Hq * a.T;
     if (!fwd) {
-        attn_di<<<(unsigned)((qrows * 32 + 255) / 256), 256, 0, p->stream>>>(a);
-        FORGE_CUDA_CHECK(cudaGetLastError());
+        forge_cuda_launch_kernel(attn_di, (unsigned)((qrows * 32 + 255) / 256), 256, 0, p->stream, a);
     }
     const int per_block = kThreads / 32; // rows per block of the generic kernels
     const size_t row_bytes = (size_t)a.D * sizeof(float) * per_block;

@@ -113,6 +113,7 @@ __device__ __forceinline__ void store_vec(T *p, const float (&v)[VEC]) {
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kRowThreads) ce_rows(T *z, int64_t V, forge_cuda_view labels, int64_t t0, const float *count,
                                                        float cap, int ignore, float *loss, int *error) {
+    forge_cuda_prologue();
     __shared__ float red_m[32], red_s[32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t r = blockIdx.x, t = t0 + r;
@@ -184,6 +185,7 @@ __device__ __forceinline__ void argmax_combine(float &best, int &idx, float b2, 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kRowThreads) ce_eval_rows(const T *z, int64_t V, forge_cuda_view labels, int64_t t0, float cap, int ignore,
                                                             float *logprob, float *hit, int *error) {
+    forge_cuda_prologue();
     __shared__ float red_m[32], red_s[32], red_b[32];
     __shared__ int red_i[32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -239,6 +241,7 @@ __global__ void __launch_bounds__(kRowThreads) ce_eval_rows(const T *z, int64_t 
 // Copies n token rows of C elements from src (tokens s0..) to dst (tokens d0..), converting types;
 // either side may be strided. One block per row.
 __global__ void ce_copy_rows(forge_cuda_view src, int64_t s0, forge_cuda_view dst, int64_t d0, int64_t C) {
+    forge_cuda_prologue();
     auto row = [](const forge_cuda_view &v, int64_t t) {
         return forge_cuda_ptr(v, 0, t % v.ne[1], t / v.ne[1] % v.ne[2], t / (v.ne[1] * v.ne[2]));
     };
@@ -250,6 +253,7 @@ __global__ void ce_copy_rows(forge_cuda_view src, int64_t s0, forge_cuda_view ds
 
 // dst = (sum of loss[0..N) in double, in a fixed order) / count.
 __global__ void ce_sum(const float *loss, int64_t N, const float *count, float *dst) {
+    forge_cuda_prologue();
     __shared__ double red[1024];
     double s = 0.0;
     for (int64_t t = threadIdx.x; t < N; t += blockDim.x) s += loss[t];
@@ -315,11 +319,10 @@ forge_cuda_view scratch_view(void *data, forge_type type, int64_t C, int64_t n) 
 template <typename T>
 void launch_rows(int64_t n, T *z, int64_t V, const forge_cuda_view &labels, int64_t t0, const float *count, float cap, int ignore,
                  float *loss, float *lp, float *hit, const forge_cuda_params *p) {
-    if (lp && V % 4 == 0) ce_eval_rows<T, 4><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, cap, ignore, lp, hit, p->error);
-    else if (lp) ce_eval_rows<T, 1><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, cap, ignore, lp, hit, p->error);
-    else if (V % 4 == 0) ce_rows<T, 4><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, count, cap, ignore, loss, p->error);
-    else ce_rows<T, 1><<<(unsigned)n, kRowThreads, 0, p->stream>>>(z, V, labels, t0, count, cap, ignore, loss, p->error);
-    FORGE_CUDA_CHECK(cudaGetLastError());
+    if (lp && V % 4 == 0) forge_cuda_launch_kernel(ce_eval_rows<T, 4>, (unsigned)n, kRowThreads, 0, p->stream, z, V, labels, t0, cap, ignore, lp, hit, p->error);
+    else if (lp) forge_cuda_launch_kernel(ce_eval_rows<T, 1>, (unsigned)n, kRowThreads, 0, p->stream, z, V, labels, t0, cap, ignore, lp, hit, p->error);
+    else if (V % 4 == 0) forge_cuda_launch_kernel(ce_rows<T, 4>, (unsigned)n, kRowThreads, 0, p->stream, z, V, labels, t0, count, cap, ignore, loss, p->error);
+    else forge_cuda_launch_kernel(ce_rows<T, 1>, (unsigned)n, kRowThreads, 0, p->stream, z, V, labels, t0, count, cap, ignore, loss, p->error);
 }
 
 } // namespace
@@ -341,8 +344,7 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
         const int64_t n = std::min(pl.chunk, pl.N - t0);
         const void *hc = (const char *)h->data + t0 * (int64_t)h->nb[1];
         if (!pl.h_direct) {
-            ce_copy_rows<<<(unsigned)n, 256, 0, p->stream>>>(hv, t0, scratch_view(work + pl.hc_off, pl.ab, pl.C, n), 0, pl.C);
-            FORGE_CUDA_CHECK(cudaGetLastError());
+            forge_cuda_launch_kernel(ce_copy_rows, (unsigned)n, 256, 0, p->stream, hv, t0, scratch_view(work + pl.hc_off, pl.ab, pl.C, n), 0, pl.C);
             hc = work + pl.hc_off;
         }
         forge_cuda_gemm(p, n, pl.V, pl.C, hc, pl.ldh, 0, w->data, pl.ldw, 1, pl.ab, z, pl.V, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
@@ -356,9 +358,8 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
             forge_cuda_gemm(p, n, pl.C, pl.V, z, pl.V, 0, w->data, pl.ldw, 0, pl.ab, dst, pl.C, pl.dh_direct ? dH->type : FORGE_TYPE_F32,
                             1.0f, 0.0f, nullptr, FORGE_TYPE_F32);
             if (!pl.dh_direct) {
-                ce_copy_rows<<<(unsigned)n, 256, 0, p->stream>>>(scratch_view(dst, FORGE_TYPE_F32, pl.C, n), 0, forge_cuda_view_of(dH), t0,
+                forge_cuda_launch_kernel(ce_copy_rows, (unsigned)n, 256, 0, p->stream, scratch_view(dst, FORGE_TYPE_F32, pl.C, n), 0, forge_cuda_view_of(dH), t0,
                                                                  pl.C);
-                FORGE_CUDA_CHECK(cudaGetLastError());
             }
         }
         if (dW)
@@ -366,8 +367,7 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
                             nullptr, FORGE_TYPE_F32);
     }
     if (eval) return;
-    ce_sum<<<1, 1024, 0, p->stream>>>(loss, pl.N, cnt, (float *)node->data);
-    FORGE_CUDA_CHECK(cudaGetLastError());
+    forge_cuda_launch_kernel(ce_sum, 1, 1024, 0, p->stream, loss, pl.N, cnt, (float *)node->data);
 }
 
 size_t forge_cuda_cross_entropy_work(const forge_tensor *node) { return ce_plan(node).bytes; }

@@ -21,6 +21,7 @@
 
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 struct forge_cuda_comm; // collective.cu: the communicator, the comm stream and its events
 struct forge_cuda_fusions;
@@ -172,6 +173,35 @@ inline bool forge_cuda_disjoint(const forge_tensor *s, const forge_tensor *t) {
             std::abort();                                                                          \
         }                                                                                          \
     } while (0)
+
+// Programmatic dependent launch (sm_90). Every forge kernel begins with forge_cuda_prologue(): it
+// waits until the grids before it in the stream have finished and their writes are visible
+// (griddepcontrol.wait; no wait when the kernel was launched the ordinary way), then lets the
+// next kernel's launch begin (launch_dependents). Kernels launched by forge_cuda_launch_kernel may so be
+// scheduled while the previous one runs its last wave: their blocks are resident, waiting, when
+// it ends, instead of being launched then. Nothing is read or written before the wait, so the
+// order of the stream is kept; a cuBLAS kernel (launched the ordinary way) still waits for all
+// of its predecessor.
+__device__ __forceinline__ void forge_cuda_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+template <typename... P, typename... A>
+void forge_cuda_launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A &&...args) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    FORGE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+}
 
 // The side stream (forge_cuda_params::side), forked from p->stream: what is enqueued on the
 // returned params (side stream, its own cuBLASLt workspace) runs after everything p->stream holds

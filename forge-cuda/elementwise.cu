@@ -103,6 +103,7 @@ template <int OP> __device__ inline float apply(float x, float y, float c) {
 // one by one), V = 1: element by element.
 template <int OP, int V>
 __global__ void __launch_bounds__(THREADS) map_kernel(ew_shape s, operand d, operand a, operand b, float c) {
+    forge_cuda_prologue();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t n_vec = V > 1 ? s.n / V : 0;
     for (int64_t u = tid; u < n_vec; u += stride) {
@@ -171,9 +172,9 @@ void map(const forge_cuda_params *p, const int64_t *ne, operand d, operand a, op
     ew_shape s;
     operand *ops[3] = {&d, &a, &b};
     const bool vec = collapse(ne, s, ops, b.data ? 3 : 2) && !serial;
-    if (serial) map_kernel<OP, 1><<<1, 1, 0, p->stream>>>(s, d, a, b, c); // in logical order, one thread
-    else if (vec) map_kernel<OP, VEC><<<grid_for(s.n / VEC + s.n % VEC, p), THREADS, 0, p->stream>>>(s, d, a, b, c);
-    else map_kernel<OP, 1><<<grid_for(s.n, p), THREADS, 0, p->stream>>>(s, d, a, b, c);
+    if (serial) forge_cuda_launch_kernel(map_kernel<OP, 1>, 1, 1, 0, p->stream, s, d, a, b, c); // in logical order, one thread
+    else if (vec) forge_cuda_launch_kernel(map_kernel<OP, VEC>, grid_for(s.n / VEC + s.n % VEC, p), THREADS, 0, p->stream, s, d, a, b, c);
+    else forge_cuda_launch_kernel(map_kernel<OP, 1>, grid_for(s.n, p), THREADS, 0, p->stream, s, d, a, b, c);
 }
 
 // Whether the region (extents ne, byte strides nb, elements of es bytes) maps distinct indices to
@@ -292,6 +293,7 @@ __device__ inline double block_sum(double v) {
 
 // SUM, pass 1: block b sums its grid-strided share of the elements into part[b].
 template <int V> __global__ void __launch_bounds__(THREADS) sum_kernel(ew_shape s, operand a, double *part) {
+    forge_cuda_prologue();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t n_vec = V > 1 ? s.n / V : 0;
     double acc = 0;
@@ -309,6 +311,7 @@ template <int V> __global__ void __launch_bounds__(THREADS) sum_kernel(ew_shape 
 
 // Pass 2 of both sums: dst[c] = sum over the n_part partials part[i * n_col + c], in order.
 __global__ void sum_partials_kernel(const double *part, int64_t n_part, int64_t n_col, float *dst) {
+    forge_cuda_prologue();
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= n_col) return;
     double s = 0;
@@ -334,6 +337,7 @@ struct st_args {
 // SUM_TOKENS, pass 1: block (column tile, chunk); thread (cv, lane) sums columns cv*V.. over rows
 // lane, lane + 8, ... of the chunk; the 8 lanes are added in order.
 template <int V> __global__ void __launch_bounds__(ST_COLS *ST_ROWS) sum_tokens_kernel(st_args g) {
+    forge_cuda_prologue();
     __shared__ double red[ST_ROWS][ST_COLS][V];
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int64_t c0 = ((int64_t)blockIdx.x * ST_COLS + tx) * V, chunk = blockIdx.y;
@@ -373,9 +377,9 @@ void sum_all(forge_tensor *node, const forge_cuda_params *p) {
     double *part = (double *)p->work;
     const int64_t units = vec ? s.n / VEC + s.n % VEC : s.n;
     const int blocks = (int)std::min<int64_t>(SUM_BLOCKS, (units + THREADS - 1) / THREADS); // a function of the shape
-    if (vec) sum_kernel<VEC><<<blocks, THREADS, 0, p->stream>>>(s, oa, part);
-    else sum_kernel<1><<<blocks, THREADS, 0, p->stream>>>(s, oa, part);
-    sum_partials_kernel<<<1, 32, 0, p->stream>>>(part, blocks, 1, (float *)node->data);
+    if (vec) forge_cuda_launch_kernel(sum_kernel<VEC>, blocks, THREADS, 0, p->stream, s, oa, part);
+    else forge_cuda_launch_kernel(sum_kernel<1>, blocks, THREADS, 0, p->stream, s, oa, part);
+    forge_cuda_launch_kernel(sum_partials_kernel, 1, 32, 0, p->stream, part, blocks, 1, (float *)node->data);
 }
 
 void sum_tokens(forge_tensor *node, const forge_cuda_params *p) {
@@ -394,9 +398,9 @@ void sum_tokens(forge_tensor *node, const forge_cuda_params *p) {
     for (int i = 1; i < 4; i++) vec = vec && (a->ne[i] == 1 || a->nb[i] % 16 == 0);
     const int V = vec ? VEC : 1;
     const dim3 grid((unsigned)((g.ne0 / V + ST_COLS - 1) / ST_COLS), (unsigned)n_chunks), block(ST_COLS, ST_ROWS);
-    if (vec) sum_tokens_kernel<VEC><<<grid, block, 0, p->stream>>>(g);
-    else sum_tokens_kernel<1><<<grid, block, 0, p->stream>>>(g);
-    sum_partials_kernel<<<(unsigned)((g.ne0 + THREADS - 1) / THREADS), THREADS, 0, p->stream>>>(g.part, n_chunks, g.ne0, (float *)node->data);
+    if (vec) forge_cuda_launch_kernel(sum_tokens_kernel<VEC>, grid, block, 0, p->stream, g);
+    else forge_cuda_launch_kernel(sum_tokens_kernel<1>, grid, block, 0, p->stream, g);
+    forge_cuda_launch_kernel(sum_partials_kernel, (unsigned)((g.ne0 + THREADS - 1) / THREADS), THREADS, 0, p->stream, g.part, n_chunks, g.ne0, (float *)node->data);
 }
 
 } // namespace

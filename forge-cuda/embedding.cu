@@ -81,6 +81,7 @@ struct gather_args {
 
 // EMBEDDING: unit u = (token u / (C/V), vector u % (C/V)).
 template <int V> __global__ void __launch_bounds__(THREADS) gather_kernel(gather_args g) {
+    forge_cuda_prologue();
     const int64_t per_tok = g.C / V, n_units = g.n_tok * per_tok;
     for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n_units; u += (int64_t)gridDim.x * blockDim.x) {
         int64_t n, c;
@@ -107,6 +108,7 @@ template <int V> __global__ void __launch_bounds__(THREADS) gather_kernel(gather
 
 // EMBEDDING_BACK step 1: sort keys (the id, or n_vocab when out of range) and token indices.
 __global__ void keys_kernel(ids_ref ids, int64_t n_tok, int64_t n_vocab, uint32_t *keys, int32_t *vals, int *error) {
+    forge_cuda_prologue();
     const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= n_tok) return;
     const int32_t id = id_at(ids, n);
@@ -128,6 +130,7 @@ struct scatter_args {
 // EMBEDDING_BACK step 3: block (sorted position i, column tile); only the first position of an
 // id's run works. Thread (cv, lane) sums columns cv*V.. over the run's tokens lane, lane + 8, ...
 template <int V> __global__ void __launch_bounds__(SEG_COLS *SEG_ROWS) scatter_kernel(scatter_args g) {
+    forge_cuda_prologue();
     __shared__ float red[SEG_ROWS][SEG_COLS][V];
     const int64_t i = blockIdx.x;
     const uint32_t key = g.keys[i];
@@ -184,15 +187,15 @@ void embedding_back(forge_tensor *node, const forge_cuda_params *p) {
     uint32_t *keys_in = (uint32_t *)w, *keys = (uint32_t *)(w + arr);
     int32_t *vals_in = (int32_t *)(w + 2 * arr), *toks = (int32_t *)(w + 3 * arr);
     size_t temp = sort_temp_bytes(n_tok, end_bit);
-    keys_kernel<<<(unsigned)((n_tok + THREADS - 1) / THREADS), THREADS, 0, p->stream>>>(ids_of(ids), n_tok, n_vocab, keys_in, vals_in, p->error);
+    forge_cuda_launch_kernel(keys_kernel, (unsigned)((n_tok + THREADS - 1) / THREADS), THREADS, 0, p->stream, ids_of(ids), n_tok, n_vocab, keys_in, vals_in, p->error);
     FORGE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(w + 4 * arr, temp, keys_in, keys, vals_in, toks, (int)n_tok, 0, end_bit, p->stream));
     FORGE_CUDA_CHECK(cudaMemsetAsync(node->data, 0, forge_tensor_nbytes(node), p->stream));
     const scatter_args g{keys, toks, n_tok, n_vocab, C, rows_of(dy), node->op_f[0], (float *)node->data};
     const bool vec = rows_vectorisable(dy, C);
     const int V = vec ? VEC : 1;
     const dim3 grid((unsigned)n_tok, (unsigned)((C / V + SEG_COLS - 1) / SEG_COLS)), block(SEG_COLS, SEG_ROWS);
-    if (vec) scatter_kernel<VEC><<<grid, block, 0, p->stream>>>(g);
-    else scatter_kernel<1><<<grid, block, 0, p->stream>>>(g);
+    if (vec) forge_cuda_launch_kernel(scatter_kernel<VEC>, grid, block, 0, p->stream, g);
+    else forge_cuda_launch_kernel(scatter_kernel<1>, grid, block, 0, p->stream, g);
 }
 
 void embedding_fwd(forge_tensor *node, const forge_cuda_params *p) {
@@ -203,8 +206,8 @@ void embedding_fwd(forge_tensor *node, const forge_cuda_params *p) {
     const bool vec = rows_vectorisable(table, C);
     const int64_t units = n_tok * (vec ? C / VEC : C);
     const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>((units + THREADS - 1) / THREADS, (int64_t)p->sm_count * 32));
-    if (vec) gather_kernel<VEC><<<grid, THREADS, 0, p->stream>>>(g);
-    else gather_kernel<1><<<grid, THREADS, 0, p->stream>>>(g);
+    if (vec) forge_cuda_launch_kernel(gather_kernel<VEC>, grid, THREADS, 0, p->stream, g);
+    else forge_cuda_launch_kernel(gather_kernel<1>, grid, THREADS, 0, p->stream, g);
 }
 
 } // namespace

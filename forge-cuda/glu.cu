@@ -57,6 +57,7 @@ struct glu_args {
 };
 
 template <int V, bool BACK> __global__ void __launch_bounds__(THREADS) glu_kernel(glu_args a) {
+    forge_cuda_prologue();
     const int64_t per_row = a.F / V, n_units = a.rows * per_row;
     for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n_units; u += (int64_t)gridDim.x * blockDim.x) {
         int64_t r, f, q, i[4] = {0, 0, 0, 0};
@@ -107,8 +108,8 @@ void forge_cuda_glu(forge_tensor *node, const forge_cuda_params *p) {
     const bool vec = a.F % VEC == 0 && rows_vectorisable(gu) && rows_vectorisable(node) && (!back || rows_vectorisable(dy));
     const int64_t units = a.rows * (vec ? a.F / VEC : a.F);
     const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((units + THREADS - 1) / THREADS, (int64_t)p->sm_count * 32));
-    if (back) vec ? glu_kernel<VEC, true><<<grid, THREADS, 0, p->stream>>>(a) : glu_kernel<1, true><<<grid, THREADS, 0, p->stream>>>(a);
-    else vec ? glu_kernel<VEC, false><<<grid, THREADS, 0, p->stream>>>(a) : glu_kernel<1, false><<<grid, THREADS, 0, p->stream>>>(a);
+    if (back) vec ? forge_cuda_launch_kernel(glu_kernel<VEC, true>, grid, THREADS, 0, p->stream, a) : forge_cuda_launch_kernel(glu_kernel<1, true>, grid, THREADS, 0, p->stream, a);
+    else vec ? forge_cuda_launch_kernel(glu_kernel<VEC, false>, grid, THREADS, 0, p->stream, a) : forge_cuda_launch_kernel(glu_kernel<1, false>, grid, THREADS, 0, p->stream, a);
 }
 
 size_t forge_cuda_glu_work(const forge_tensor *node) {

@@ -258,6 +258,7 @@ void tune_plan(const forge_cuda_params *p, const gemm_key &key, gemm_plan &pl, i
 // dst[i] = src element i in logical order (i = i0 + ne0*(i1 + ne1*(i2 + ne2*i3))), converted to
 // dst_type. Grid-stride; the index is decomposed only for a strided source.
 __global__ void convert_kernel(forge_cuda_view src, char *dst, forge_type dst_type, int64_t n, bool dense) {
+    forge_cuda_prologue();
     const int64_t ss = type_size(src.type), ds = type_size(dst_type);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const char *s;
@@ -295,8 +296,7 @@ void forge_cuda_convert(const forge_cuda_params *p, const forge_cuda_view &src, 
     if (n <= 0) return;
     const int64_t want = (n + kConvertThreads - 1) / kConvertThreads, cap = (int64_t)std::max(p->sm_count, 1) * 16;
     const int blocks = (int)std::min(want, cap);
-    convert_kernel<<<blocks, kConvertThreads, 0, p->stream>>>(src, (char *)dst, dst_type, n, view_dense(src));
-    FORGE_CUDA_CHECK(cudaGetLastError());
+    forge_cuda_launch_kernel(convert_kernel, blocks, kConvertThreads, 0, p->stream, src, (char *)dst, dst_type, n, view_dense(src));
 }
 
 // A contiguous buffer of the given type and shape as a view.

@@ -154,8 +154,14 @@ __device__ void prep_run(const prep_job &j) {
         }
     }
 }
-__global__ void lora_prep_kernel(const __grid_constant__ prep_job j) { prep_run(j); }
-__global__ void lora_prep_all_kernel(const prep_job *jobs) { prep_run(jobs[blockIdx.y]); } // job blockIdx.y
+__global__ void lora_prep_kernel(const __grid_constant__ prep_job j) {
+    forge_cuda_prologue();
+    prep_run(j);
+}
+__global__ void lora_prep_all_kernel(const prep_job *jobs) { // job blockIdx.y
+    forge_cuda_prologue();
+    prep_run(jobs[blockIdx.y]);
+}
 
 prep_job job_of(const lora_dims &d, char *ac, char *bd, int64_t ldbd, float scale) {
     return {forge_cuda_view_of(d.a), forge_cuda_view_of(d.b), ac, bd, ldbd, d.K, d.R, d.M, d.r, d.blocks, scale, d.T};
@@ -165,8 +171,7 @@ prep_job job_of(const lora_dims &d, char *ac, char *bd, int64_t ldbd, float scal
 void launch_prep(const forge_cuda_params *p, const lora_dims &d, char *ac, char *bd, int64_t ldbd, float scale) {
     const int64_t n = d.R * d.K + d.M * d.R;
     const int blocks = (int)std::min<int64_t>((n + kPrepThreads - 1) / kPrepThreads, (int64_t)std::max(p->sm_count, 1) * 8);
-    lora_prep_kernel<<<blocks, kPrepThreads, 0, p->stream>>>(job_of(d, ac, bd, ldbd, scale));
-    FORGE_CUDA_CHECK(cudaGetLastError());
+    forge_cuda_launch_kernel(lora_prep_kernel, blocks, kPrepThreads, 0, p->stream, job_of(d, ac, bd, ldbd, scale));
 }
 
 // The node's Ac (and Bd) made by the step's one prep kernel (forge_cuda_lora_plan_preps), or NULL.
@@ -237,6 +242,7 @@ bool folds(const forge_tensor *node, const lora_dims &d, int64_t *ldw) {
 // V elements per access: uint4 (8 elements) when every row start is 16-byte aligned, else one.
 template <typename V>
 __global__ void lora_concat_kernel(const V *x, int64_t ldx, const V *u, V *xp, int64_t N, int64_t K, int64_t R) {
+    forge_cuda_prologue();
     const int64_t w = K + R, n = N * w;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t row = i / w, j = i % w;
@@ -249,10 +255,9 @@ void concat(const forge_cuda_params *p, const void *x, int64_t ldx, const void *
     const int64_t per = vec ? 8 : 1, n = N * (K + R) / per;
     const int blocks = (int)std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, (int64_t)std::max(p->sm_count, 1) * 16));
     if (vec)
-        lora_concat_kernel<uint4><<<blocks, 256, 0, p->stream>>>((const uint4 *)x, ldx / 8, (const uint4 *)u, (uint4 *)xp, N, K / 8, R / 8);
+        forge_cuda_launch_kernel(lora_concat_kernel<uint4>, blocks, 256, 0, p->stream, (const uint4 *)x, ldx / 8, (const uint4 *)u, (uint4 *)xp, N, K / 8, R / 8);
     else
-        lora_concat_kernel<uint16_t><<<blocks, 256, 0, p->stream>>>((const uint16_t *)x, ldx, (const uint16_t *)u, (uint16_t *)xp, N, K, R);
-    FORGE_CUDA_CHECK(cudaGetLastError());
+        forge_cuda_launch_kernel(lora_concat_kernel<uint16_t>, blocks, 256, 0, p->stream, (const uint16_t *)x, ldx, (const uint16_t *)u, (uint16_t *)xp, N, K, R);
 }
 
 size_t folded_work(const forge_tensor *node, const lora_dims &d) {
@@ -464,6 +469,5 @@ size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forg
 
 void forge_cuda_lora_run_preps(const forge_cuda_fusions &f, const forge_cuda_params *p) {
     if (!f.n_prep_jobs) return;
-    lora_prep_all_kernel<<<dim3(f.prep_blocks, f.n_prep_jobs), kPrepThreads, 0, p->stream>>>((const prep_job *)f.prep_jobs);
-    FORGE_CUDA_CHECK(cudaGetLastError());
+    forge_cuda_launch_kernel(lora_prep_all_kernel, dim3(f.prep_blocks, f.n_prep_jobs), kPrepThreads, 0, p->stream, (const prep_job *)f.prep_jobs);
 }

@@ -227,6 +227,7 @@ template <int N> __device__ inline void group_sum(double (&v)[N], int T, double 
 }
 
 template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1) rmsnorm_kernel(rms_args a) {
+    forge_cuda_prologue();
     constexpr int NV = nv_of(V, MODE);
     constexpr bool BACK = is_back(MODE), DW = is_dw(MODE), ADD = MODE == RMS_ADD_FWD, BADD = MODE == RMS_BACK_ADD || MODE == RMS_BACK_DW_ADD;
     constexpr int NS = BACK ? 2 : 1; // sums per row
@@ -386,6 +387,7 @@ template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1)
 // dw[c] = sum over the n_slot partials, in order: 32 columns x 32 slot lanes per block, each lane
 // sums every 32nd slot, the lanes are added in order.
 __global__ void __launch_bounds__(1024) dw_reduce_kernel(const double *part, int64_t n_slot, int64_t C, float *dw) {
+    forge_cuda_prologue();
     __shared__ double red[32][33];
     const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
     double s = 0;
@@ -512,7 +514,7 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
         auto kernel = V == 8 ? (ovf ? rmsnorm_kernel<8, M, true> : rmsnorm_kernel<8, M, false>)
                     : V == 4 ? (ovf ? rmsnorm_kernel<4, M, true> : rmsnorm_kernel<4, M, false>)
                              : (ovf ? rmsnorm_kernel<1, M, true> : rmsnorm_kernel<1, M, false>);
-        kernel<<<pl.grid, pl.threads, 0, p->stream>>>(a);
+        forge_cuda_launch_kernel(kernel, pl.grid, pl.threads, 0, p->stream, a);
     };
     switch (mode) {
     case RMS_FWD: launch(std::integral_constant<int, RMS_FWD>()); break;
@@ -523,7 +525,7 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
     default: launch(std::integral_constant<int, RMS_BACK_DW_ADD>()); break;
     }
     if (is_dw(mode))
-        dw_reduce_kernel<<<(unsigned)((C + 31) / 32), dim3(32, 32), 0, p->stream>>>(a.part, pl.slots, C, (float *)node->res[1]->data);
+        forge_cuda_launch_kernel(dw_reduce_kernel, (unsigned)((C + 31) / 32), dim3(32, 32), 0, p->stream, a.part, pl.slots, C, (float *)node->res[1]->data);
 }
 
 bool contiguous(const forge_tensor *t) {

@@ -120,6 +120,7 @@ struct rope_jobs {
 };
 
 template <int V> __global__ void __launch_bounds__(THREADS, 5) rope_kernel(const __grid_constant__ rope_jobs jobs) {
+    forge_cuda_prologue();
     const bool second = blockIdx.x >= jobs.split;
     const rope_args &a = jobs.job[second];
     const int half = a.half;
@@ -234,8 +235,7 @@ rope_job job_of(const forge_tensor *node, const forge_cuda_params *p) {
 void launch(const rope_job &j0, const rope_job *j1, const forge_cuda_params *p) {
     const rope_jobs jobs{{j0.a, j1 ? j1->a : j0.a}, j0.grid};
     auto kernel = j0.V == 8 ? rope_kernel<8> : j0.V == 4 ? rope_kernel<4> : rope_kernel<1>;
-    kernel<<<j0.grid + (j1 ? j1->grid : 0), THREADS, 0, p->stream>>>(jobs);
-    FORGE_CUDA_CHECK(cudaGetLastError());
+    forge_cuda_launch_kernel(kernel, j0.grid + (j1 ? j1->grid : 0), THREADS, 0, p->stream, jobs);
 }
 
 } // namespace
