@@ -19,7 +19,8 @@
 //            of 128 query rows (64 at small grids, as the forward) streaming 64-key tiles of dS^T
 //            and K, dS read through ldmatrix.trans as A fragments. dS^T (bf16, the fragments dk's
 //            product uses) goes through global memory: the causal half of the 64 x 64 tiles,
-//            about B Hq T^2 bytes (35-70 MB at the 4 x 1024 steps of Gemma2/Qwen2.5/Qwen3). It
+//            about B Hq T^2 bytes (35-70 MB at the 4 x 1024 steps of Gemma2/Qwen2.5/Qwen3; past
+//            FORGE_ATTN_SCRATCH_MB the backward runs in groups of kv heads, bwd_plan). It
 //            replaces FA2's atomics on dq and the second pass that recomputed S and dP for dq (14D
 //            flop per pair, against 10D now, plus 4 bytes written and read): measured on the H200
 //            (bench-kernels), Qwen3-0.6B's backward 3672 -> 2891 us at T 4096, 291 -> 229 us at
@@ -65,6 +66,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <map>
 #include <type_traits>
@@ -1126,28 +1128,57 @@ bool tc_shape(const forge_tensor *node) {
 constexpr int64_t kColsWarps = 2048;
 template <int D>
 int64_t cols_warps(int64_t T, int64_t Hkv, int64_t B) { return cdiv(T, cols_bn<D>()) * Hkv * B * cols_cfg<D>::NW; }
-int cols_hsplit(const forge_tensor *q, const forge_tensor *k) {
-    const int64_t D = q->ne[0], Hq = q->ne[1], Hkv = k->ne[1], T = q->ne[2], B = q->ne[3];
+int cols_hsplit(int64_t D, int64_t Hq, int64_t Hkv, int64_t T, int64_t B) {
     const int64_t warps = D == 64 ? cols_warps<64>(T, Hkv, B) : D == 128 ? cols_warps<128>(T, Hkv, B) : cols_warps<256>(T, Hkv, B);
     return (int)std::max<int64_t>(1, std::min<int64_t>(Hq / Hkv, cdiv(kColsWarps, warps)));
 }
 
 // The scratch: [doc table (when doc ids are given)] [D_i and LSE*log2e per query row (backward)]
-// [dk/dv partials (backward, tensor cores, hsplit > 1)] [dS^T tiles (backward, tensor cores)].
+// [dk/dv partials (backward, tensor cores, hsplit > 1)] [dS^T tiles (backward, tensor cores)];
+// the last two for one group of kv heads (bwd_plan).
 size_t doc_table_bytes(const forge_tensor *q, const forge_tensor *doc) {
     return doc ? align256((size_t)q->ne[3] * cdiv(q->ne[2], kDocGroup) * sizeof(int2)) : 0;
 }
 size_t row_floats(const forge_tensor *q) { return (size_t)(q->ne[1] * cdiv(q->ne[2], kRowPad) * kRowPad * q->ne[3]); }
 size_t di_bytes(const forge_tensor *q) { return align256(2 * row_floats(q) * sizeof(float)); }
-size_t part_bytes(const forge_tensor *q, const forge_tensor *k) {
-    const int hsplit = cols_hsplit(q, k);
-    return hsplit > 1 ? (size_t)(2 * hsplit) * (size_t)forge_tensor_nelements(k) * sizeof(float) : 0;
-}
-int64_t ds_tiles(const forge_tensor *q) { // per (b, h): the causal half of the 64 x 64 tiles
-    const int64_t n = cdiv(q->ne[2], kDsTile);
+int64_t ds_tiles(int64_t T) { // per (b, h): the causal half of the 64 x 64 tiles
+    const int64_t n = cdiv(T, kDsTile);
     return n * (n + 1) / 2;
 }
-size_t ds_bytes(const forge_tensor *q) { return align256((size_t)(q->ne[1] * q->ne[3] * ds_tiles(q)) * kDsTile * kDsTile * sizeof(bf16)); }
+
+// The tensor-core backward runs over groups of kv heads (kv heads, a divisor of Hkv: all of them
+// unless their dS^T would pass FORGE_ATTN_SCRATCH_MB, default 1024 MiB - e.g. Qwen3-0.6B's at
+// B 4, T 8192); each group's dS^T and dk/dv partials reuse the same scratch.
+struct bwd_plan {
+    int kv, hsplit;
+    size_t part, ds; // scratch bytes of a group
+    bwd_plan(const forge_tensor *q, const forge_tensor *k) {
+        const int64_t D = q->ne[0], Hq = q->ne[1], Hkv = k->ne[1], T = q->ne[2], B = q->ne[3], group = Hq / Hkv;
+        const int64_t per_kv = group * B * ds_tiles(T) * kDsTile * kDsTile * (int64_t)sizeof(bf16);
+        const char *e = std::getenv("FORGE_ATTN_SCRATCH_MB");
+        const int64_t cap = (e && *e ? std::max<int64_t>(1, std::atoll(e)) : 1024) << 20;
+        int64_t n = Hkv;
+        while (n > 1 && n * per_kv > cap)
+            for (n--; Hkv % n; n--) {}
+        kv = (int)n;
+        hsplit = cols_hsplit(D, group * n, n, T, B);
+        part = hsplit > 1 ? (size_t)(2 * hsplit * D * n * T * B) * sizeof(float) : 0;
+        ds = align256((size_t)(n * per_kv));
+    }
+};
+
+// a restricted to kv heads [g0, g0 + n) and their query heads
+attn_args head_group(attn_args a, int g0, int n) {
+    const int64_t h0 = (int64_t)g0 * a.group;
+    for (forge_cuda_view *t : {&a.q, &a.dout, &a.o, &a.out})
+        if (t->data) t->data += h0 * t->nb[1];
+    if (a.lse.data) a.lse.data += h0 * a.lse.nb[0];
+    for (forge_cuda_view *t : {&a.k, &a.v, &a.dk, &a.dv})
+        if (t->data) t->data += (int64_t)g0 * t->nb[1];
+    a.Hq = n * a.group;
+    a.Hkv = n;
+    return a;
+}
 
 } // namespace
 
@@ -1200,20 +1231,28 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
     if (!fwd) {
         a.di = (float *)(work + doc_table_bytes(q, doc));
         a.l2 = a.di + row_floats(q);
-        a.part = (float *)(work + doc_table_bytes(q, doc) + di_bytes(q));
-        a.hsplit = cols_hsplit(q, node->src[2]);
-        a.ds = (bf16 *)((char *)a.part + part_bytes(q, node->src[2]));
-        a.ds_tiles = (int)ds_tiles(q);
     }
 
     const bool tc = tc_shape(node) && tc_view(a.q) && tc_view(a.k) && tc_view(a.v) && tc_view(a.out) &&
                     (fwd || (tc_view(a.dout) && tc_view(a.o) && tc_view(a.dk) && tc_view(a.dv)));
     if (tc) {
-        switch (a.D) {
-        case 64: run_tc<64>(a, fwd, p); break;
-        case 128: run_tc<128>(a, fwd, p); break;
-        default: run_tc<256>(a, fwd, p); break;
+        auto run = [&](const attn_args &x) {
+            switch (a.D) {
+            case 64: run_tc<64>(x, fwd, p); break;
+            case 128: run_tc<128>(x, fwd, p); break;
+            default: run_tc<256>(x, fwd, p); break;
+            }
+        };
+        if (fwd) {
+            run(a);
+            return;
         }
+        const bwd_plan g(q, node->src[2]);
+        a.part = (float *)(work + doc_table_bytes(q, doc) + di_bytes(q));
+        a.ds = (bf16 *)((char *)a.part + g.part);
+        a.ds_tiles = (int)ds_tiles(a.T);
+        a.hsplit = g.hsplit;
+        for (int g0 = 0; g0 < a.Hkv; g0 += g.kv) run(head_group(a, g0, g.kv));
         return;
     }
     const int64_t qrows = (int64_t)a.B * a.Hq * a.T;
@@ -1233,7 +1272,9 @@ size_t forge_cuda_attention_work(const forge_tensor *node) {
     const bool fwd = node->op == FORGE_OP_ATTENTION;
     const forge_tensor *q = node->src[fwd ? 0 : 1], *doc = node->src[fwd ? 3 : 6];
     if (fwd) return doc_table_bytes(q, doc);
-    return doc_table_bytes(q, doc) + di_bytes(q) + (tc_shape(node) ? part_bytes(q, node->src[2]) + ds_bytes(q) : 0);
+    if (!tc_shape(node)) return doc_table_bytes(q, doc) + di_bytes(q);
+    const bwd_plan g(q, node->src[2]);
+    return doc_table_bytes(q, doc) + di_bytes(q) + g.part + g.ds;
 }
 
 size_t forge_cuda_attention_plan_docs(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem) {

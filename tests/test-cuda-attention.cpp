@@ -3,9 +3,12 @@
 // the gradients of q, k, v (or of one fused qkv tensor whose strided views q, k and v are).
 // BF16 with head_dim 64/128/256 and a positive scale runs the tensor-core kernels (MHA, GQA 2:1,
 // 7:1, 8:1, softcap, sliding window, packed documents, odd T, T = 1, strided views, frozen k or v,
-// dk/dv written directly or through per-part partials); F32, F16, an odd head_dim and a negative
-// scale run the generic kernels.
+// dk/dv written directly or through per-part partials, the backward in groups of kv heads under
+// a small FORGE_ATTN_SCRATCH_MB); F32, F16, an odd head_dim and a negative scale run the generic
+// kernels.
 #include "cuda-util.h"
+
+#include <cstdlib>
 
 namespace {
 
@@ -122,5 +125,15 @@ int main() {
         {"D64 T96 f16", 64, 4, 2, 96, 1, s64, 0, 0, 0, F16},
     };
     for (const AttnCase &c : cases) conformance(c.name, [&c](forge_ctx *ctx) { return build(ctx, c); });
+    // the tensor-core backward in groups of kv heads, its dS^T scratch capped at 1 MiB: 4 groups of
+    // 2 kv heads, 2 groups of 1 (7 query heads each), 4 groups of 1 (softcap, window, documents)
+    setenv("FORGE_ATTN_SCRATCH_MB", "1", 1);
+    const AttnCase grouped[] = {
+        {"kv-head groups gqa 2:1 D128 H16/8 T256 B2 bf16", 128, 16, 8, 256, 2, s128, 0, 0, 0, BF},
+        {"kv-head groups gqa 7:1 D64 H14/2 T512 B2 bf16", 64, 14, 2, 512, 2, s64, 0, 0, 0, BF, true},
+        {"kv-head groups D256 softcap window docs T600 bf16", 256, 8, 4, 600, 1, 0.0625f, 50.0f, 200, 1, BF},
+    };
+    for (const AttnCase &c : grouped) conformance(c.name, [&c](forge_ctx *ctx) { return build(ctx, c); });
+    unsetenv("FORGE_ATTN_SCRATCH_MB");
     return test_finish("test-cuda-attention");
 }
