@@ -42,8 +42,11 @@
 //   Every value is written by exactly one thread: no atomics, bit-for-bit deterministic.
 // Launch shape: 1-D grids ordered so that the longest blocks (the last query tiles; the first key
 // tiles under a causal mask) are dispatched first; 2 blocks of 4 warps per SM (8 warps of one
-// block at D = 256), register-bound (~250 registers, no spills in the D = 64 kernels, a few
-// bytes around the tile bookkeeping elsewhere). Masked work is skipped: causal and window bounds
+// block at D = 256), register-bound (~250 registers; spill stores per thread, `nvcc -Xptxas -v`:
+// none at D = 64 but 4 bytes in its softcap attn_cols, 4-48 in attn_cols at D = 128/256, 40 in the
+// D = 256 forward, 140 in the D = 128 forward at 32 rows per warp and 248 in its softcap variant,
+// where the scores and the accumulators fill the register file: the lead for the D = 128
+// forward's last 2% to 300 TFLOP/s). Masked work is skipped: causal and window bounds
 // give the tile range, a table of per-16-token min/max document ids (attn_doc_table; in a graph
 // the backend runs, made once per step by the first attention node and read by every layer's
 // forward and backward: forge_cuda_attention_plan_docs) skips tiles whose documents cannot meet,
