@@ -280,6 +280,11 @@ __global__ void attn_generic_cols(const attn_args a) {
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) { return r * D + ((((c >> 3) ^ r) & 7) | ((c >> 3) & ~7)) * 8 + (c & 7); }
 
+// wgmma's 128-byte-swizzled layout of a [ROWS][D] tile: [D / 64][ROWS][64], 128-byte rows whose
+// 16-byte chunk c sits at c ^ (row & 7) (element index; each [ROWS][64] block 1024-byte aligned).
+template <int ROWS>
+__device__ __forceinline__ int sw128(int r, int c) { return (c >> 6) * ROWS * 64 + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7); }
+
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void cp_async16(void *s, const void *g, int bytes) { // bytes < 16: zero fill
@@ -360,7 +365,8 @@ __global__ void attn_stats(const attn_args a) {
 
 // Starts copying `valid` (>= 1) rows of D bf16 from global rows `stride` bytes apart into a tile
 // of ROWS rows; rows past `valid` are zero-filled. NT threads share the work.
-template <int ROWS, int D, int NT>
+// SW: wgmma's layout (sw128), else swz<D>.
+template <int ROWS, int D, int NT, bool SW = false>
 __device__ __forceinline__ void load_tile(bf16 *s, const char *g, int64_t stride, int valid, int tid) {
     constexpr int CH = D / 8, N = ROWS * CH;
 #pragma unroll
@@ -368,7 +374,7 @@ __device__ __forceinline__ void load_tile(bf16 *s, const char *g, int64_t stride
         const int e = e0 + tid, r = e / CH, c = e % CH;
         if (N % NT == 0 || e < N) {
             const bool ok = r < valid;
-            cp_async16(s + swz<D>(r, c * 8), ok ? g + r * stride + c * 16 : g, ok ? 16 : 0);
+            cp_async16(s + (SW ? sw128<ROWS>(r, c * 8) : swz<D>(r, c * 8)), ok ? g + r * stride + c * 16 : g, ok ? 16 : 0);
         }
     }
 }
@@ -515,6 +521,60 @@ __device__ __forceinline__ void warp_store_rows(const float (&c)[DO / 8][4], con
     }
 }
 
+// One key tile of a warp's online softmax (MT m16 tiles of rows, 8 NS keys; O has 8 ND columns): s holds the scores
+// q.k in the accumulator layout and becomes P = 2^(x scl - max) (unnormalised); rs is each row's
+// running max (score units) and sum; O (acc) is rescaled when some row max moved. The scores are
+// kept in score units (times scl in the log2 domain, scl = 1 with softcap): the scale rides in the
+// FFMA of the exponent. MASK: test each pair (rows, rdoc: the lane's rows and their document ids;
+// j0, kdoc: the tile's first key and its keys' document ids).
+template <bool CAP, bool MASK, int MT, int NS, int ND>
+__device__ __forceinline__ void softmax_tile(float (&s)[MT][NS][4], float (&rs)[MT][2][2], float (&acc)[MT][ND][4], const attn_args &a,
+                                             float scl, const int (&rows)[MT][2], const int (&rdoc)[MT][2], int j0, const int *kdoc, int tq) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = s[mt][nt][e];
+                if constexpr (CAP) x = a.cap2 * tanh_sfu(x * a.mul);
+                if (MASK && !a.allowed(rows[mt][e >> 1], j0 + nt * 8 + 2 * tq + (e & 1), rdoc[mt][e >> 1], kdoc[nt * 8 + 2 * tq + (e & 1)]))
+                    x = -INFINITY;
+                s[mt][nt][e] = x;
+            }
+    float alpha[MT][2];
+    bool rescale = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) { // online softmax of row r (the lanes of a quad share a row)
+            float mx = rs[mt][r][0];
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float ms = mx == -INFINITY ? 0.0f : mx * scl;
+            alpha[mt][r] = ex2(rs[mt][r][0] * scl - ms);
+            rescale |= alpha[mt][r] != 1.0f;
+            rs[mt][r][0] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++) {
+                s[mt][nt][2 * r] = ex2(fmaf(s[mt][nt][2 * r], scl, -ms));
+                s[mt][nt][2 * r + 1] = ex2(fmaf(s[mt][nt][2 * r + 1], scl, -ms));
+                sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
+            }
+            rs[mt][r][1] = rs[mt][r][1] * alpha[mt][r] + sum;
+        }
+    if (__any_sync(0xffffffffu, rescale)) // some row max moved: rescale O (exact when skipped: alpha is 1)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int dt = 0; dt < ND; dt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[mt][dt][e] *= alpha[mt][e >> 1];
+}
+
 // ---- tensor-core kernels ------------------------------------------------------------------------
 
 // attn_rows tiles per head_dim (the forward): NW warps of MT x 16 query rows (BM = 16 MT NW rows
@@ -598,8 +658,6 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
             rs[mt][e][0] = -INFINITY;
             rs[mt][e][1] = 0.0f;
         }
-    // scores are kept in score units (times scl in the log2 domain): the scale rides in the FFMA
-    // of the exponent
     const float scl = CAP ? 1.0f : a.mul;
 
     for (int st = 0; jt <= jt_hi; st ^= 1) {
@@ -618,49 +676,7 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
             constexpr bool MASK = decltype(masked)::value;
             float s[MT][BN / 8][4] = {};
             gemm_nt<MT, BN, D>(s, fq, tK, lo);
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float x = s[mt][nt][e];
-                        if constexpr (CAP) x = a.cap2 * tanh_sfu(x * a.mul);
-                        if (MASK && !a.allowed(rows[mt][e >> 1], j0 + nt * 8 + 2 * tq + (e & 1), rdoc[mt][e >> 1], tDoc[nt * 8 + 2 * tq + (e & 1)]))
-                            x = -INFINITY;
-                        s[mt][nt][e] = x;
-                    }
-            float alpha[MT][2];
-            bool rescale = false;
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) { // online softmax of row r (the lanes of a quad share a row)
-                    float mx = rs[mt][r][0];
-#pragma unroll
-                    for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    const float ms = mx == -INFINITY ? 0.0f : mx * scl;
-                    alpha[mt][r] = ex2(rs[mt][r][0] * scl - ms);
-                    rescale |= alpha[mt][r] != 1.0f;
-                    rs[mt][r][0] = mx;
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int nt = 0; nt < BN / 8; nt++) {
-                        s[mt][nt][2 * r] = ex2(fmaf(s[mt][nt][2 * r], scl, -ms));
-                        s[mt][nt][2 * r + 1] = ex2(fmaf(s[mt][nt][2 * r + 1], scl, -ms));
-                        sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
-                    }
-                    rs[mt][r][1] = rs[mt][r][1] * alpha[mt][r] + sum;
-                }
-            if (__any_sync(0xffffffffu, rescale)) // some row max moved: rescale O (exact when skipped: alpha is 1)
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int dt = 0; dt < D / 8; dt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) acc[mt][dt][e] *= alpha[mt][e >> 1];
+            softmax_tile<CAP, MASK>(s, rs, acc, a, scl, rows, rdoc, j0, tDoc, tq);
             uint32_t f[MT][BN / 16][4];
             to_frags<MT, BN>(s, f);
             gemm_nn<MT, BN, D, D>(acc, f, tV, lo); // O += P V
@@ -689,6 +705,209 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
         const int r0 = w0 + mt * 16;
         warp_store_rows<D, D>(acc[mt], mul, sQ, r0, 0, a.row(a.out, h, i0 + r0, b), a.out.nb[2], iend - i0 - r0, lane);
     }
+}
+
+// ---- wgmma (sm_90a): the forward at head_dim 64 and 128 --------------------------------------
+//
+// A warpgroup (4 warps) multiplies 64 rows at a time with wgmma.mma_async: B (and A, for S = Q K^T)
+// straight from shared memory through a matrix descriptor, A from registers for O += P V. Against
+// mma.sync, a K or V tile is read from shared memory once per warpgroup instead of once per warp
+// (ldmatrix), which was the D = 128 forward's limit: one ldmatrix.x4 per 3.2 mma put shared memory
+// bandwidth level with the tensor rate. Tiles are stored as wgmma's 128-byte-swizzled canonical
+// layout: [D / 64][rows][64] bf16, 128-byte rows whose 16-byte chunk c sits at c ^ (row & 7), each
+// [rows][64] block 1024-byte aligned. For S, K is the K-major B operand (8-row groups 1024 bytes
+// apart: SBO; a 16-deep step is 32 bytes along the row, or the next block); for O, V is the
+// MN-major ("transposed") B operand (SBO 1024 bytes between groups of 8 keys, LBO between the
+// 64-column blocks). The accumulator of m64nN gives each warp 16 rows in mma.sync's m16n8 layout,
+// so the online softmax (softmax_tile) and P's A fragments (to_frags) are the mma.sync kernel's.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FORGE_WGMMA_DEVICE 1
+#endif
+#ifdef FORGE_WGMMA_DEVICE
+
+// Matrix descriptor of a 128-byte-swizzled operand at shared address addr.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Writes by this thread to shared memory (cp.async, st.shared) become visible to wgmma's reads.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving reads or writes of accumulators across a wgmma wait.
+template <int N>
+__device__ __forceinline__ void wg_pin(float (&d)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+// d (64 x N, the warpgroup's accumulator) = (acc ? d : 0) + A B^T, A and B K-major in shared memory
+template <int N>
+__device__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int acc);
+// d += A B, A (this warp's 16 x 16 of the warpgroup's 64 x 16) in registers, B MN-major in shared memory
+template <int N>
+__device__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db);
+template <> __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                 "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                 "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+template <> __device__ __forceinline__ void wgmma_rs<64>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                 "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                 "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                 "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                 "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                 "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                 "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                 "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                 "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+#endif
+
+// attn_rows_wg tiles: NWG warpgroups of 64 query rows per block, 64 keys per step.
+template <int D> struct wg_cfg;
+template <> struct wg_cfg<64> { static constexpr int NWG = 1, MINB = 4; };
+template <> struct wg_cfg<128> { static constexpr int NWG = 1, MINB = 2; };
+template <int D>
+constexpr size_t wg_smem() { // + 1024: the dynamic shared memory is aligned up to 1024 bytes
+    constexpr int BM = 64 * wg_cfg<D>::NWG, BN = 64;
+    return 1024 + (size_t)(BM * D + 4 * BN * D) * sizeof(bf16) + 2 * BN * sizeof(int);
+}
+
+// The forward on wgmma (D = 64, 128): attn_rows' algorithm, a warpgroup computing S and O for its
+// 64 rows with one wgmma per 16-deep step, each warp then running the online softmax of its 16
+// rows. A warpgroup skips a tile none of its rows may see; otherwise every warp takes part in the
+// wgmma (collective), and a warp whose rows see only part of the tile (or none of it) tests each
+// pair. Block x = (query tile from the last) * Hq B + h + Hq b.
+template <int D, bool CAP>
+__global__ void __launch_bounds__(128 * wg_cfg<D>::NWG, wg_cfg<D>::MINB) attn_rows_wg(const attn_args a) {
+#ifdef FORGE_WGMMA_DEVICE
+    forge_cuda_prologue();
+    constexpr int BN = 64, NT = 128 * wg_cfg<D>::NWG, BM = 64 * wg_cfg<D>::NWG;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16 *sQ = (bf16 *)(smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024)); // [D / 64][BM][64] (sw128), then the output rows (swz)
+    bf16 *sK = sQ + BM * D;               // [2][D / 64][BN][64]
+    bf16 *sV = sK + 2 * BN * D;           // [2][D / 64][BN][64]
+    int *sDoc = (int *)(sV + 2 * BN * D); // [2][BN] doc ids of the keys
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3, wg = warp / 4;
+    const int HB = a.Hq * a.B, hb = (int)(blockIdx.x % HB), h = hb % a.Hq, b = hb / a.Hq, hk = h / a.group;
+    const int i0 = ((a.T + BM - 1) / BM - 1 - (int)(blockIdx.x / HB)) * BM; // the last (longest) query tiles first
+    const int iend = min(i0 + BM, a.T), w0 = warp * 16, g0 = wg * 64;      // the warp's rows: i0 + w0 + [0, 16)
+
+    load_tile<BM, D, NT, true>(sQ, a.row(a.q, h, i0, b), a.q.nb[2], iend - i0, tid);
+    cp_async_commit();
+    if (!a.doc.data)
+        for (int r = tid; r < 2 * BN; r += NT) sDoc[r] = 0;
+    const int jt_hi = (iend - 1) / BN;
+    auto next_tile = [&](int jt) { // the next key tile some row of the block may see
+        while (jt <= jt_hi && a.tile_class(b, i0, i0 + BM, jt * BN, jt * BN + BN) == kSkip) jt++;
+        return jt;
+    };
+    auto load_kv = [&](int jt, int st) {
+        const int j0 = jt * BN, n = min(BN, a.T - j0);
+        load_tile<BN, D, NT, true>(sK + st * BN * D, a.row(a.k, hk, j0, b), a.k.nb[2], n, tid);
+        load_tile<BN, D, NT, true>(sV + st * BN * D, a.row(a.v, hk, j0, b), a.v.nb[2], n, tid);
+        if (a.doc.data) load_words<BN, NT>(sDoc + st * BN, a.doc.data + (int64_t)j0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
+        cp_async_commit();
+    };
+    int jt = next_tile(a.first_key(i0) / BN); // the diagonal tile is never skipped
+    load_kv(jt, 0);
+
+    int rows[1][2], rdoc[1][2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        rows[0][e] = i0 + w0 + (lane >> 2) + 8 * e;
+        rdoc[0][e] = rows[0][e] < a.T ? a.doc_id(rows[0][e], b) : 0;
+    }
+    const uint32_t uQ = smem_addr(sQ) + g0 * 128, uK = smem_addr(sK), uV = smem_addr(sV);
+    float acc[1][D / 8][4] = {};
+    float rs[1][2][2] = {{{-INFINITY, 0.0f}, {-INFINITY, 0.0f}}}; // running max (score units) and partial sum of each row
+    const float scl = CAP ? 1.0f : a.mul;
+
+    for (int st = 0; jt <= jt_hi; st ^= 1) {
+        const int jn = next_tile(jt + 1);
+        if (jn <= jt_hi) {
+            load_kv(jn, st ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_async_smem();
+        __syncthreads();
+        const int j0 = jt * BN;
+        const uint32_t tK = uK + st * BN * D * 2, tV = uV + st * BN * D * 2;
+        if (a.tile_class(b, i0 + g0, i0 + g0 + 64, j0, j0 + BN) != kSkip) { // uniform in the warpgroup
+            float s[1][BN / 8][4];
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) // S = Q K^T: 16-deep steps, 32 bytes along the rows or the next 64-column block
+                wgmma_ss<BN>(s[0], wg_desc(uQ + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024),
+                             wg_desc(tK + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024), kk);
+            wg_commit();
+            wg_wait0();
+            wg_pin<BN / 8>(s[0]);
+            const int *tDoc = sDoc + st * BN;
+            if (a.tile_class(b, i0 + w0, i0 + w0 + 16, j0, j0 + BN) == kFull)
+                softmax_tile<CAP, false>(s, rs, acc, a, scl, rows, rdoc, j0, tDoc, tq);
+            else
+                softmax_tile<CAP, true>(s, rs, acc, a, scl, rows, rdoc, j0, tDoc, tq);
+            uint32_t f[1][BN / 16][4];
+            to_frags<1, BN>(s, f);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) // O += P V: 16 keys (2 KB of V) per step
+                wgmma_rs<D>(acc[0], f[0][kk], wg_desc(tV + kk * 16 * 128, BN * 128, 1024));
+            wg_commit();
+            wg_wait0();
+            wg_pin<D / 8>(acc[0]);
+        }
+        __syncthreads();
+        jt = jn;
+    }
+
+    float mul[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = rs[0][r][1];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        mul[r] = 1.0f / l;
+        if (a.lse.data && tq == 0 && rows[0][r] < a.T)
+            *(float *)(a.lse.data + h * a.lse.nb[0] + (int64_t)rows[0][r] * a.lse.nb[1] + (int64_t)b * a.lse.nb[2]) = (rs[0][r][0] * scl + log2f(l)) * kLn2;
+    }
+    warp_store_rows<D, D>(acc[0], mul, sQ, w0, 0, a.row(a.out, h, i0 + w0, b), a.out.nb[2], iend - i0 - w0, lane);
+#else
+    __trap(); // not built for sm_90a: run_tc does not launch it (wgmma_built)
+#endif
 }
 
 // Stores a warp's dS^T fragments (16 key rows x NQ query columns, as to_frags made them) at t,
@@ -1075,6 +1294,25 @@ void launch(K kernel, int64_t blocks, int threads, size_t smem, const attn_args 
     forge_cuda_launch_kernel(kernel, (unsigned)blocks, threads, smem, stream, a);
 }
 
+// Whether the forward runs on wgmma (attn_rows_wg): built for sm_90a (FORGE_CUDA_SM90A, set by
+// CMake when FORGE_CUDA_ARCH names 90a), run on a device of compute capability 9.0, and not turned
+// off by FORGE_ATTN_WGMMA=0 (which runs attn_rows, the mma.sync forward, for comparison).
+bool wgmma_on() {
+#ifdef FORGE_CUDA_SM90A
+    static const bool on = [] {
+        int dev = 0, major = 0, minor = 0;
+        FORGE_CUDA_CHECK(cudaGetDevice(&dev));
+        FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        const char *e = std::getenv("FORGE_ATTN_WGMMA");
+        return major == 9 && minor == 0 && !(e && std::atoi(e) == 0);
+    }();
+    return on;
+#else
+    return false;
+#endif
+}
+
 // The forward; or the backward: the row statistics, dk and dv with dS^T (attn_cols), then dq.
 // Either kernel of 128 query rows per block takes the small-grid form (MT = 1) when its grid
 // would hold at most one block per SM: one m16 tile per warp, twice the blocks of half the rows,
@@ -1082,6 +1320,12 @@ void launch(K kernel, int64_t blocks, int threads, size_t smem, const attn_args 
 template <int D, bool CAP>
 void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
     const int64_t HB = (int64_t)a.Hq * a.B;
+    if constexpr (D <= 128) {
+        if (fwd && wgmma_on()) {
+            launch(attn_rows_wg<D, CAP>, cdiv(a.T, 64 * wg_cfg<D>::NWG) * HB, 128 * wg_cfg<D>::NWG, wg_smem<D>(), a, p->stream);
+            return;
+        }
+    }
     if (fwd) {
         constexpr int MT = rows_cfg<D>::MT, NW = rows_cfg<D>::NW;
         if (MT > 1 && cdiv(a.T, rows_bm<D>()) * HB <= p->sm_count)
