@@ -521,15 +521,15 @@ __device__ __forceinline__ void warp_store_rows(const float (&c)[DO / 8][4], con
     }
 }
 
-// One key tile of a warp's online softmax (MT m16 tiles of rows, 8 NS keys; O has 8 ND columns): s holds the scores
-// q.k in the accumulator layout and becomes P = 2^(x scl - max) (unnormalised); rs is each row's
-// running max (score units) and sum; O (acc) is rescaled when some row max moved. The scores are
+// One key tile of a warp's online softmax (MT m16 tiles of rows, 8 NS keys): s holds the scores q.k
+// in the accumulator layout and becomes P = 2^(x scl - max) (unnormalised); rs is each row's
+// running max (score units) and sum; alpha each row's factor for O (rescale_o). The scores are
 // kept in score units (times scl in the log2 domain, scl = 1 with softcap): the scale rides in the
 // FFMA of the exponent. MASK: test each pair (rows, rdoc: the lane's rows and their document ids;
 // j0, kdoc: the tile's first key and its keys' document ids).
-template <bool CAP, bool MASK, int MT, int NS, int ND>
-__device__ __forceinline__ void softmax_tile(float (&s)[MT][NS][4], float (&rs)[MT][2][2], float (&acc)[MT][ND][4], const attn_args &a,
-                                             float scl, const int (&rows)[MT][2], const int (&rdoc)[MT][2], int j0, const int *kdoc, int tq) {
+template <bool CAP, bool MASK, int MT, int NS>
+__device__ __forceinline__ bool softmax_tile(float (&s)[MT][NS][4], float (&rs)[MT][2][2], float (&alpha)[MT][2], const attn_args &a, float scl,
+                                             const int (&rows)[MT][2], const int (&rdoc)[MT][2], int j0, const int *kdoc, int tq) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -542,7 +542,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[MT][NS][4], float (&rs)[
                     x = -INFINITY;
                 s[mt][nt][e] = x;
             }
-    float alpha[MT][2];
     bool rescale = false;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -566,7 +565,13 @@ __device__ __forceinline__ void softmax_tile(float (&s)[MT][NS][4], float (&rs)[
             }
             rs[mt][r][1] = rs[mt][r][1] * alpha[mt][r] + sum;
         }
-    if (__any_sync(0xffffffffu, rescale)) // some row max moved: rescale O (exact when skipped: alpha is 1)
+    return rescale;
+}
+// O *= alpha row by row, when some row max of the warp moved (rescale: the lane's softmax_tile
+// result; exact when skipped: alpha is 1).
+template <int MT, int ND>
+__device__ __forceinline__ void rescale_o(float (&acc)[MT][ND][4], const float (&alpha)[MT][2], bool rescale) {
+    if (__any_sync(0xffffffffu, rescale))
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -676,7 +681,8 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
             constexpr bool MASK = decltype(masked)::value;
             float s[MT][BN / 8][4] = {};
             gemm_nt<MT, BN, D>(s, fq, tK, lo);
-            softmax_tile<CAP, MASK>(s, rs, acc, a, scl, rows, rdoc, j0, tDoc, tq);
+            float alpha[MT][2];
+            rescale_o(acc, alpha, softmax_tile<CAP, MASK>(s, rs, alpha, a, scl, rows, rdoc, j0, tDoc, tq));
             uint32_t f[MT][BN / 16][4];
             to_frags<MT, BN>(s, f);
             gemm_nn<MT, BN, D, D>(acc, f, tV, lo); // O += P V
@@ -731,7 +737,8 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // Writes by this thread to shared memory (cp.async, st.shared) become visible to wgmma's reads.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keeps the compiler from moving reads or writes of accumulators across a wgmma wait.
@@ -793,35 +800,39 @@ template <> __device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], con
 }
 #endif
 
-// attn_rows_wg tiles: NWG warpgroups of 64 query rows per block, 64 keys per step.
+// attn_rows_wg: a block is one warpgroup of 64 query rows, 64 keys per step; MINB blocks per SM
+// (shared memory holds 2 at D = 128: 97 KB each).
 template <int D> struct wg_cfg;
-template <> struct wg_cfg<64> { static constexpr int NWG = 1, MINB = 4; };
-template <> struct wg_cfg<128> { static constexpr int NWG = 1, MINB = 2; };
+template <> struct wg_cfg<64> { static constexpr int MINB = 3; };
+template <> struct wg_cfg<128> { static constexpr int MINB = 2; };
 template <int D>
-constexpr size_t wg_smem() { // + 1024: the dynamic shared memory is aligned up to 1024 bytes
-    constexpr int BM = 64 * wg_cfg<D>::NWG, BN = 64;
-    return 1024 + (size_t)(BM * D + 4 * BN * D) * sizeof(bf16) + 2 * BN * sizeof(int);
+constexpr size_t wg_smem() { // Q, 2 stages of K, 3 of V, the keys' doc ids; + 1024: the base is aligned up to 1024 bytes
+    return 1024 + (size_t)(64 * D + 5 * 64 * D) * sizeof(bf16) + 2 * 64 * sizeof(int);
 }
 
 // The forward on wgmma (D = 64, 128): attn_rows' algorithm, a warpgroup computing S and O for its
 // 64 rows with one wgmma per 16-deep step, each warp then running the online softmax of its 16
-// rows. A warpgroup skips a tile none of its rows may see; otherwise every warp takes part in the
-// wgmma (collective), and a warp whose rows see only part of the tile (or none of it) tests each
-// pair. Block x = (query tile from the last) * Hq B + h + Hq b.
+// rows. Pipelined within the warpgroup (FlashAttention-3's intra-warpgroup overlap): a step issues
+// S_j = Q K_j, then O += P_{j-1} V_{j-1}, waits for S_j only, and runs tile j's softmax while the
+// tensor cores do P_{j-1} V_{j-1}; O is rescaled after that product lands. So V keeps 3 stages (the
+// tile being multiplied, the current one, the one loading) and K 2. Every warp takes part in each
+// wgmma (collective, and outside any branch: ptxas serialises wgmma it finds in a divergent path);
+// a warp whose rows see only part of a tile (or none of it) tests each pair.
+// Block x = (query tile from the last) * Hq B + h + Hq b.
 template <int D, bool CAP>
-__global__ void __launch_bounds__(128 * wg_cfg<D>::NWG, wg_cfg<D>::MINB) attn_rows_wg(const attn_args a) {
+__global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_args a) {
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
-    constexpr int BN = 64, NT = 128 * wg_cfg<D>::NWG, BM = 64 * wg_cfg<D>::NWG;
+    constexpr int BN = 64, NT = 128, BM = 64;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16 *sQ = (bf16 *)(smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024)); // [D / 64][BM][64] (sw128), then the output rows (swz)
     bf16 *sK = sQ + BM * D;               // [2][D / 64][BN][64]
-    bf16 *sV = sK + 2 * BN * D;           // [2][D / 64][BN][64]
-    int *sDoc = (int *)(sV + 2 * BN * D); // [2][BN] doc ids of the keys
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3, wg = warp / 4;
+    bf16 *sV = sK + 2 * BN * D;           // [3][D / 64][BN][64]
+    int *sDoc = (int *)(sV + 3 * BN * D); // [2][BN] doc ids of the keys
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
     const int HB = a.Hq * a.B, hb = (int)(blockIdx.x % HB), h = hb % a.Hq, b = hb / a.Hq, hk = h / a.group;
     const int i0 = ((a.T + BM - 1) / BM - 1 - (int)(blockIdx.x / HB)) * BM; // the last (longest) query tiles first
-    const int iend = min(i0 + BM, a.T), w0 = warp * 16, g0 = wg * 64;      // the warp's rows: i0 + w0 + [0, 16)
+    const int iend = min(i0 + BM, a.T), w0 = warp * 16;                    // the warp's rows: i0 + w0 + [0, 16)
 
     load_tile<BM, D, NT, true>(sQ, a.row(a.q, h, i0, b), a.q.nb[2], iend - i0, tid);
     cp_async_commit();
@@ -832,11 +843,12 @@ __global__ void __launch_bounds__(128 * wg_cfg<D>::NWG, wg_cfg<D>::MINB) attn_ro
         while (jt <= jt_hi && a.tile_class(b, i0, i0 + BM, jt * BN, jt * BN + BN) == kSkip) jt++;
         return jt;
     };
-    auto load_kv = [&](int jt, int st) {
-        const int j0 = jt * BN, n = min(BN, a.T - j0);
-        load_tile<BN, D, NT, true>(sK + st * BN * D, a.row(a.k, hk, j0, b), a.k.nb[2], n, tid);
-        load_tile<BN, D, NT, true>(sV + st * BN * D, a.row(a.v, hk, j0, b), a.v.nb[2], n, tid);
-        if (a.doc.data) load_words<BN, NT>(sDoc + st * BN, a.doc.data + (int64_t)j0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
+    auto load_kv = [&](int jt, int n) { // the n-th tile the block visits
+        const int j0 = jt * BN, valid = min(BN, a.T - j0);
+        load_tile<BN, D, NT, true>(sK + (n % 2) * BN * D, a.row(a.k, hk, j0, b), a.k.nb[2], valid, tid);
+        load_tile<BN, D, NT, true>(sV + (n % 3) * BN * D, a.row(a.v, hk, j0, b), a.v.nb[2], valid, tid);
+        if (a.doc.data)
+            load_words<BN, NT>(sDoc + (n % 2) * BN, a.doc.data + (int64_t)j0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], valid, tid);
         cp_async_commit();
     };
     int jt = next_tile(a.first_key(i0) / BN); // the diagonal tile is never skipped
@@ -848,15 +860,21 @@ __global__ void __launch_bounds__(128 * wg_cfg<D>::NWG, wg_cfg<D>::MINB) attn_ro
         rows[0][e] = i0 + w0 + (lane >> 2) + 8 * e;
         rdoc[0][e] = rows[0][e] < a.T ? a.doc_id(rows[0][e], b) : 0;
     }
-    const uint32_t uQ = smem_addr(sQ) + g0 * 128, uK = smem_addr(sK), uV = smem_addr(sV);
+    const uint32_t uQ = smem_addr(sQ), uK = smem_addr(sK), uV = smem_addr(sV);
     float acc[1][D / 8][4] = {};
     float rs[1][2][2] = {{{-INFINITY, 0.0f}, {-INFINITY, 0.0f}}}; // running max (score units) and partial sum of each row
     const float scl = CAP ? 1.0f : a.mul;
+    uint32_t p[1][BN / 16][4]; // P of the last tile the warpgroup computed, as A fragments
+    int pv = -1;               // its V stage, -1 before the first tile
+    auto issue_pv = [&]() { // O += P V: 16 keys (2 KB of V) per step
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) wgmma_rs<D>(acc[0], p[0][kk], wg_desc(uV + pv * BN * D * 2 + kk * 16 * 128, BN * 128, 1024));
+    };
 
-    for (int st = 0; jt <= jt_hi; st ^= 1) {
+    for (int n = 0; jt <= jt_hi; n++) {
         const int jn = next_tile(jt + 1);
         if (jn <= jt_hi) {
-            load_kv(jn, st ^ 1);
+            load_kv(jn, n + 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -864,35 +882,38 @@ __global__ void __launch_bounds__(128 * wg_cfg<D>::NWG, wg_cfg<D>::MINB) attn_ro
         fence_async_smem();
         __syncthreads();
         const int j0 = jt * BN;
-        const uint32_t tK = uK + st * BN * D * 2, tV = uV + st * BN * D * 2;
-        if (a.tile_class(b, i0 + g0, i0 + g0 + 64, j0, j0 + BN) != kSkip) { // uniform in the warpgroup
+        {
             float s[1][BN / 8][4];
+            const uint32_t tK = uK + (n % 2) * BN * D * 2;
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) // S = Q K^T: 16-deep steps, 32 bytes along the rows or the next 64-column block
                 wgmma_ss<BN>(s[0], wg_desc(uQ + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024),
                              wg_desc(tK + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024), kk);
             wg_commit();
-            wg_wait0();
+            if (pv >= 0) issue_pv();
+            wg_commit();  // (an empty group at the first tile)
+            wg_wait<1>(); // S_j has landed; P_{j-1} V_{j-1} may still run
             wg_pin<BN / 8>(s[0]);
-            const int *tDoc = sDoc + st * BN;
-            if (a.tile_class(b, i0 + w0, i0 + w0 + 16, j0, j0 + BN) == kFull)
-                softmax_tile<CAP, false>(s, rs, acc, a, scl, rows, rdoc, j0, tDoc, tq);
-            else
-                softmax_tile<CAP, true>(s, rs, acc, a, scl, rows, rdoc, j0, tDoc, tq);
-            uint32_t f[1][BN / 16][4];
-            to_frags<1, BN>(s, f);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) // O += P V: 16 keys (2 KB of V) per step
-                wgmma_rs<D>(acc[0], f[0][kk], wg_desc(tV + kk * 16 * 128, BN * 128, 1024));
-            wg_commit();
-            wg_wait0();
+            const int *tDoc = sDoc + (n % 2) * BN;
+            float alpha[1][2];
+            const bool moved = a.tile_class(b, i0 + w0, i0 + w0 + 16, j0, j0 + BN) == kFull
+                                   ? softmax_tile<CAP, false>(s, rs, alpha, a, scl, rows, rdoc, j0, tDoc, tq)
+                                   : softmax_tile<CAP, true>(s, rs, alpha, a, scl, rows, rdoc, j0, tDoc, tq);
+            wg_wait<0>();
             wg_pin<D / 8>(acc[0]);
+            rescale_o(acc, alpha, moved);
+            to_frags<1, BN>(s, p);
+            pv = n % 3;
         }
         __syncthreads();
         jt = jn;
     }
+    wg_fence(); // the last tile's P V
+    issue_pv();
+    wg_commit();
+    wg_wait<0>();
+    wg_pin<D / 8>(acc[0]);
 
     float mul[2];
 #pragma unroll
@@ -906,7 +927,7 @@ __global__ void __launch_bounds__(128 * wg_cfg<D>::NWG, wg_cfg<D>::MINB) attn_ro
     }
     warp_store_rows<D, D>(acc[0], mul, sQ, w0, 0, a.row(a.out, h, i0 + w0, b), a.out.nb[2], iend - i0 - w0, lane);
 #else
-    __trap(); // not built for sm_90a: run_tc does not launch it (wgmma_built)
+    __trap(); // not built for sm_90a: run_tc does not launch it (wgmma_on)
 #endif
 }
 
@@ -1322,7 +1343,7 @@ void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
     const int64_t HB = (int64_t)a.Hq * a.B;
     if constexpr (D <= 128) {
         if (fwd && wgmma_on()) {
-            launch(attn_rows_wg<D, CAP>, cdiv(a.T, 64 * wg_cfg<D>::NWG) * HB, 128 * wg_cfg<D>::NWG, wg_smem<D>(), a, p->stream);
+            launch(attn_rows_wg<D, CAP>, cdiv(a.T, 64) * HB, 128, wg_smem<D>(), a, p->stream);
             return;
         }
     }
