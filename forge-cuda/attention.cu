@@ -756,6 +756,46 @@ __device__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int acc
 // d += A B, A (this warp's 16 x 16 of the warpgroup's 64 x 16) in registers, B MN-major in shared memory
 template <int N>
 __device__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db);
+template <> __device__ __forceinline__ void wgmma_ss<32>(float (&d)[4][4], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                 "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+template <> __device__ __forceinline__ void wgmma_rs<256>(float (&d)[32][4], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                 "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                 "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                 "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                 "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                 "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                 "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
+                 "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+                 "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
+                 "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
+                 "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+                 "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
+                 "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
+                 "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+                 "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
 template <> __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], uint64_t da, uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
@@ -800,17 +840,18 @@ template <> __device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], con
 }
 #endif
 
-// attn_rows_wg: a block is one warpgroup of 64 query rows, 64 keys per step; MINB blocks per SM
-// (shared memory holds 2 at D = 128: 97 KB each).
+// attn_rows_wg: a block is one warpgroup of 64 query rows, BN keys per step; MINB blocks per SM
+// (shared memory holds 2 at D = 128, 96 KB each, and at D = 256 with 32-key steps, 112 KB each).
 template <int D> struct wg_cfg;
-template <> struct wg_cfg<64> { static constexpr int MINB = 3; };
-template <> struct wg_cfg<128> { static constexpr int MINB = 2; };
+template <> struct wg_cfg<64> { static constexpr int BN = 64, MINB = 3; };
+template <> struct wg_cfg<128> { static constexpr int BN = 64, MINB = 2; };
+template <> struct wg_cfg<256> { static constexpr int BN = 32, MINB = 2; };
 template <int D>
-constexpr size_t wg_smem() { // Q, 2 stages of K, 3 of V, the keys' doc ids; + 1024: the base is aligned up to 1024 bytes
-    return 1024 + (size_t)(64 * D + 5 * 64 * D) * sizeof(bf16) + 2 * 64 * sizeof(int);
+constexpr size_t wg_smem() { // Q, 2 stages of K, 3 of V, the keys' doc ids
+    return (size_t)(64 * D + 5 * wg_cfg<D>::BN * D) * sizeof(bf16) + 2 * wg_cfg<D>::BN * sizeof(int);
 }
 
-// The forward on wgmma (D = 64, 128): attn_rows' algorithm, a warpgroup computing S and O for its
+// The forward on wgmma: attn_rows' algorithm, a warpgroup computing S and O for its
 // 64 rows with one wgmma per 16-deep step, each warp then running the online softmax of its 16
 // rows. Pipelined within the warpgroup (FlashAttention-3's intra-warpgroup overlap): a step issues
 // S_j = Q K_j, then O += P_{j-1} V_{j-1}, waits for S_j only, and runs tile j's softmax while the
@@ -823,9 +864,10 @@ template <int D, bool CAP>
 __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_args a) {
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
-    constexpr int BN = 64, NT = 128, BM = 64;
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    bf16 *sQ = (bf16 *)(smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024)); // [D / 64][BM][64] (sw128), then the output rows (swz)
+    constexpr int BN = wg_cfg<D>::BN, NT = 128, BM = 64;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    if (smem_addr(smem_raw) % 1024) __trap(); // the swizzle pattern repeats every 1024 bytes from an aligned base
+    bf16 *sQ = (bf16 *)smem_raw;          // [D / 64][BM][64] (sw128), then the output rows (swz)
     bf16 *sK = sQ + BM * D;               // [2][D / 64][BN][64]
     bf16 *sV = sK + 2 * BN * D;           // [3][D / 64][BN][64]
     int *sDoc = (int *)(sV + 3 * BN * D); // [2][BN] doc ids of the keys
@@ -1341,11 +1383,9 @@ bool wgmma_on() {
 template <int D, bool CAP>
 void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
     const int64_t HB = (int64_t)a.Hq * a.B;
-    if constexpr (D <= 128) {
-        if (fwd && wgmma_on()) {
-            launch(attn_rows_wg<D, CAP>, cdiv(a.T, 64) * HB, 128, wg_smem<D>(), a, p->stream);
-            return;
-        }
+    if (fwd && wgmma_on()) {
+        launch(attn_rows_wg<D, CAP>, cdiv(a.T, 64) * HB, 128, wg_smem<D>(), a, p->stream);
+        return;
     }
     if (fwd) {
         constexpr int MT = rows_cfg<D>::MT, NW = rows_cfg<D>::NW;
