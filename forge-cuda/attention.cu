@@ -989,6 +989,65 @@ __device__ __forceinline__ void store_ds(bf16 *t, const uint32_t (&f)[NQ / 16][4
     }
 }
 
+// P^T and dS^T of a warp's 16 key rows (cols, cdoc: the lane's keys and their document ids) and
+// 8 NS query columns qc0.. of the step at query q0, in place: ps holds S^T and becomes
+// P^T = 2^(s mul - LSE) (the score softcapped first under CAP), ds holds dP^T and becomes
+// dS^T = P^T (dP^T - D_i), times the softcap's derivative. tL, tDi, tDoc: the step's LSE*log2e,
+// D_i and document ids. MASK: test each pair.
+template <bool CAP, bool MASK, int NS>
+__device__ __forceinline__ void cols_pds(float (&ps)[1][NS][4], float (&ds)[1][NS][4], const attn_args &a, const float *tL, const float *tDi,
+                                         const int *tDoc, int q0, int qc0, const int (&cols)[2], const int (&cdoc)[2], int tq) {
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) {
+        const int ii = qc0 + nt * 8 + 2 * tq; // query columns ii, ii + 1
+        const float2 lq = *(const float2 *)(tL + ii), dq = *(const float2 *)(tDi + ii);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, c = e & 1;
+            float p, dc = 1.0f;
+            if constexpr (CAP) {
+                const float t = tanh_sfu(ps[0][nt][e] * a.mul);
+                dc = 1.0f - t * t;
+                p = ex2(a.cap2 * t - (c ? lq.y : lq.x));
+            } else {
+                p = ex2(fmaf(ps[0][nt][e], a.mul, -(c ? lq.y : lq.x)));
+            }
+            if (MASK && !a.allowed(q0 + ii + c, cols[r], tDoc[ii + c], cdoc[r])) p = 0.0f;
+            ps[0][nt][e] = p;
+            ds[0][nt][e] = p * (ds[0][nt][e] - (c ? dq.y : dq.x)) * dc;
+        }
+    }
+}
+
+// The end of attn_cols (either form): a warp's dk (times scale) and dv for its 16 key rows wj0..
+// (valid up to jend) and depth columns col0 + [0, DO), staged through its own rows of the k / v
+// tiles sK, sV (swz layout) when hsplit = 1; else fp32 partials of part `part` (a quad writes 32
+// contiguous bytes of a row).
+template <int DO, int D>
+__device__ __forceinline__ void cols_finish(const attn_args &a, const float (&dk)[DO / 8][4], const float (&dv)[DO / 8][4], bf16 *sK, bf16 *sV,
+                                            int r0, int col0, int g, int b, int part, int wj0, int jend, const int (&cols)[2], int lane) {
+    if (a.hsplit == 1) {
+        const float mk[2] = {a.scale, a.scale}, mv[2] = {1.0f, 1.0f};
+        if (a.dk.data)
+            warp_store_rows<DO, D>(dk, mk, sK, r0, col0, a.row(a.dk, g, wj0, b) + col0 * sizeof(bf16), a.dk.nb[2], jend - wj0, lane);
+        if (a.dv.data)
+            warp_store_rows<DO, D>(dv, mv, sV, r0, col0, a.row(a.dv, g, wj0, b) + col0 * sizeof(bf16), a.dv.nb[2], jend - wj0, lane);
+        return;
+    }
+    const int64_t n = (int64_t)a.B * a.Hkv * a.T * a.D;
+    float *pk = a.part + part * n + ((int64_t)b * a.Hkv + g) * a.T * a.D, *pv = pk + a.hsplit * n;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        if (cols[e] >= a.T) continue;
+        const int64_t off = (int64_t)cols[e] * a.D + col0 + 2 * (lane & 3);
+#pragma unroll
+        for (int nt = 0; nt < DO / 8; nt++) {
+            *(float2 *)(pk + off + nt * 8) = make_float2(dk[nt][2 * e], dk[nt][2 * e + 1]);
+            *(float2 *)(pv + off + nt * 8) = make_float2(dv[nt][2 * e], dv[nt][2 * e + 1]);
+        }
+    }
+}
+
 // attn_cols tiles per head_dim: NW warps; DS (1 or 2) warps share 16 key rows (BN = 16 NW / DS
 // keys per block), each reducing S^T and dP^T over its D / DS slice of the depth and owning the same
 // slice of the dk/dv columns; BQ queries per step, the warp's K and V fragments kept in registers
@@ -1141,26 +1200,7 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
                     }
                 }
             }
-#pragma unroll
-            for (int nt = 0; nt < NQ / 8; nt++) {
-                const int ii = qc0 + nt * 8 + 2 * tq; // query columns ii, ii + 1
-                const float2 lq = *(const float2 *)(tL + ii), dq = *(const float2 *)(tDi + ii);
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1, c = e & 1;
-                    float p, dc = 1.0f;
-                    if constexpr (CAP) {
-                        const float t = tanh_sfu(ps[0][nt][e] * a.mul);
-                        dc = 1.0f - t * t;
-                        p = ex2(a.cap2 * t - (c ? lq.y : lq.x));
-                    } else {
-                        p = ex2(fmaf(ps[0][nt][e], a.mul, -(c ? lq.y : lq.x)));
-                    }
-                    if (MASK && !a.allowed(q0 + ii + c, cols[r], tDoc[ii + c], cdoc[r])) p = 0.0f;
-                    ps[0][nt][e] = p;
-                    ds[0][nt][e] = p * (ds[0][nt][e] - (c ? dq.y : dq.x)) * dc;
-                }
-            }
+            cols_pds<CAP, MASK>(ps, ds, a, tL, tDi, tDoc, q0, qc0, cols, cdoc, tq);
             uint32_t fp[1][BQ / 16][4], fds[1][BQ / 16][4]; // P^T and dS^T of all BQ query columns
             if constexpr (DS == 1) {
                 to_frags<1, BQ>(ps, fp);
@@ -1212,27 +1252,140 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
         qt = nq;
     }
 
-    if (a.hsplit == 1) { // the final values, staged through the warp's own k / v rows
-        const float mk[2] = {a.scale, a.scale}, mv[2] = {1.0f, 1.0f};
-        if (a.dk.data)
-            warp_store_rows<DO, D>(dk[0], mk, sK, slab * 16, col0, a.row(a.dk, g, wj0, b) + col0 * sizeof(bf16), a.dk.nb[2], jend - wj0, lane);
-        if (a.dv.data)
-            warp_store_rows<DO, D>(dv[0], mv, sV, slab * 16, col0, a.row(a.dv, g, wj0, b) + col0 * sizeof(bf16), a.dv.nb[2], jend - wj0, lane);
-        return;
-    }
-    // fp32 partials: a quad writes 32 contiguous bytes of a row
-    const int64_t n = (int64_t)a.B * a.Hkv * a.T * a.D;
-    float *pk = a.part + part * n + ((int64_t)b * a.Hkv + g) * a.T * a.D, *pv = pk + a.hsplit * n;
+    cols_finish<DO, D>(a, dk[0], dv[0], sK, sV, slab * 16, col0, g, b, part, wj0, jend, cols, lane);
+}
+
+// attn_cols_wg (D = 128 only): a block is one warpgroup of 64 key rows (16 per warp), BQ queries
+// per step, 2 blocks per SM (97.5 KB of shared memory each). At D = 64 the mma.sync attn_cols, its
+// K and V fragments in registers, stays faster: measured on the H200 (bench-kernels), Qwen2.5-0.5B's
+// backward took 172 us on this form against 125 us at T 1024 (Qwen3-0.6B's: 227 -> 173 us).
+template <int D> struct cols_wg_cfg;
+template <> struct cols_wg_cfg<128> { static constexpr int BQ = 64, MINB = 2; };
+template <int D>
+constexpr size_t cols_wg_smem() { // K, V; 2 stages of Q, dO and the queries' LSE, D_i, doc ids
+    constexpr int BQ = cols_wg_cfg<D>::BQ;
+    return (size_t)(2 * 64 * D + 4 * BQ * D) * sizeof(bf16) + 6 * BQ * sizeof(float);
+}
+
+// attn_cols on wgmma (the same blocks, block order, outputs and dS^T tiles): per query tile,
+// S^T = K Q^T and dP^T = V dO^T with K, V and Q, dO all from shared memory (K-major operands), then
+// dV += P^T dO and dK += dS^T Q with P^T and dS^T as register A fragments and dO, Q as MN-major B
+// operands: the Q and dO tiles serve both products in one 128-byte-swizzled layout. Every warp
+// takes part in each wgmma; a warp whose key rows see only part of a query tile (or none of it)
+// tests each pair, which leaves zeros where nothing is seen.
+template <int D, bool CAP>
+__global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const attn_args a) {
+#ifdef FORGE_WGMMA_DEVICE
+    forge_cuda_prologue();
+    constexpr int BQ = cols_wg_cfg<D>::BQ, NT = 128, BN = 64;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    if (smem_addr(smem_raw) % 1024) __trap(); // the swizzle pattern repeats every 1024 bytes from an aligned base
+    bf16 *sK = (bf16 *)smem_raw;             // [D / 64][BN][64] (sw128), then the dk rows (swz)
+    bf16 *sV = sK + BN * D;                  // [D / 64][BN][64], then the dv rows
+    bf16 *sQ = sV + BN * D;                  // [2][D / 64][BQ][64]
+    bf16 *sdO = sQ + 2 * BQ * D;             // [2][D / 64][BQ][64]
+    float *sL = (float *)(sdO + 2 * BQ * D); // [2][BQ] LSE*log2e of the queries
+    float *sDi = sL + 2 * BQ;                // [2][BQ]
+    int *sDoc = (int *)(sDi + 2 * BQ);       // [2][BQ]
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    int x = (int)blockIdx.x;
+    const int part = x % a.hsplit;
+    x /= a.hsplit;
+    const int g = x % a.Hkv;
+    x /= a.Hkv;
+    const int b = x % a.B, j0 = x / a.B * BN;
+    const int h_lo = part * a.group / a.hsplit, h_hi = (part + 1) * a.group / a.hsplit; // hsplit <= group: never empty
+    const int jend = min(j0 + BN, a.T), wj0 = j0 + warp * 16; // the warp's keys: wj0 + [0, 16)
+
+    load_tile<BN, D, NT, true>(sK, a.row(a.k, g, j0, b), a.k.nb[2], jend - j0, tid);
+    load_tile<BN, D, NT, true>(sV, a.row(a.v, g, j0, b), a.v.nb[2], jend - j0, tid);
+    cp_async_commit();
+    if (!a.doc.data)
+        for (int e = tid; e < 2 * BQ; e += NT) sDoc[e] = 0;
+    const int qt_hi = (a.end_query(jend - 1) - 1) / BQ;
+    auto next_q = [&](int qt) { // the next query tile that may see some key of the block
+        while (qt <= qt_hi && a.tile_class(b, qt * BQ, qt * BQ + BQ, j0, j0 + BN) == kSkip) qt++;
+        return qt;
+    };
+    auto load_q = [&](int hh, int qt, int st) {
+        const int h = g * a.group + hh, q0 = qt * BQ, n = min(BQ, a.T - q0);
+        load_tile<BQ, D, NT, true>(sQ + st * BQ * D, a.row(a.q, h, q0, b), a.q.nb[2], n, tid);
+        load_tile<BQ, D, NT, true>(sdO + st * BQ * D, a.row(a.dout, h, q0, b), a.dout.nb[2], n, tid);
+        load_floats<BQ, NT>(sL + st * BQ, a.l2 + a.qrow(h, q0, b), tid); // padded to Tp: whole tiles
+        load_floats<BQ, NT>(sDi + st * BQ, a.di + a.qrow(h, q0, b), tid);
+        if (a.doc.data) load_words<BQ, NT>(sDoc + st * BQ, a.doc.data + (int64_t)q0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
+        cp_async_commit();
+    };
+
+    int cols[2], cdoc[2];
 #pragma unroll
     for (int e = 0; e < 2; e++) {
-        if (cols[e] >= a.T) continue;
-        const int64_t off = (int64_t)cols[e] * a.D + col0 + 2 * tq;
-#pragma unroll
-        for (int nt = 0; nt < DO / 8; nt++) {
-            *(float2 *)(pk + off + nt * 8) = make_float2(dk[0][nt][2 * e], dk[0][nt][2 * e + 1]);
-            *(float2 *)(pv + off + nt * 8) = make_float2(dv[0][nt][2 * e], dv[0][nt][2 * e + 1]);
-        }
+        cols[e] = wj0 + gq + 8 * e;
+        cdoc[e] = cols[e] < a.T ? a.doc_id(cols[e], b) : 0;
     }
+    const int qt_first = next_q(j0 / BQ); // the diagonal tile is never skipped
+    int hh = h_lo, qt = qt_first;
+    load_q(hh, qt, 0);
+    const uint32_t uK = smem_addr(sK), uV = smem_addr(sV), uQ = smem_addr(sQ), udO = smem_addr(sdO);
+    float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};
+
+    for (int st = 0; hh < h_hi; st ^= 1) {
+        int nh = hh, nq = next_q(qt + 1);
+        if (nq > qt_hi) {
+            nh++;
+            nq = qt_first;
+        }
+        if (nh < h_hi) {
+            load_q(nh, nq, st ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_async_smem();
+        __syncthreads();
+        const int q0 = qt * BQ;
+        const uint32_t tQ = uQ + st * BQ * D * 2, tdO = udO + st * BQ * D * 2;
+        float s[1][BQ / 8][4], dp[1][BQ / 8][4];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) { // S^T = K Q^T, dP^T = V dO^T
+            const uint32_t ok = (kk / 4) * BN * 128 + (kk % 4) * 32, oq = (kk / 4) * BQ * 128 + (kk % 4) * 32;
+            wgmma_ss<BQ>(s[0], wg_desc(uK + ok, 16, 1024), wg_desc(tQ + oq, 16, 1024), kk);
+            wgmma_ss<BQ>(dp[0], wg_desc(uV + ok, 16, 1024), wg_desc(tdO + oq, 16, 1024), kk);
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_pin<BQ / 8>(s[0]);
+        wg_pin<BQ / 8>(dp[0]);
+        const float *tL = sL + st * BQ, *tDi = sDi + st * BQ;
+        const int *tDoc = sDoc + st * BQ;
+        if (a.tile_class(b, q0, q0 + BQ, wj0, wj0 + 16) == kFull)
+            cols_pds<CAP, false>(s, dp, a, tL, tDi, tDoc, q0, 0, cols, cdoc, tq);
+        else
+            cols_pds<CAP, true>(s, dp, a, tL, tDi, tDoc, q0, 0, cols, cdoc, tq);
+        uint32_t fp[1][BQ / 16][4], fds[1][BQ / 16][4];
+        to_frags<1, BQ>(s, fp);
+        to_frags<1, BQ>(dp, fds);
+        // the warp's key rows and the step's query columns of a tile of the dq kernel's
+        store_ds<BQ>(a.ds_tile(b, g * a.group + hh, q0 / kDsTile, j0 / kDsTile) + warp * 16 * kDsTile + q0 % kDsTile, fds[0], lane);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) { // dV += P^T dO, dK += dS^T Q: 16 queries per step
+            wgmma_rs<D>(dv[0], fp[0][kk], wg_desc(tdO + kk * 16 * 128, BQ * 128, 1024));
+            wgmma_rs<D>(dk[0], fds[0][kk], wg_desc(tQ + kk * 16 * 128, BQ * 128, 1024));
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_pin<D / 8>(dv[0]);
+        wg_pin<D / 8>(dk[0]);
+        __syncthreads();
+        hh = nh;
+        qt = nq;
+    }
+    cols_finish<D, D>(a, dk[0], dv[0], sK, sV, warp * 16, 0, g, b, part, wj0, jend, cols, lane);
+#else
+    __trap(); // not built for sm_90a: run_tc does not launch it (wgmma_on)
+#endif
 }
 
 // dk = scale * (sum of the dk partials), dv = sum of the dv partials, parts added in order; one
@@ -1397,7 +1550,14 @@ void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
     }
     const int64_t rows = HB * a.Tp * (D / 8);
     forge_cuda_launch_kernel(attn_stats<D>, (unsigned)((rows + 255) / 256), 256, 0, p->stream, a);
-    launch(attn_cols<D, CAP>, cdiv(a.T, cols_bn<D>()) * a.Hkv * a.B * a.hsplit, 32 * cols_cfg<D>::NW, cols_smem<D>(), a, p->stream);
+    const int64_t cblocks = cdiv(a.T, cols_bn<D>()) * a.Hkv * a.B * a.hsplit;
+    if constexpr (D == 128) {
+        static_assert(cols_bn<D>() == 64, "attn_cols_wg has the same blocks");
+        if (wgmma_on()) launch(attn_cols_wg<D, CAP>, cblocks, 128, cols_wg_smem<D>(), a, p->stream);
+        else launch(attn_cols<D, CAP>, cblocks, 32 * cols_cfg<D>::NW, cols_smem<D>(), a, p->stream);
+    } else {
+        launch(attn_cols<D, CAP>, cblocks, 32 * cols_cfg<D>::NW, cols_smem<D>(), a, p->stream);
+    }
     if (a.hsplit > 1 && (a.dk.data || a.dv.data)) {
         const int64_t n = (int64_t)a.B * a.Hkv * a.T * a.D;
         forge_cuda_launch_kernel(attn_dkdv_sum, (unsigned)((n + 255) / 256), 256, 0, p->stream, a);
