@@ -5,7 +5,9 @@
 // scale > 0; q/k/v may be strided views of one qkv tensor): FlashAttention-2 on mma.sync m16n8k16
 // bf16 with fp32 accumulation, ldmatrix fragments from XOR-swizzled shared memory (conflict-free;
 // per-lane offset tables make each address one add to an immediate), cp.async double buffering
-// (the next tile streams in while the current one is computed).
+// (the next tile streams in while the current one is computed). Built for sm_90a and run on a
+// Hopper GPU, the forward (every head_dim) and the backward's dk/dv at head_dim 128 run on wgmma
+// instead (attn_rows_wg, attn_cols_wg: see "wgmma" below); FORGE_ATTN_WGMMA=0 keeps mma.sync.
 //   forward  attn_rows<D>: a block owns 128 query rows of one (head, batch), 32 per warp at
 //            D = 64/128 (each K/V fragment feeds two m16 tiles: half the ldmatrix traffic per mma),
 //            16 at D = 256 (and 16 at D = 64/128 when the grid would hold at most one block per SM:
@@ -43,10 +45,10 @@
 // Launch shape: 1-D grids ordered so that the longest blocks (the last query tiles; the first key
 // tiles under a causal mask) are dispatched first; 2 blocks of 4 warps per SM (8 warps of one
 // block at D = 256), register-bound (~250 registers; spill stores per thread, `nvcc -Xptxas -v`:
-// none at D = 64 but 4 bytes in its softcap attn_cols, 4-48 in attn_cols at D = 128/256, 40 in the
-// D = 256 forward, 140 in the D = 128 forward at 32 rows per warp and 248 in its softcap variant,
-// where the scores and the accumulators fill the register file: the lead for the D = 128
-// forward's last 2% to 300 TFLOP/s). Masked work is skipped: causal and window bounds
+// none at D = 64 but 4-8 bytes in its softcap attn_cols, 0-48 in attn_cols at D = 128/256, 40 in
+// the mma.sync D = 256 forward, 140 in the mma.sync D = 128 forward at 32 rows per warp and 248 in
+// its softcap variant, where the scores and the accumulators fill the register file; the wgmma
+// forward none, attn_cols_wg 0-8). Masked work is skipped: causal and window bounds
 // give the tile range, a table of per-16-token min/max document ids (attn_doc_table; in a graph
 // the backend runs, made once per step by the first attention node and read by every layer's
 // forward and backward: forge_cuda_attention_plan_docs) skips tiles whose documents cannot meet,
@@ -582,6 +584,76 @@ __device__ __forceinline__ void rescale_o(float (&acc)[MT][ND][4], const float (
 
 // ---- tensor-core kernels ------------------------------------------------------------------------
 
+// The block of a forward kernel (attn_rows, attn_rows_wg): BM query rows i0.. (valid up to iend)
+// of head h, batch b, read against kv head hk. Block x = (query tile from the last) * Hq B + h + Hq b:
+// the last (longest) query tiles go first. It streams the key tiles up to jt_hi that some of its
+// rows may see (next_tile), BN keys each.
+template <int D, int BM, int BN, int NT, bool SW>
+struct rows_block {
+    int h, b, hk, i0, iend, jt_hi;
+    __device__ __forceinline__ explicit rows_block(const attn_args &a) {
+        const int HB = a.Hq * a.B, hb = (int)(blockIdx.x % HB);
+        h = hb % a.Hq;
+        b = hb / a.Hq;
+        hk = h / a.group;
+        i0 = ((a.T + BM - 1) / BM - 1 - (int)(blockIdx.x / HB)) * BM;
+        iend = min(i0 + BM, a.T);
+        jt_hi = (iend - 1) / BN;
+    }
+    // Starts loading the q rows into sq (layout SW: sw128, else swz); zeroes the keys' document ids
+    // of both stages when there are none.
+    __device__ __forceinline__ void start(const attn_args &a, bf16 *sq, int *sdoc, int tid) const {
+        load_tile<BM, D, NT, SW>(sq, a.row(a.q, h, i0, b), a.q.nb[2], iend - i0, tid);
+        cp_async_commit();
+        if (!a.doc.data)
+            for (int r = tid; r < 2 * BN; r += NT) sdoc[r] = 0;
+    }
+    __device__ __forceinline__ int next_tile(const attn_args &a, int jt) const { // the next key tile some row may see
+        while (jt <= jt_hi && a.tile_class(b, i0, i0 + BM, jt * BN, jt * BN + BN) == kSkip) jt++;
+        return jt;
+    }
+    // Starts loading key tile jt: its k and v rows into sk, sv, their document ids into sdoc.
+    __device__ __forceinline__ void load_kv(const attn_args &a, int jt, bf16 *sk, bf16 *sv, int *sdoc, int tid) const {
+        const int j0 = jt * BN, n = min(BN, a.T - j0);
+        load_tile<BN, D, NT, SW>(sk, a.row(a.k, hk, j0, b), a.k.nb[2], n, tid);
+        load_tile<BN, D, NT, SW>(sv, a.row(a.v, hk, j0, b), a.v.nb[2], n, tid);
+        if (a.doc.data) load_words<BN, NT>(sdoc, a.doc.data + (int64_t)j0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
+        cp_async_commit();
+    }
+    // The lane's rows of the warp's MT x 16 from block row w0, and their document ids.
+    template <int MT>
+    __device__ __forceinline__ void lane_rows(const attn_args &a, int w0, int lane, int (&rows)[MT][2], int (&rdoc)[MT][2]) const {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                rows[mt][e] = i0 + w0 + mt * 16 + (lane >> 2) + 8 * e;
+                rdoc[mt][e] = rows[mt][e] < a.T ? a.doc_id(rows[mt][e], b) : 0;
+            }
+    }
+    // Writes the warp's LSE and O = acc / l (bf16, staged through its own rows of sq, swz layout).
+    template <int MT>
+    __device__ __forceinline__ void finish(const attn_args &a, const float (&acc)[MT][D / 8][4], const float (&rs)[MT][2][2], const int (&rows)[MT][2],
+                                           float scl, bf16 *sq, int w0, int lane) const {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            float mul[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float l = rs[mt][r][1];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                mul[r] = 1.0f / l;
+                if (a.lse.data && (lane & 3) == 0 && rows[mt][r] < a.T)
+                    *(float *)(a.lse.data + h * a.lse.nb[0] + (int64_t)rows[mt][r] * a.lse.nb[1] + (int64_t)b * a.lse.nb[2]) =
+                        (rs[mt][r][0] * scl + log2f(l)) * kLn2;
+            }
+            const int r0 = w0 + mt * 16;
+            warp_store_rows<D, D>(acc[mt], mul, sq, r0, 0, a.row(a.out, h, i0 + r0, b), a.out.nb[2], iend - i0 - r0, lane);
+        }
+    }
+};
+
 // attn_rows tiles per head_dim (the forward): NW warps of MT x 16 query rows (BM = 16 MT NW rows
 // per block), BN keys per step, MINB blocks per SM asked of the register allocator. Two m16 tiles
 // per warp (MT = 2) halve the ldmatrix traffic per mma (each K/V fragment feeds both); D = 256
@@ -616,38 +688,14 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
     bf16 *sK = sQ + BM * D;               // [2][BN][D]
     bf16 *sV = sK + 2 * BN * D;           // [2][BN][D]
     int *sDoc = (int *)(sV + 2 * BN * D); // [2][BN] doc ids of the keys
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int HB = a.Hq * a.B, hb = (int)(blockIdx.x % HB), h = hb % a.Hq, b = hb / a.Hq, hk = h / a.group;
-    const int i0 = ((a.T + BM - 1) / BM - 1 - (int)(blockIdx.x / HB)) * BM; // the last (longest) query tiles first
-    const int iend = min(i0 + BM, a.T), w0 = warp * WM;                    // the warp's rows: i0 + w0 + [0, WM)
-
-    load_tile<BM, D, NT>(sQ, a.row(a.q, h, i0, b), a.q.nb[2], iend - i0, tid);
-    cp_async_commit();
-    if (!a.doc.data)
-        for (int r = tid; r < 2 * BN; r += NT) sDoc[r] = 0;
-    const int jt_hi = (iend - 1) / BN;
-    auto next_tile = [&](int jt) { // the next key tile some row of the block may see
-        while (jt <= jt_hi && a.tile_class(b, i0, i0 + BM, jt * BN, jt * BN + BN) == kSkip) jt++;
-        return jt;
-    };
-    auto load_kv = [&](int jt, int st) {
-        const int j0 = jt * BN, n = min(BN, a.T - j0);
-        load_tile<BN, D, NT>(sK + st * BN * D, a.row(a.k, hk, j0, b), a.k.nb[2], n, tid);
-        load_tile<BN, D, NT>(sV + st * BN * D, a.row(a.v, hk, j0, b), a.v.nb[2], n, tid);
-        if (a.doc.data) load_words<BN, NT>(sDoc + st * BN, a.doc.data + (int64_t)j0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
-        cp_async_commit();
-    };
-    int jt = next_tile(a.first_key(i0) / BN); // the diagonal tile is never skipped
-    load_kv(jt, 0);
-
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3, w0 = warp * WM; // the warp's rows: i0 + w0 + [0, WM)
+    const rows_block<D, BM, BN, NT, false> blk(a);
+    const int b = blk.b, i0 = blk.i0, jt_hi = blk.jt_hi;
+    blk.start(a, sQ, sDoc, tid);
+    int jt = blk.next_tile(a, a.first_key(i0) / BN); // the diagonal tile is never skipped
+    blk.load_kv(a, jt, sK, sV, sDoc, tid);
     int rows[MT][2], rdoc[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            rows[mt][e] = i0 + w0 + mt * 16 + gq + 8 * e;
-            rdoc[mt][e] = rows[mt][e] < a.T ? a.doc_id(rows[mt][e], b) : 0;
-        }
+    blk.lane_rows(a, w0, lane, rows, rdoc);
     cp_async_wait<1>(); // the q rows
     __syncthreads();
     const lane_offs<D> lo(lane);
@@ -666,9 +714,9 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
     const float scl = CAP ? 1.0f : a.mul;
 
     for (int st = 0; jt <= jt_hi; st ^= 1) {
-        const int jn = next_tile(jt + 1);
+        const int jn = blk.next_tile(a, jt + 1);
         if (jn <= jt_hi) {
-            load_kv(jn, st ^ 1);
+            blk.load_kv(a, jn, sK + (st ^ 1) * BN * D, sV + (st ^ 1) * BN * D, sDoc + (st ^ 1) * BN, tid);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -695,31 +743,19 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
         jt = jn;
     }
 
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        float mul[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float l = rs[mt][r][1];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            mul[r] = 1.0f / l;
-            if (a.lse.data && tq == 0 && rows[mt][r] < a.T)
-                *(float *)(a.lse.data + h * a.lse.nb[0] + (int64_t)rows[mt][r] * a.lse.nb[1] + (int64_t)b * a.lse.nb[2]) =
-                    (rs[mt][r][0] * scl + log2f(l)) * kLn2;
-        }
-        const int r0 = w0 + mt * 16;
-        warp_store_rows<D, D>(acc[mt], mul, sQ, r0, 0, a.row(a.out, h, i0 + r0, b), a.out.nb[2], iend - i0 - r0, lane);
-    }
+    blk.finish(a, acc, rs, rows, scl, sQ, w0, lane);
 }
 
-// ---- wgmma (sm_90a): the forward at head_dim 64 and 128 --------------------------------------
+// ---- wgmma (sm_90a): the forward, and the backward's dk/dv at head_dim 128 ---------------------
 //
 // A warpgroup (4 warps) multiplies 64 rows at a time with wgmma.mma_async: B (and A, for S = Q K^T)
 // straight from shared memory through a matrix descriptor, A from registers for O += P V. Against
 // mma.sync, a K or V tile is read from shared memory once per warpgroup instead of once per warp
 // (ldmatrix), which was the D = 128 forward's limit: one ldmatrix.x4 per 3.2 mma put shared memory
-// bandwidth level with the tensor rate. Tiles are stored as wgmma's 128-byte-swizzled canonical
+// bandwidth level with the tensor rate. Measured on the H200 (bench-kernels, B 4, causal): Qwen3-
+// 0.6B's forward at T 4096 947.6 us (mma.sync) against 855.6 us (wgmma) in one call, 843.6 us
+// (326 TFLOP/s) once pipelined; Gemma2-2B's (softcap, T 1024) 94.6 -> 79.5 us; Qwen3-0.6B's
+// backward with attn_cols_wg 2926 -> 2041 us at T 4096, 227 -> 173 us at T 1024. Tiles are stored as wgmma's 128-byte-swizzled canonical
 // layout: [D / 64][rows][64] bf16, 128-byte rows whose 16-byte chunk c sits at c ^ (row & 7), each
 // [rows][64] block 1024-byte aligned. For S, K is the K-major B operand (8-row groups 1024 bytes
 // apart: SBO; a 16-deep step is 32 bytes along the row, or the next block); for O, V is the
@@ -871,37 +907,17 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
     bf16 *sK = sQ + BM * D;               // [2][D / 64][BN][64]
     bf16 *sV = sK + 2 * BN * D;           // [3][D / 64][BN][64]
     int *sDoc = (int *)(sV + 3 * BN * D); // [2][BN] doc ids of the keys
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
-    const int HB = a.Hq * a.B, hb = (int)(blockIdx.x % HB), h = hb % a.Hq, b = hb / a.Hq, hk = h / a.group;
-    const int i0 = ((a.T + BM - 1) / BM - 1 - (int)(blockIdx.x / HB)) * BM; // the last (longest) query tiles first
-    const int iend = min(i0 + BM, a.T), w0 = warp * 16;                    // the warp's rows: i0 + w0 + [0, 16)
-
-    load_tile<BM, D, NT, true>(sQ, a.row(a.q, h, i0, b), a.q.nb[2], iend - i0, tid);
-    cp_async_commit();
-    if (!a.doc.data)
-        for (int r = tid; r < 2 * BN; r += NT) sDoc[r] = 0;
-    const int jt_hi = (iend - 1) / BN;
-    auto next_tile = [&](int jt) { // the next key tile some row of the block may see
-        while (jt <= jt_hi && a.tile_class(b, i0, i0 + BM, jt * BN, jt * BN + BN) == kSkip) jt++;
-        return jt;
-    };
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3, w0 = warp * 16; // the warp's rows: i0 + w0 + [0, 16)
+    const rows_block<D, BM, BN, NT, true> blk(a);
+    const int b = blk.b, i0 = blk.i0, jt_hi = blk.jt_hi;
+    blk.start(a, sQ, sDoc, tid);
     auto load_kv = [&](int jt, int n) { // the n-th tile the block visits
-        const int j0 = jt * BN, valid = min(BN, a.T - j0);
-        load_tile<BN, D, NT, true>(sK + (n % 2) * BN * D, a.row(a.k, hk, j0, b), a.k.nb[2], valid, tid);
-        load_tile<BN, D, NT, true>(sV + (n % 3) * BN * D, a.row(a.v, hk, j0, b), a.v.nb[2], valid, tid);
-        if (a.doc.data)
-            load_words<BN, NT>(sDoc + (n % 2) * BN, a.doc.data + (int64_t)j0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], valid, tid);
-        cp_async_commit();
+        blk.load_kv(a, jt, sK + (n % 2) * BN * D, sV + (n % 3) * BN * D, sDoc + (n % 2) * BN, tid);
     };
-    int jt = next_tile(a.first_key(i0) / BN); // the diagonal tile is never skipped
+    int jt = blk.next_tile(a, a.first_key(i0) / BN); // the diagonal tile is never skipped
     load_kv(jt, 0);
-
     int rows[1][2], rdoc[1][2];
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        rows[0][e] = i0 + w0 + (lane >> 2) + 8 * e;
-        rdoc[0][e] = rows[0][e] < a.T ? a.doc_id(rows[0][e], b) : 0;
-    }
+    blk.lane_rows(a, w0, lane, rows, rdoc);
     const uint32_t uQ = smem_addr(sQ), uK = smem_addr(sK), uV = smem_addr(sV);
     float acc[1][D / 8][4] = {};
     float rs[1][2][2] = {{{-INFINITY, 0.0f}, {-INFINITY, 0.0f}}}; // running max (score units) and partial sum of each row
@@ -914,7 +930,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
     };
 
     for (int n = 0; jt <= jt_hi; n++) {
-        const int jn = next_tile(jt + 1);
+        const int jn = blk.next_tile(a, jt + 1);
         if (jn <= jt_hi) {
             load_kv(jn, n + 1);
             cp_async_wait<1>();
@@ -957,17 +973,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
     wg_wait<0>();
     wg_pin<D / 8>(acc[0]);
 
-    float mul[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = rs[0][r][1];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        mul[r] = 1.0f / l;
-        if (a.lse.data && tq == 0 && rows[0][r] < a.T)
-            *(float *)(a.lse.data + h * a.lse.nb[0] + (int64_t)rows[0][r] * a.lse.nb[1] + (int64_t)b * a.lse.nb[2]) = (rs[0][r][0] * scl + log2f(l)) * kLn2;
-    }
-    warp_store_rows<D, D>(acc[0], mul, sQ, w0, 0, a.row(a.out, h, i0 + w0, b), a.out.nb[2], iend - i0 - w0, lane);
+    blk.finish(a, acc, rs, rows, scl, sQ, w0, lane);
 #else
     __trap(); // not built for sm_90a: run_tc does not launch it (wgmma_on)
 #endif
@@ -1048,6 +1054,68 @@ __device__ __forceinline__ void cols_finish(const attn_args &a, const float (&dk
     }
 }
 
+// The block of a dk/dv kernel (attn_cols, attn_cols_wg): BN key rows j0.. (valid up to jend) of kv
+// head g, batch b, against the query heads [h_lo, h_hi) of its group (part `part` of hsplit), and
+// for each of them the query tiles (BQ rows) that may see its keys, from qt_first to qt_hi.
+// Block x = part + hsplit (g + Hkv (b + B key tile)): the first key tiles (the longest) go first.
+template <int D, int BN, int BQ, int NT, bool SW>
+struct cols_block {
+    int part, g, b, j0, jend, h_lo, h_hi, qt_hi, qt_first;
+    __device__ __forceinline__ explicit cols_block(const attn_args &a) {
+        int x = (int)blockIdx.x;
+        part = x % a.hsplit;
+        x /= a.hsplit;
+        g = x % a.Hkv;
+        x /= a.Hkv;
+        b = x % a.B;
+        j0 = x / a.B * BN;
+        h_lo = part * a.group / a.hsplit; // hsplit <= group: never empty
+        h_hi = (part + 1) * a.group / a.hsplit;
+        jend = min(j0 + BN, a.T);
+        qt_hi = (a.end_query(jend - 1) - 1) / BQ;
+    }
+    __device__ __forceinline__ int next_q(const attn_args &a, int qt) const { // the next query tile that may see some key
+        while (qt <= qt_hi && a.tile_class(b, qt * BQ, qt * BQ + BQ, j0, j0 + BN) == kSkip) qt++;
+        return qt;
+    }
+    // The step after (hh, qt): the next query tile of head hh, else the first of the next head.
+    __device__ __forceinline__ void advance(const attn_args &a, int &hh, int &qt) const {
+        qt = next_q(a, qt + 1);
+        if (qt > qt_hi) {
+            hh++;
+            qt = qt_first;
+        }
+    }
+    // Starts loading the k and v rows into sk, sv (layout SW: sw128, else swz); zeroes the queries'
+    // document ids of both stages when there are none; finds qt_first.
+    __device__ __forceinline__ void start(const attn_args &a, bf16 *sk, bf16 *sv, int *sdoc, int tid) {
+        load_tile<BN, D, NT, SW>(sk, a.row(a.k, g, j0, b), a.k.nb[2], jend - j0, tid);
+        load_tile<BN, D, NT, SW>(sv, a.row(a.v, g, j0, b), a.v.nb[2], jend - j0, tid);
+        cp_async_commit();
+        if (!a.doc.data)
+            for (int e = tid; e < 2 * BQ; e += NT) sdoc[e] = 0;
+        qt_first = next_q(a, j0 / BQ); // the diagonal tile is never skipped
+    }
+    // Starts loading query tile qt of head hh of the group: q and dO rows, LSE*log2e, D_i, doc ids.
+    __device__ __forceinline__ void load_q(const attn_args &a, int hh, int qt, bf16 *sq, bf16 *sdo, float *sl, float *sdi, int *sdoc, int tid) const {
+        const int h = g * a.group + hh, q0 = qt * BQ, n = min(BQ, a.T - q0);
+        load_tile<BQ, D, NT, SW>(sq, a.row(a.q, h, q0, b), a.q.nb[2], n, tid);
+        load_tile<BQ, D, NT, SW>(sdo, a.row(a.dout, h, q0, b), a.dout.nb[2], n, tid);
+        load_floats<BQ, NT>(sl, a.l2 + a.qrow(h, q0, b), tid); // padded to Tp: whole tiles
+        load_floats<BQ, NT>(sdi, a.di + a.qrow(h, q0, b), tid);
+        if (a.doc.data) load_words<BQ, NT>(sdoc, a.doc.data + (int64_t)q0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
+        cp_async_commit();
+    }
+    // The lane's two key rows of the warp's 16 from wj0, and their document ids.
+    __device__ __forceinline__ void lane_cols(const attn_args &a, int wj0, int lane, int (&cols)[2], int (&cdoc)[2]) const {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            cols[e] = wj0 + (lane >> 2) + 8 * e;
+            cdoc[e] = cols[e] < a.T ? a.doc_id(cols[e], b) : 0;
+        }
+    }
+};
+
 // attn_cols tiles per head_dim: NW warps; DS (1 or 2) warps share 16 key rows (BN = 16 NW / DS
 // keys per block), each reducing S^T and dP^T over its D / DS slice of the depth and owning the same
 // slice of the dk/dv columns; BQ queries per step, the warp's K and V fragments kept in registers
@@ -1090,46 +1158,16 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     float *sDi = sL + 2 * BQ;                // [2][BQ]
     int *sDoc = (int *)(sDi + 2 * BQ);       // [2][BQ]
     uint4 *sX = (uint4 *)(sDoc + 2 * BQ);    // DS = 2: [NW][XS][32] exchange slots
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
     const int slab = warp / DS, hi = warp % DS, col0 = hi * DO; // the warp's key rows and slice
     const int qc0 = hi * NQ; // the query columns of a step whose P^T and dS^T the warp computes
-    int x = (int)blockIdx.x;
-    const int part = x % a.hsplit;
-    x /= a.hsplit;
-    const int g = x % a.Hkv;
-    x /= a.Hkv;
-    const int b = x % a.B, j0 = x / a.B * BN;
-    const int h_lo = part * a.group / a.hsplit, h_hi = (part + 1) * a.group / a.hsplit; // hsplit <= group: never empty
-    const int jend = min(j0 + BN, a.T), wj0 = j0 + slab * 16; // the warp's keys: wj0 + [0, 16)
-
-    load_tile<BN, D, NT>(sK, a.row(a.k, g, j0, b), a.k.nb[2], jend - j0, tid);
-    load_tile<BN, D, NT>(sV, a.row(a.v, g, j0, b), a.v.nb[2], jend - j0, tid);
-    cp_async_commit();
-    if (!a.doc.data)
-        for (int e = tid; e < 2 * BQ; e += NT) sDoc[e] = 0;
-    const int qt_hi = (a.end_query(jend - 1) - 1) / BQ;
-    auto next_q = [&](int qt) { // the next query tile that may see some key of the block
-        while (qt <= qt_hi && a.tile_class(b, qt * BQ, qt * BQ + BQ, j0, j0 + BN) == kSkip) qt++;
-        return qt;
-    };
-    auto load_q = [&](int hh, int qt, int st) {
-        const int h = g * a.group + hh, q0 = qt * BQ, n = min(BQ, a.T - q0);
-        load_tile<BQ, D, NT>(sQ + st * BQ * D, a.row(a.q, h, q0, b), a.q.nb[2], n, tid);
-        load_tile<BQ, D, NT>(sdO + st * BQ * D, a.row(a.dout, h, q0, b), a.dout.nb[2], n, tid);
-        load_floats<BQ, NT>(sL + st * BQ, a.l2 + a.qrow(h, q0, b), tid); // padded to Tp: whole tiles
-        load_floats<BQ, NT>(sDi + st * BQ, a.di + a.qrow(h, q0, b), tid);
-        if (a.doc.data) load_words<BQ, NT>(sDoc + st * BQ, a.doc.data + (int64_t)q0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
-        cp_async_commit();
-    };
-
+    cols_block<D, BN, BQ, NT, false> blk(a);
+    const int g = blk.g, b = blk.b, j0 = blk.j0, wj0 = j0 + slab * 16; // the warp's keys: wj0 + [0, 16)
+    blk.start(a, sK, sV, sDoc, tid);
+    auto load_q = [&](int hh, int qt, int st) { blk.load_q(a, hh, qt, sQ + st * BQ * D, sdO + st * BQ * D, sL + st * BQ, sDi + st * BQ, sDoc + st * BQ, tid); };
     int cols[2], cdoc[2];
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        cols[e] = wj0 + gq + 8 * e;
-        cdoc[e] = cols[e] < a.T ? a.doc_id(cols[e], b) : 0;
-    }
-    const int qt_first = next_q(j0 / BQ); // the diagonal tile is never skipped
-    int hh = h_lo, qt = qt_first;
+    blk.lane_cols(a, wj0, lane, cols, cdoc);
+    int hh = blk.h_lo, qt = blk.qt_first;
     load_q(hh, qt, 0);
     cp_async_wait<1>(); // the k and v rows
     __syncthreads();
@@ -1140,13 +1178,10 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     fv.init(smem_addr(sV) + slab * 32 * D + col0 * 2, lo);
     float dk[1][DO / 8][4] = {}, dv[1][DO / 8][4] = {};
 
-    for (int st = 0; hh < h_hi; st ^= 1) {
-        int nh = hh, nq = next_q(qt + 1);
-        if (nq > qt_hi) {
-            nh++;
-            nq = qt_first;
-        }
-        if (nh < h_hi) {
+    for (int st = 0; hh < blk.h_hi; st ^= 1) {
+        int nh = hh, nq = qt;
+        blk.advance(a, nh, nq);
+        if (nh < blk.h_hi) {
             load_q(nh, nq, st ^ 1);
             cp_async_wait<1>();
         } else {
@@ -1252,7 +1287,7 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
         qt = nq;
     }
 
-    cols_finish<DO, D>(a, dk[0], dv[0], sK, sV, slab * 16, col0, g, b, part, wj0, jend, cols, lane);
+    cols_finish<DO, D>(a, dk[0], dv[0], sK, sV, slab * 16, col0, g, b, blk.part, wj0, blk.jend, cols, lane);
 }
 
 // attn_cols_wg (D = 128 only): a block is one warpgroup of 64 key rows (16 per warp), BQ queries
@@ -1287,55 +1322,22 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
     float *sL = (float *)(sdO + 2 * BQ * D); // [2][BQ] LSE*log2e of the queries
     float *sDi = sL + 2 * BQ;                // [2][BQ]
     int *sDoc = (int *)(sDi + 2 * BQ);       // [2][BQ]
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    int x = (int)blockIdx.x;
-    const int part = x % a.hsplit;
-    x /= a.hsplit;
-    const int g = x % a.Hkv;
-    x /= a.Hkv;
-    const int b = x % a.B, j0 = x / a.B * BN;
-    const int h_lo = part * a.group / a.hsplit, h_hi = (part + 1) * a.group / a.hsplit; // hsplit <= group: never empty
-    const int jend = min(j0 + BN, a.T), wj0 = j0 + warp * 16; // the warp's keys: wj0 + [0, 16)
-
-    load_tile<BN, D, NT, true>(sK, a.row(a.k, g, j0, b), a.k.nb[2], jend - j0, tid);
-    load_tile<BN, D, NT, true>(sV, a.row(a.v, g, j0, b), a.v.nb[2], jend - j0, tid);
-    cp_async_commit();
-    if (!a.doc.data)
-        for (int e = tid; e < 2 * BQ; e += NT) sDoc[e] = 0;
-    const int qt_hi = (a.end_query(jend - 1) - 1) / BQ;
-    auto next_q = [&](int qt) { // the next query tile that may see some key of the block
-        while (qt <= qt_hi && a.tile_class(b, qt * BQ, qt * BQ + BQ, j0, j0 + BN) == kSkip) qt++;
-        return qt;
-    };
-    auto load_q = [&](int hh, int qt, int st) {
-        const int h = g * a.group + hh, q0 = qt * BQ, n = min(BQ, a.T - q0);
-        load_tile<BQ, D, NT, true>(sQ + st * BQ * D, a.row(a.q, h, q0, b), a.q.nb[2], n, tid);
-        load_tile<BQ, D, NT, true>(sdO + st * BQ * D, a.row(a.dout, h, q0, b), a.dout.nb[2], n, tid);
-        load_floats<BQ, NT>(sL + st * BQ, a.l2 + a.qrow(h, q0, b), tid); // padded to Tp: whole tiles
-        load_floats<BQ, NT>(sDi + st * BQ, a.di + a.qrow(h, q0, b), tid);
-        if (a.doc.data) load_words<BQ, NT>(sDoc + st * BQ, a.doc.data + (int64_t)q0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
-        cp_async_commit();
-    };
-
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+    cols_block<D, BN, BQ, NT, true> blk(a);
+    const int g = blk.g, b = blk.b, j0 = blk.j0, wj0 = j0 + warp * 16; // the warp's keys: wj0 + [0, 16)
+    blk.start(a, sK, sV, sDoc, tid);
+    auto load_q = [&](int hh, int qt, int st) { blk.load_q(a, hh, qt, sQ + st * BQ * D, sdO + st * BQ * D, sL + st * BQ, sDi + st * BQ, sDoc + st * BQ, tid); };
     int cols[2], cdoc[2];
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        cols[e] = wj0 + gq + 8 * e;
-        cdoc[e] = cols[e] < a.T ? a.doc_id(cols[e], b) : 0;
-    }
-    const int qt_first = next_q(j0 / BQ); // the diagonal tile is never skipped
-    int hh = h_lo, qt = qt_first;
+    blk.lane_cols(a, wj0, lane, cols, cdoc);
+    int hh = blk.h_lo, qt = blk.qt_first;
     load_q(hh, qt, 0);
     const uint32_t uK = smem_addr(sK), uV = smem_addr(sV), uQ = smem_addr(sQ), udO = smem_addr(sdO);
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};
 
-    for (int st = 0; hh < h_hi; st ^= 1) {
-        int nh = hh, nq = next_q(qt + 1);
-        if (nq > qt_hi) {
-            nh++;
-            nq = qt_first;
-        }
-        if (nh < h_hi) {
+    for (int st = 0; hh < blk.h_hi; st ^= 1) {
+        int nh = hh, nq = qt;
+        blk.advance(a, nh, nq);
+        if (nh < blk.h_hi) {
             load_q(nh, nq, st ^ 1);
             cp_async_wait<1>();
         } else {
@@ -1382,7 +1384,7 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
         hh = nh;
         qt = nq;
     }
-    cols_finish<D, D>(a, dk[0], dv[0], sK, sV, warp * 16, 0, g, b, part, wj0, jend, cols, lane);
+    cols_finish<D, D>(a, dk[0], dv[0], sK, sV, warp * 16, 0, g, b, blk.part, wj0, blk.jend, cols, lane);
 #else
     __trap(); // not built for sm_90a: run_tc does not launch it (wgmma_on)
 #endif
