@@ -6,8 +6,9 @@
 // bf16 with fp32 accumulation, ldmatrix fragments from XOR-swizzled shared memory (conflict-free;
 // per-lane offset tables make each address one add to an immediate), cp.async double buffering
 // (the next tile streams in while the current one is computed). Built for sm_90a and run on a
-// Hopper GPU, the forward (every head_dim) and the backward's dk/dv at head_dim 128 run on wgmma
-// instead (attn_rows_wg, attn_cols_wg: see "wgmma" below); FORGE_ATTN_WGMMA=0 keeps mma.sync.
+// Hopper GPU, the forward (every head_dim), the backward's dk/dv at head_dim 128 and its dq at 64
+// and 128 run on wgmma instead (attn_rows_wg, attn_cols_wg, attn_dq_wg: see "wgmma" below);
+// FORGE_ATTN_WGMMA=0 keeps mma.sync.
 //   forward  attn_rows<D>: a block owns 128 query rows of one (head, batch), 32 per warp at
 //            D = 64/128 (each K/V fragment feeds two m16 tiles: half the ldmatrix traffic per mma),
 //            16 at D = 256 (and 16 at D = 64/128 when the grid would hold at most one block per SM:
@@ -746,7 +747,7 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
     blk.finish(a, acc, rs, rows, scl, sQ, w0, lane);
 }
 
-// ---- wgmma (sm_90a): the forward, and the backward's dk/dv at head_dim 128 ---------------------
+// ---- wgmma (sm_90a): the forward, the backward's dk/dv at head_dim 128 and dq at 64 / 128 --------
 //
 // A warpgroup (4 warps) multiplies 64 rows at a time with wgmma.mma_async: B (and A, for S = Q K^T)
 // straight from shared memory through a matrix descriptor, A from registers for O += P V. Against
@@ -755,7 +756,8 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
 // bandwidth level with the tensor rate. Measured on the H200 (bench-kernels, B 4, causal): Qwen3-
 // 0.6B's forward at T 4096 947.6 us (mma.sync) against 855.6 us (wgmma) in one call, 843.6 us
 // (326 TFLOP/s) once pipelined; Gemma2-2B's (softcap, T 1024) 94.6 -> 79.5 us; Qwen3-0.6B's
-// backward with attn_cols_wg 2926 -> 2041 us at T 4096, 227 -> 173 us at T 1024. Tiles are stored as wgmma's 128-byte-swizzled canonical
+// backward with attn_cols_wg 2926 -> 2041 us at T 4096, 227 -> 173 us at T 1024, then 164.5 us
+// with attn_dq_wg (Qwen2.5-0.5B 1 x 512 step: attention backward 1.39 -> 1.17 ms node by node). Tiles are stored as wgmma's 128-byte-swizzled canonical
 // layout: [D / 64][rows][64] bf16, 128-byte rows whose 16-byte chunk c sits at c ^ (row & 7), each
 // [rows][64] block 1024-byte aligned. For S, K is the K-major B operand (8-row groups 1024 bytes
 // apart: SBO; a 16-deep step is 32 bytes along the row, or the next block); for O, V is the
@@ -1651,6 +1653,8 @@ void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
         forge_cuda_launch_kernel(attn_dkdv_sum, (unsigned)((n + 255) / 256), 256, 0, p->stream, a);
     }
     if constexpr (D <= 128) {
+        // attn_dq_wg reads whole dS^T tiles: the dk/dv kernel that runs with it steps 64 queries
+        static_assert(cols_cfg<64>::BQ == kDsTile && cols_wg_cfg<128>::BQ == kDsTile, "whole dS^T tiles");
         if (wgmma_on()) {
             launch(attn_dq_wg<D>, cdiv(a.T, kDsTile) * HB, 128, dq_wg_smem<D>(), a, p->stream);
             return;
