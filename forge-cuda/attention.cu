@@ -613,6 +613,19 @@ struct rows_block {
         while (jt <= jt_hi && a.tile_class(b, i0, i0 + BM, jt * BN, jt * BN + BN) == kSkip) jt++;
         return jt;
     }
+    // The key tile after jt that some row may see; starts loading it (load(jn)) when there is one,
+    // then waits for the tile before.
+    template <typename L>
+    __device__ __forceinline__ int prefetch(const attn_args &a, int jt, L &&load) const {
+        const int jn = next_tile(a, jt + 1);
+        if (jn <= jt_hi) {
+            load(jn);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        return jn;
+    }
     // Starts loading key tile jt: its k and v rows into sk, sv, their document ids into sdoc.
     __device__ __forceinline__ void load_kv(const attn_args &a, int jt, bf16 *sk, bf16 *sv, int *sdoc, int tid) const {
         const int j0 = jt * BN, n = min(BN, a.T - j0);
@@ -715,13 +728,7 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
     const float scl = CAP ? 1.0f : a.mul;
 
     for (int st = 0; jt <= jt_hi; st ^= 1) {
-        const int jn = blk.next_tile(a, jt + 1);
-        if (jn <= jt_hi) {
-            blk.load_kv(a, jn, sK + (st ^ 1) * BN * D, sV + (st ^ 1) * BN * D, sDoc + (st ^ 1) * BN, tid);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        const int jn = blk.prefetch(a, jt, [&](int j) { blk.load_kv(a, j, sK + (st ^ 1) * BN * D, sV + (st ^ 1) * BN * D, sDoc + (st ^ 1) * BN, tid); });
         __syncthreads();
         const int j0 = jt * BN;
         const uint32_t tK = uK + st * BN * D * 2, tV = uV + st * BN * D * 2;
@@ -772,6 +779,13 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
 // Matrix descriptor of a 128-byte-swizzled operand at shared address addr.
 __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
+}
+// A wgmma kernel's dynamic shared memory, 1024-byte aligned (checked): the swizzle pattern repeats
+// every 1024 bytes from an aligned base.
+__device__ __forceinline__ unsigned char *wg_smem() {
+    extern __shared__ __align__(1024) unsigned char smem_wg[];
+    if (smem_addr(smem_wg) % 1024) __trap();
+    return smem_wg;
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -894,8 +908,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
     constexpr int BN = wg_cfg<D>::BN, NT = 128, BM = 64;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    if (smem_addr(smem_raw) % 1024) __trap(); // the swizzle pattern repeats every 1024 bytes from an aligned base
+    unsigned char *smem_raw = wg_smem();
     bf16 *sQ = (bf16 *)smem_raw;          // [D / 64][BM][64] (sw128), then the output rows (swz)
     bf16 *sK = sQ + BM * D;               // [2][D / 64][BN][64]
     bf16 *sV = sK + 2 * BN * D;           // [3][D / 64][BN][64]
@@ -923,13 +936,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
     };
 
     for (int n = 0; jt <= jt_hi; n++) {
-        const int jn = blk.next_tile(a, jt + 1);
-        if (jn <= jt_hi) {
-            load_kv(jn, n + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        const int jn = blk.prefetch(a, jt, [&](int j) { load_kv(j, n + 1); });
         fence_async_smem();
         __syncthreads();
         const int j0 = jt * BN;
@@ -1071,12 +1078,21 @@ struct cols_block {
         while (qt <= qt_hi && a.tile_class(b, qt * BQ, qt * BQ + BQ, j0, j0 + BN) == kSkip) qt++;
         return qt;
     }
-    // The step after (hh, qt): the next query tile of head hh, else the first of the next head.
-    __device__ __forceinline__ void advance(const attn_args &a, int &hh, int &qt) const {
-        qt = next_q(a, qt + 1);
-        if (qt > qt_hi) {
-            hh++;
-            qt = qt_first;
+    // (nh, nq) = the step after (hh, qt): the next query tile of head hh, else the first of the next
+    // head. Starts loading it (load(nh, nq)) when there is one, then waits for the step before.
+    template <typename L>
+    __device__ __forceinline__ void prefetch(const attn_args &a, int hh, int qt, int &nh, int &nq, L &&load) const {
+        nh = hh;
+        nq = next_q(a, qt + 1);
+        if (nq > qt_hi) {
+            nh++;
+            nq = qt_first;
+        }
+        if (nh < h_hi) {
+            load(nh, nq);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
     }
     // Starts loading the k and v rows into sk, sv (layout SW: sw128, else swz); zeroes the queries'
@@ -1172,14 +1188,8 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     float dk[1][DO / 8][4] = {}, dv[1][DO / 8][4] = {};
 
     for (int st = 0; hh < blk.h_hi; st ^= 1) {
-        int nh = hh, nq = qt;
-        blk.advance(a, nh, nq);
-        if (nh < blk.h_hi) {
-            load_q(nh, nq, st ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        int nh, nq;
+        blk.prefetch(a, hh, qt, nh, nq, [&](int h2, int q2) { load_q(h2, q2, st ^ 1); });
         __syncthreads();
         const int q0 = qt * BQ;
         // where this warp's dS^T goes: its key rows and query columns of a tile of the dq kernel's
@@ -1306,8 +1316,7 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
     constexpr int BQ = cols_wg_cfg<D>::BQ, NT = 128, BN = 64;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    if (smem_addr(smem_raw) % 1024) __trap(); // the swizzle pattern repeats every 1024 bytes from an aligned base
+    unsigned char *smem_raw = wg_smem();
     bf16 *sK = (bf16 *)smem_raw;             // [D / 64][BN][64] (sw128), then the dk rows (swz)
     bf16 *sV = sK + BN * D;                  // [D / 64][BN][64], then the dv rows
     bf16 *sQ = sV + BN * D;                  // [2][D / 64][BQ][64]
@@ -1328,14 +1337,8 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};
 
     for (int st = 0; hh < blk.h_hi; st ^= 1) {
-        int nh = hh, nq = qt;
-        blk.advance(a, nh, nq);
-        if (nh < blk.h_hi) {
-            load_q(nh, nq, st ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        int nh, nq;
+        blk.prefetch(a, hh, qt, nh, nq, [&](int h2, int q2) { load_q(h2, q2, st ^ 1); });
         fence_async_smem();
         __syncthreads();
         const int q0 = qt * BQ;
@@ -1498,37 +1501,25 @@ __global__ void __launch_bounds__(128, dq_wg_cfg<D>::MINB) attn_dq_wg(const attn
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
     constexpr int NT = 128, BM = kDsTile, BN = kDsTile;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    if (smem_addr(smem_raw) % 1024) __trap(); // the swizzle pattern repeats every 1024 bytes from an aligned base
+    unsigned char *smem_raw = wg_smem();
     bf16 *sK = (bf16 *)smem_raw; // [2][D / 64][BN][64] (sw128), then the output rows (swz)
     bf16 *sS = sK + 2 * BN * D;  // [2][BN][64] dS^T (sw128): key rows, query columns
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, w0 = warp * 16;
-    const int HB = a.Hq * a.B, hb = (int)(blockIdx.x % HB), h = hb % a.Hq, b = hb / a.Hq, hk = h / a.group;
-    const int i0 = ((a.T + BM - 1) / BM - 1 - (int)(blockIdx.x / HB)) * BM; // the last (longest) query tiles first
-    const int iend = min(i0 + BM, a.T), kt_hi = (iend - 1) / BN, qb = i0 / kDsTile;
-    auto next_tile = [&](int kt) { // the next key tile some row of the block may see
-        while (kt <= kt_hi && a.tile_class(b, i0, i0 + BM, kt * BN, kt * BN + BN) == kSkip) kt++;
-        return kt;
-    };
+    const rows_block<D, BM, BN, NT, true> blk(a); // the query rows: one tile of dS^T
+    const int h = blk.h, b = blk.b, i0 = blk.i0, qb = i0 / kDsTile;
     auto load = [&](int kt, int st) {
         const int j0 = kt * BN, n = min(BN, a.T - j0);
-        load_tile<BN, D, NT, true>(sK + st * BN * D, a.row(a.k, hk, j0, b), a.k.nb[2], n, tid);
+        load_tile<BN, D, NT, true>(sK + st * BN * D, a.row(a.k, blk.hk, j0, b), a.k.nb[2], n, tid);
         load_tile<BN, kDsTile, NT, true>(sS + st * BN * kDsTile, (const char *)a.ds_tile(b, h, qb, kt), kDsTile * sizeof(bf16), n, tid);
         cp_async_commit();
     };
-    int kt = next_tile(a.first_key(i0) / BN);
+    int kt = blk.next_tile(a, a.first_key(i0) / BN);
     load(kt, 0);
     const uint32_t uK = smem_addr(sK), uS = smem_addr(sS);
     float acc[D / 8][4] = {};
 
-    for (int st = 0; kt <= kt_hi; st ^= 1) {
-        const int kn = next_tile(kt + 1);
-        if (kn <= kt_hi) {
-            load(kn, st ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+    for (int st = 0; kt <= blk.jt_hi; st ^= 1) {
+        const int kn = blk.prefetch(a, kt, [&](int k) { load(k, st ^ 1); });
         fence_async_smem();
         __syncthreads();
         wg_fence();
@@ -1543,7 +1534,7 @@ __global__ void __launch_bounds__(128, dq_wg_cfg<D>::MINB) attn_dq_wg(const attn
         kt = kn;
     }
     const float mul[2] = {a.scale, a.scale};
-    warp_store_rows<D, D>(acc, mul, sK, w0, 0, a.row(a.out, h, i0 + w0, b), a.out.nb[2], iend - i0 - w0, lane);
+    warp_store_rows<D, D>(acc, mul, sK, w0, 0, a.row(a.out, h, i0 + w0, b), a.out.nb[2], blk.iend - i0 - w0, lane);
 #else
     __trap(); // not built for sm_90a: run_tc does not launch it (wgmma_on)
 #endif
