@@ -181,7 +181,7 @@ __device__ __forceinline__ float warp_sum(float s) {
     return s;
 }
 
-// D_i = dO_i . O_i, one warp per query row (generic path; the tensor-core dq kernel does its own).
+// D_i = dO_i . O_i, one warp per query row (generic path; the tensor-core path has attn_stats).
 __global__ void attn_di(const attn_args a) {
     forge_cuda_prologue();
     const int lane = threadIdx.x & 31;
@@ -940,30 +940,28 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
         fence_async_smem();
         __syncthreads();
         const int j0 = jt * BN;
-        {
-            float s[1][BN / 8][4];
-            const uint32_t tK = uK + (n % 2) * BN * D * 2;
-            wg_fence();
+        float s[1][BN / 8][4];
+        const uint32_t tK = uK + (n % 2) * BN * D * 2;
+        wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) // S = Q K^T: 16-deep steps, 32 bytes along the rows or the next 64-column block
-                wgmma_ss<BN>(s[0], wg_desc(uQ + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024),
-                             wg_desc(tK + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024), kk);
-            wg_commit();
-            if (pv >= 0) issue_pv();
-            wg_commit();  // (an empty group at the first tile)
-            wg_wait<1>(); // S_j has landed; P_{j-1} V_{j-1} may still run
-            wg_pin<BN / 8>(s[0]);
-            const int *tDoc = sDoc + (n % 2) * BN;
-            float alpha[1][2];
-            const bool moved = a.tile_class(b, i0 + w0, i0 + w0 + 16, j0, j0 + BN) == kFull
-                                   ? softmax_tile<CAP, false>(s, rs, alpha, a, scl, rows, rdoc, j0, tDoc, tq)
-                                   : softmax_tile<CAP, true>(s, rs, alpha, a, scl, rows, rdoc, j0, tDoc, tq);
-            wg_wait<0>();
-            wg_pin<D / 8>(acc[0]);
-            rescale_o(acc, alpha, moved);
-            to_frags<1, BN>(s, p);
-            pv = n % 3;
-        }
+        for (int kk = 0; kk < D / 16; kk++) // S = Q K^T: 16-deep steps, 32 bytes along the rows or the next 64-column block
+            wgmma_ss<BN>(s[0], wg_desc(uQ + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024),
+                         wg_desc(tK + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024), kk);
+        wg_commit();
+        if (pv >= 0) issue_pv();
+        wg_commit();  // (an empty group at the first tile)
+        wg_wait<1>(); // S_j has landed; P_{j-1} V_{j-1} may still run
+        wg_pin<BN / 8>(s[0]);
+        const int *tDoc = sDoc + (n % 2) * BN;
+        float alpha[1][2];
+        const bool moved = a.tile_class(b, i0 + w0, i0 + w0 + 16, j0, j0 + BN) == kFull
+                               ? softmax_tile<CAP, false>(s, rs, alpha, a, scl, rows, rdoc, j0, tDoc, tq)
+                               : softmax_tile<CAP, true>(s, rs, alpha, a, scl, rows, rdoc, j0, tDoc, tq);
+        wg_wait<0>();
+        wg_pin<D / 8>(acc[0]);
+        rescale_o(acc, alpha, moved);
+        to_frags<1, BN>(s, p);
+        pv = n % 3;
         __syncthreads();
         jt = jn;
     }
@@ -1492,12 +1490,11 @@ __global__ void __launch_bounds__(32 * dq_cfg<D>::NW, dq_cfg<D>::MINB) attn_dq(c
 // (key rows of 64 query columns: 128-byte rows, wgmma's MN-major layout for A once swizzled) and
 // the K tile (key rows of D: the MN-major layout for B). Tiles a warp's rows do not see hold zeros
 // (attn_cols stored them), so every warp joins every product.
-template <int D> struct dq_wg_cfg { static constexpr int MINB = 4; };
 template <int D>
 constexpr size_t dq_wg_smem() { return (size_t)(2 * kDsTile * D + 2 * kDsTile * kDsTile) * sizeof(bf16); }
 
 template <int D>
-__global__ void __launch_bounds__(128, dq_wg_cfg<D>::MINB) attn_dq_wg(const attn_args a) {
+__global__ void __launch_bounds__(128, 4) attn_dq_wg(const attn_args a) {
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
     constexpr int NT = 128, BM = kDsTile, BN = kDsTile;
@@ -1603,13 +1600,12 @@ void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
     const int64_t rows = HB * a.Tp * (D / 8);
     forge_cuda_launch_kernel(attn_stats<D>, (unsigned)((rows + 255) / 256), 256, 0, p->stream, a);
     const int64_t cblocks = cdiv(a.T, cols_bn<D>()) * a.Hkv * a.B * a.hsplit;
+    bool cols_wg = false;
     if constexpr (D == 128) {
         static_assert(cols_bn<D>() == 64, "attn_cols_wg has the same blocks");
-        if (wgmma_on()) launch(attn_cols_wg<D, CAP>, cblocks, 128, cols_wg_smem<D>(), a, p->stream);
-        else launch(attn_cols<D, CAP>, cblocks, 32 * cols_cfg<D>::NW, cols_smem<D>(), a, p->stream);
-    } else {
-        launch(attn_cols<D, CAP>, cblocks, 32 * cols_cfg<D>::NW, cols_smem<D>(), a, p->stream);
+        if ((cols_wg = wgmma_on())) launch(attn_cols_wg<D, CAP>, cblocks, 128, cols_wg_smem<D>(), a, p->stream);
     }
+    if (!cols_wg) launch(attn_cols<D, CAP>, cblocks, 32 * cols_cfg<D>::NW, cols_smem<D>(), a, p->stream);
     if (a.hsplit > 1 && (a.dk.data || a.dv.data)) {
         const int64_t n = (int64_t)a.B * a.Hkv * a.T * a.D;
         forge_cuda_launch_kernel(attn_dkdv_sum, (unsigned)((n + 255) / 256), 256, 0, p->stream, a);
