@@ -68,6 +68,10 @@ int forge_cuda_backend_device_count(void);
 void forge_cuda_backend_set_capture(forge_backend *be, bool on);
 // CUDA backend only: kernel nodes and host synchronisations of the last compute (for reports).
 void forge_cuda_backend_stats(const forge_backend *be, int *kernel_nodes, int *syncs_per_step);
+// CUDA backend only: the rope units it fuses in graph g (forge-cuda/rope.cu, found when g is
+// planned): groups (one launch each when its units can share it), units, units with a norm
+// fused, units writing an ACC_VIEW's region (for tests).
+void forge_cuda_backend_rope_fusions(const forge_backend *be, const forge_graph *g, int *groups, int *units, int *norms, int *intos);
 
 // Op families: each backend has one function per family (forward and backward ops).
 enum forge_family {

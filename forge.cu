@@ -1454,6 +1454,9 @@ void forge_cuda_backend_stats(const forge_backend *, int *kernel_nodes, int *syn
     if (kernel_nodes) *kernel_nodes = 0;
     if (syncs_per_step) *syncs_per_step = 0;
 }
+void forge_cuda_backend_rope_fusions(const forge_backend *, const forge_graph *, int *groups, int *units, int *norms, int *intos) {
+    *groups = *units = *norms = *intos = 0;
+}
 #endif
 
 // ---- data parallelism: communicators (forge-cuda/collective.cu with NCCL) -------------------

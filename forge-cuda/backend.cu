@@ -3,10 +3,12 @@
 // the step runner. The first compute of a graph launches its nodes directly (cuBLASLt's
 // algorithms are chosen then, by timing, which cannot happen inside a capture: linear.cu); the
 // second captures every node's launches into a CUDA graph; later computes replay it with one
-// cudaGraphLaunch. Four patterns of nodes are fused at launch (forge_cuda_launch_nodes): a
-// residual ADD followed by the RMSNORM of its result, an RMSNORM_BACK followed by the ADD of its
-// dx to the residual gradient, two ROPE nodes in a row (q's and k's), and a LORA_BACK with the
-// ACCs of its dA and dB into the persistent gradients; and the preps of the LoRA projections (A
+// cudaGraphLaunch. Patterns of nodes are fused at launch (forge_cuda_launch_nodes): a residual
+// ADD followed by the RMSNORM of its result, an RMSNORM_BACK followed by the ADD of its dx to the
+// residual gradient, the rope units (q's and k's rope in one launch, each with its per-head norm
+// in front or that norm's backward behind, and the ACC_VIEW of a backward's result into the fused
+// q/k/v gradient: forge_cuda_rope_units), and a LORA_BACK with the ACCs of its dA and dB into the
+// persistent gradients; and the preps of the LoRA projections (A
 // cast, B laid out block-diagonally) run as one kernel at the start of the step, into buffers
 // planned with the graph (forge_cuda_lora_plan_preps), instead of two launches per projection
 // (its forward's and its backward's: ~190 of Qwen2.5-0.5B's ~1600 kernels). Inputs live at fixed addresses in the
@@ -274,6 +276,64 @@ std::unordered_map<const forge_tensor *, int> forge_cuda_readers(const std::vect
     return uses;
 }
 
+// The rope units of a node list and their pairs (forge_cuda_fusions::rope_groups). Nodes that
+// enqueue nothing (views, results) may sit between the fused ones.
+static void find_rope_groups(const std::vector<forge_tensor *> &nodes, std::unordered_map<const forge_tensor *, int> &uses, forge_cuda_fusions &f) {
+    const size_t n = nodes.size();
+    auto next = [&](size_t i) { // the next node that enqueues kernels
+        for (i++; i < n && forge_op_family(nodes[i]->op) == FORGE_FAMILY_NONE; i++) {}
+        return i;
+    };
+    auto only_reader = [&](const forge_tensor *t) { return uses[t] == 1 && !(t->flags & FORGE_FLAG_OUTPUT); };
+    // the unit that starts at node i: its last node's index, or n when none starts there
+    auto unit_at = [&](size_t i, forge_cuda_rope_unit &u) {
+        u = forge_cuda_rope_unit{};
+        forge_tensor *t = nodes[i];
+        if (t->op == FORGE_OP_RMSNORM) {
+            const size_t j = next(i);
+            if (j == n || nodes[j]->op != FORGE_OP_ROPE || nodes[j]->src[0] != t || !only_reader(t)) return n;
+            u.norm = t;
+            u.rope = nodes[j];
+            return j;
+        }
+        if (t->op == FORGE_OP_ROPE) {
+            u.rope = t;
+            return i;
+        }
+        if (t->op != FORGE_OP_ROPE_BACK) return n;
+        u.rope = t;
+        size_t last = i, j = next(i);
+        if (j < n && nodes[j]->op == FORGE_OP_RMSNORM_BACK && nodes[j]->src[0] == t && !nodes[j]->res[1] && only_reader(t)) {
+            u.norm = nodes[j];
+            last = j;
+            j = next(j);
+        }
+        if (j < n && f.acc_view_copy.count(nodes[j]) && nodes[j]->src[1] == nodes[last] && only_reader(nodes[last])) {
+            u.into = nodes[j];
+            last = j;
+        }
+        return last;
+    };
+    for (size_t i = 0; i < n; i++) {
+        forge_cuda_fusions::rope_group g;
+        size_t last = unit_at(i, g.u[0]);
+        if (last == n) continue;
+        g.n = 1;
+        const size_t j = next(last);
+        if (j < n) {
+            const size_t last2 = unit_at(j, g.u[1]);
+            if (last2 < n && g.u[1].rope->op == g.u[0].rope->op) {
+                g.n = 2;
+                last = last2;
+            }
+        }
+        if (g.n == 1 && !g.u[0].norm && !g.u[0].into) continue; // a lone rope: nothing fused
+        g.last = nodes[last];
+        f.rope_groups[nodes[i]] = g;
+        i = last;
+    }
+}
+
 forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &nodes) {
     forge_cuda_fusions f;
     std::unordered_map<const forge_tensor *, int> uses = forge_cuda_readers(nodes);
@@ -289,6 +349,7 @@ forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &no
         f.skip.insert(acc);
     }
     f.acc_view_copy = forge_cuda_acc_view_copies(nodes, uses);
+    find_rope_groups(nodes, uses, f);
     return f;
 }
 
@@ -320,12 +381,15 @@ void forge_cuda_launch_nodes(const std::vector<forge_tensor *> &nodes, const for
                 continue;
             }
         }
-        // q's and k's rope, one after the other, in one launch
-        if (t->op == FORGE_OP_ROPE && i + 1 < n && !skip.count(nodes[i + 1])) {
-            forge_cuda_comm_before(nodes[i + 1], p);
-            if (forge_cuda_rope_pair(t, nodes[i + 1], p)) {
-                t = nodes[++i];
-                if (launched) launched(t, user);
+        // rope units: q's and k's rope in one launch, with the q/k norm or its backward, and
+        // the ACC_VIEW of the result into the fused q/k/v gradient (forge_cuda_rope_units)
+        auto rg = fu.rope_groups.find(t);
+        if (rg != fu.rope_groups.end()) {
+            size_t j = i;
+            while (nodes[j] != rg->second.last) forge_cuda_comm_before(nodes[++j], p);
+            if (forge_cuda_rope_units(rg->second.u, rg->second.n, p)) {
+                i = j;
+                if (launched) launched(nodes[j], user);
                 continue;
             }
         }
@@ -390,4 +454,18 @@ void forge_cuda_backend_stats(const forge_backend *be, int *kernel_nodes, int *s
     const CudaBackend *c = dynamic_cast<const CudaBackend *>(be);
     if (kernel_nodes) *kernel_nodes = c ? c->last_kernel_nodes : 0;
     if (syncs_per_step) *syncs_per_step = c ? c->last_syncs : 0;
+}
+
+void forge_cuda_backend_rope_fusions(const forge_backend *be, const forge_graph *g, int *groups, int *units, int *norms, int *intos) {
+    *groups = *units = *norms = *intos = 0;
+    const forge_cuda_fusions *f = forge_cuda_backend_fusions(const_cast<forge_backend *>(be), g);
+    if (!f) return;
+    for (const auto &it : f->rope_groups) {
+        ++*groups;
+        *units += it.second.n;
+        for (int i = 0; i < it.second.n; i++) {
+            *norms += it.second.u[i].norm != nullptr;
+            *intos += it.second.u[i].into != nullptr;
+        }
+    }
 }

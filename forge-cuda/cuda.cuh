@@ -257,10 +257,17 @@ std::string forge_cuda_comm_take_error(forge_cuda_comm *c);
 bool forge_cuda_add_rmsnorm(forge_tensor *add, forge_tensor *norm, const forge_cuda_params *p);
 // RMSNORM_BACK + the ADD(g, dx) after it as one kernel writing dx and dx + g (see rmsnorm.cu).
 bool forge_cuda_rmsnorm_back_add(forge_tensor *back, forge_tensor *add, const forge_cuda_params *p);
-// Two ROPE nodes in one launch (q's and k's: the same kernel, its blocks split between them).
-// Returns false, enqueueing nothing, unless both are ROPE, neither writes memory the other reads or
-// writes, and both take the same vector width (rope.cu).
-bool forge_cuda_rope_pair(forge_tensor *first, forge_tensor *second, const forge_cuda_params *p);
+// A ROPE or ROPE_BACK node with the nodes fused into its kernel (rope.cu): norm, the per-head
+// RMSNORM whose output a ROPE rotates, or the RMSNORM_BACK (without a weight gradient) that reads a
+// ROPE_BACK's output - Qwen3's q/k norm; into, the ACC_VIEW that copies the unit's result into its
+// region of the fused q/k/v gradient (the kernel writes the region instead).
+struct forge_cuda_rope_unit {
+    forge_tensor *rope = nullptr, *norm = nullptr, *into = nullptr;
+};
+// Runs n (1 or 2: q's and k's) units, in one launch when they can share it. Returns false,
+// enqueueing nothing, unless the links, shapes and memory of every unit allow its fused kernel
+// (rope.cu); the caller then launches the nodes one by one.
+bool forge_cuda_rope_units(const forge_cuda_rope_unit *u, int n, const forge_cuda_params *p);
 // LORA_BACK with dA and/or dB added straight into F32 gradient buffers (beta = 1) instead of its
 // outputs; NULL: the output as usual (forge-cuda/lora.cu).
 void forge_cuda_lora_back_into(forge_tensor *node, const forge_cuda_params *p, float *acc_a, float *acc_b);
@@ -281,7 +288,10 @@ std::unordered_set<const forge_tensor *> forge_cuda_acc_view_copies(const std::v
 // The LORA_BACK nodes of a node list that add their dA / dB straight into the persistent
 // gradients (acc_into), and the ACC nodes that therefore do not run (skip); the ACC_VIEW chains
 // that tile their tensor (acc_view_copy: each node copies its region, with no zeroing and no read
-// of the tensor - the q, k and v gradients gathered into the fused projection's). Found once per graph.
+// of the tensor - the q, k and v gradients gathered into the fused projection's); the rope units
+// and their pairs (rope_groups: [RMSNORM] ROPE, or ROPE_BACK [RMSNORM_BACK] [ACC_VIEW of a tiling
+// chain], each fused node the only reader of the one before it, no kernel node in between; two
+// such units in a row share a launch). Found once per graph.
 // The backend adds the hoisted LoRA preps (forge_cuda_lora_plan_preps: the LORA / LORA_BACK
 // nodes whose Ac and Bd one kernel makes at the start of the step, and that kernel's job table).
 struct forge_cuda_fusions {
@@ -291,6 +301,14 @@ struct forge_cuda_fusions {
     std::unordered_map<const forge_tensor *, lora_acc> acc_into;
     std::unordered_set<const forge_tensor *> skip;
     std::unordered_set<const forge_tensor *> acc_view_copy;
+    // rope units (forge_cuda_rope_unit), one or two per launch, by the group's first node; last:
+    // the group's last node, the one a profile counts the launch under
+    struct rope_group {
+        forge_cuda_rope_unit u[2];
+        int n = 0;
+        const forge_tensor *last = nullptr;
+    };
+    std::unordered_map<const forge_tensor *, rope_group> rope_groups;
     struct lora_prep {
         const char *ac, *bd; // bd NULL: the folded form's scale Bd, in W's spare columns
     };

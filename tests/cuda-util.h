@@ -2,7 +2,8 @@
 // reference and on the CUDA backend with identical random inputs; outputs and parameter
 // gradients compared by normalised error with tolerances per dtype; guard bytes after every
 // CUDA activation; any NaN fails; the CUDA side runs both node by node and as a replayed CUDA
-// graph, which must agree bit for bit.
+// graph, which must agree bit for bit (ConfOpts::guards = false plans memory as in production
+// instead, with reuse and in-place ops, which some launch-time fusions need).
 //
 // Use:
 //     int main() {
@@ -53,6 +54,10 @@ struct ConfOpts {
     double tol_bf16 = 1.5e-2;     // the same for BF16 / F16 outputs
     double tol_grad_scale = 2.0;  // gradients get this factor on top (longer chains of roundings)
     double tol_grad = 0;          // when > 0: the gradients' tolerance, whatever the dtypes
+    // called with the CUDA side's backend and graph after its runs (checks of what it fused)
+    std::function<void(forge_backend *, forge_graph *)> inspect;
+    bool guards = true;           // guard bytes after every CUDA activation (false: the planner reuses
+                                  // memory and runs ops in place, as in production; some fusions need that)
 };
 
 // Relative L2 error and max |a-b| / max |b|; NaN or Inf anywhere gives INFINITY.
@@ -133,7 +138,7 @@ static inline bool conformance(const char *name, const std::function<ConfCase(fo
     ConfSide cpu, gpu;
     forge_backend *cuda = forge_backend_cuda_new(0);
     if (!cuda) { CHECK(false, "%s: no CUDA backend", name); return false; }
-    cuda->guard_bytes = 256;
+    cuda->guard_bytes = o.guards ? 256 : 0;
     if (!conf_setup(cpu, build, forge_backend_cpu_new(0), seed) || !conf_setup(gpu, build, cuda, seed)) {
         CHECK(false, "%s: setup failed", name);
         return false;
@@ -179,6 +184,7 @@ static inline bool conformance(const char *name, const std::function<ConfCase(fo
             ok = false;
         }
     }
+    if (o.inspect) o.inspect(gpu.be, gpu.g);
     int nodes = 0, syncs = 0;
     forge_cuda_backend_stats(gpu.be, &nodes, &syncs);
     std::printf("%-8s %-52s%s [%d graph nodes, %d sync]\n", ok ? "ok" : "FAIL", name, report.c_str(), nodes, syncs);

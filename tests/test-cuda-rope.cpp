@@ -1,8 +1,10 @@
 // test-cuda-rope: ROPE and ROPE_BACK on the CUDA backend against the CPU reference, forward and
 // through autograd. Covers: Qwen2.5 (head_dim 64, 14 q / 2 kv heads, theta 1e6), Qwen3 (128, 16 /
 // 8), Gemma2 (256, 8 / 4, theta 1e4) with q and k as strided slices of a fused q/k/v tensor (the
-// gradient flows back through ACC_VIEW; the two ropes run as one launch, forge_cuda_rope_pair) in
-// BF16 and F32; positions restarting per packed
+// gradient flows back through ACC_VIEW; the two ropes run as one launch, and the backward writes
+// straight into the fused gradient: forge_cuda_rope_units) in BF16 and F32; the same with a
+// per-head RMSNorm in front (Qwen3's q/k norm, fused into the rope's kernel both ways) at head_dim
+// 64, 128 and 256; positions restarting per packed
 // document and large positions (up to 131071: sincosf's slow argument reduction); partial
 // rotation (n_rot 32 of 64: the copied dims; n_rot 24: the element path); in-place use (the rope
 // of an intermediate that dies there, forward and backward); enough tokens that one thread takes
@@ -23,25 +25,50 @@ std::function<void(forge_tensor *, Rng &)> positions(int64_t T, int64_t doc, int
     };
 }
 
-// rope of the q and k slices of a fused [D, Hq + 2 Hkv, T, B] tensor; y = rope(q)[:, :Hkv] * rope(k).
+// rope of the q and k slices of a fused [D, Hq + 2 Hkv, T, B] tensor (norm: each through a
+// per-head RMSNorm first, Qwen3's q/k norm with a frozen weight); y = rope(q)[:, :Hkv] * rope(k) + v,
+// so that the q, k and v gradients tile the fused one. The backend must fuse: q's and k's
+// forward units in one launch, the norms into every unit, and the backward's results written
+// straight into the fused gradient (forge_cuda_rope_units). Here autograd puts the gradient of y's
+// product between the two backward units, so each runs alone (in a model's layer they are
+// adjacent and share a launch: test-models, bench-step).
 void qk_case(const char *name, forge_type t, int64_t D, int64_t Hq, int64_t Hkv, int64_t T, int64_t B, int n_rot, float theta,
-             std::function<void(forge_tensor *, Rng &)> fill) {
+             std::function<void(forge_tensor *, Rng &)> fill, bool norm = false) {
+    ConfOpts o;
+    o.guards = false; // the ACC_VIEW chain is in place only without guard bytes
+    o.inspect = [=](forge_backend *be, forge_graph *g) {
+        int groups, units, norms, intos;
+        forge_cuda_backend_rope_fusions(be, g, &groups, &units, &norms, &intos);
+        CHECK(groups == 3 && units == 4 && norms == (norm ? 4 : 0) && intos == 2,
+              "%s: rope fusions: %d groups, %d units, %d with a norm, %d into the fused gradient (want 3, 4, %d, 2)", name, groups,
+              units, norms, intos, norm ? 4 : 0);
+    };
     conformance(name, [=](forge_ctx *ctx) {
         ConfCase c;
-        forge_tensor *qkv = forge_tensor_new_4d(ctx, t, D, Hq + 2 * Hkv, T, B);
+        // qkv is computed (as a projection's output is), so its gradient is gathered by a chain
+        // of ACC_VIEWs (a PARAM's would go to ACCs)
+        forge_tensor *x = forge_tensor_new_4d(ctx, t, D, Hq + 2 * Hkv, T, B), *qkv = forge_scale(ctx, x, 1.0f);
         forge_tensor *pos = forge_tensor_new_1d(ctx, FORGE_TYPE_I32, T * B);
         size_t nb[4];
         for (int i = 0; i < 4; i++) nb[i] = forge_tensor_nb(qkv, i);
         const int64_t neq[4] = {D, Hq, T, B}, nek[4] = {D, Hkv, T, B};
-        forge_tensor *q = forge_rope(ctx, forge_view(ctx, qkv, 4, neq, nb, 0), pos, n_rot, theta);
-        forge_tensor *k = forge_rope(ctx, forge_view(ctx, qkv, 4, nek, nb, (size_t)Hq * nb[1]), pos, n_rot, theta);
+        forge_tensor *q = forge_view(ctx, qkv, 4, neq, nb, 0), *k = forge_view(ctx, qkv, 4, nek, nb, (size_t)Hq * nb[1]);
+        forge_tensor *v = forge_view(ctx, qkv, 4, nek, nb, (size_t)(Hq + Hkv) * nb[1]);
+        if (norm) {
+            forge_tensor *wq = forge_tensor_new_1d(ctx, FORGE_TYPE_F32, D), *wk = forge_tensor_new_1d(ctx, FORGE_TYPE_F32, D);
+            c.scales[wq] = c.scales[wk] = 2.0f;
+            q = forge_rmsnorm(ctx, q, wq, 1e-6f, 0.0f, FORGE_NORM_CAST_BEFORE_WEIGHT);
+            k = forge_rmsnorm(ctx, k, wk, 1e-6f, 0.0f, FORGE_NORM_CAST_BEFORE_WEIGHT);
+        }
+        q = forge_rope(ctx, q, pos, n_rot, theta);
+        k = forge_rope(ctx, k, pos, n_rot, theta);
         size_t nbq[4];
         for (int i = 0; i < 4; i++) nbq[i] = forge_tensor_nb(q, i);
-        c.y = forge_mul(ctx, forge_view(ctx, q, 4, nek, nbq, 0), k);
-        c.params = {qkv};
+        c.y = forge_add(ctx, forge_mul(ctx, forge_view(ctx, q, 4, nek, nbq, 0), k), v);
+        c.params = {x};
         c.fill_int = fill;
         return c;
-    });
+    }, o);
 }
 
 // rope of a plain [D, H, T, B] leaf (inplace: of scale(x, 1), which the planner may overwrite).
@@ -69,6 +96,13 @@ int main() {
     qk_case("rope bf16 qwen3 q [128, 16] k [128, 8] x 384", BF16, 128, 16, 8, 384, 1, 128, 1e6f, positions(384, 384));
     qk_case("rope f32 qwen3 q [128, 16] k [128, 8] x 128, positions < 32768", F32, 128, 16, 8, 128, 1, 128, 1e6f, positions(128, 1, 32768));
     qk_case("rope bf16 gemma2 q [256, 8] k [256, 4] x 256", BF16, 256, 8, 4, 256, 1, 256, 1e4f, positions(256, 256));
+    // Qwen3's q/k norm fused in front of the rope and its backward behind the rope's (every
+    // head_dim: 8, 4 and 16 lanes per head row in bf16; 16 and 32 in f32)
+    qk_case("norm+rope bf16 qwen3 q [128, 16] k [128, 8] x 384, docs of 200", BF16, 128, 16, 8, 384, 1, 128, 1e6f, positions(384, 200), true);
+    qk_case("norm+rope bf16 q [64, 14] k [64, 2] x 160 x 2", BF16, 64, 14, 2, 160, 2, 64, 1e6f, positions(160, 160), true);
+    qk_case("norm+rope bf16 q [256, 8] k [256, 4] x 96", BF16, 256, 8, 4, 96, 1, 256, 1e4f, positions(96, 96), true);
+    qk_case("norm+rope f32 qwen3 q [128, 16] k [128, 8] x 128", F32, 128, 16, 8, 128, 1, 128, 1e6f, positions(128, 1, 32768), true);
+    qk_case("norm+rope f32 q [256, 4] k [256, 2] x 33", F32, 256, 4, 2, 33, 1, 256, 1e4f, positions(33, 33), true);
     qk_case("rope f32 gemma2 q [256, 8] k [256, 4] x 64, positions < 131072", F32, 256, 8, 4, 64, 1, 256, 1e4f, positions(64, 1, 131072));
 
     // partial rotation, in place, awkward shapes
