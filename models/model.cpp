@@ -91,9 +91,21 @@ void model_add_lora(Model &m, const LoraConfig &lc) {
     int qkv_blocks = 3, gu_blocks = 2;
     for (int l = 0; l < (int)c.n_layer; l++) {
         Layer &y = m.layers[(size_t)l];
+        const bool half = m.wtype == FORGE_TYPE_BF16 || m.wtype == FORGE_TYPE_F16;
+        // the folded form (one GEMM over [x | u], the backward's du out of the dX GEMM) pays where
+        // the unfolded one's pass over the output is the larger: gate/up, and q/k/v when its
+        // output is wider than its input (Qwen3, Gemma, Gemma2, Qwen2.5); not once the weight has
+        // memory (uploaded for generation before the adapter came)
+        auto pad = [&](forge_tensor **w, int64_t spare, int64_t *out) {
+            if (!m.lora_spare || !half || (*w)->op != FORGE_OP_NONE || (*w)->data) return;
+            give_spare_columns(m, w, spare);
+            if ((*w)->op == FORGE_OP_VIEW) *out = spare;
+        };
         if (lc.q || lc.k || lc.v) {
+            const int64_t rows = (c.n_head + 2 * c.n_kv_head) * D;
             y.a_qkv = lora_param(m, H, qkv_blocks * r, "attn_qkv.lora_a", l);
-            y.b_qkv = lora_param(m, r, (c.n_head + 2 * c.n_kv_head) * D, "attn_qkv.lora_b", l);
+            y.b_qkv = lora_param(m, r, rows, "attn_qkv.lora_b", l);
+            if (rows > H) pad(&y.wqkv, qkv_blocks * r, &y.wqkv_spare);
         }
         if (lc.o) {
             y.a_o = lora_param(m, c.n_head * D, r, "attn_output.lora_a", l);
@@ -102,12 +114,7 @@ void model_add_lora(Model &m, const LoraConfig &lc) {
         if (lc.gate || lc.up) {
             y.a_gu = lora_param(m, H, gu_blocks * r, "ffn_gate_up.lora_a", l);
             y.b_gu = lora_param(m, r, 2 * c.ffn, "ffn_gate_up.lora_b", l);
-            const bool half = m.wtype == FORGE_TYPE_BF16 || m.wtype == FORGE_TYPE_F16;
-            // not once the weight has memory (uploaded for generation before the adapter came)
-            if (m.lora_spare && half && y.wgu->op == FORGE_OP_NONE && !y.wgu->data) {
-                give_spare_columns(m, &y.wgu, gu_blocks * r);
-                if (y.wgu->op == FORGE_OP_VIEW) y.wgu_spare = gu_blocks * r;
-            }
+            pad(&y.wgu, gu_blocks * r, &y.wgu_spare);
         }
         if (lc.down) {
             y.a_down = lora_param(m, c.ffn, r, "ffn_down.lora_a", l);
@@ -188,7 +195,7 @@ static forge_tensor *input(forge_ctx *ctx, forge_type type, int64_t ne0, int64_t
 }
 
 // x W^T (+ bias) with the layer's LoRA when it has one.
-// spare: elements after each row of w (Layer::wgu_spare); when there are at least R of them (the
+// spare: elements after each row of w (Layer::wgu_spare, wqkv_spare); when there are at least R of them (the
 // adapter's rank times its blocks), the LORA may use them (forge_lora_set_spare: on CUDA, one
 // GEMM of depth K + R).
 static forge_tensor *project(Model &m, forge_tensor *x, forge_tensor *w, forge_tensor *b, forge_tensor *la, forge_tensor *lb, int blocks,
@@ -216,7 +223,7 @@ LayerQKV model_layer_qkv(Model &m, int l, forge_tensor *h, forge_tensor *pos, in
     const int64_t D = c.head_dim, Hq = c.n_head, Hkv = c.n_kv_head, Mqkv = (Hq + 2 * Hkv) * D;
     const int64_t qkv_rows[3] = {Hq * D, Hkv * D, Hkv * D};
     forge_tensor *x = model_norm(m, h, y.attn_norm);
-    forge_tensor *qkv = forge_reshape_4d(ctx, project(m, x, y.wqkv, y.bqkv, y.a_qkv, y.b_qkv, 3, qkv_rows), D, Hq + 2 * Hkv, T, B);
+    forge_tensor *qkv = forge_reshape_4d(ctx, project(m, x, y.wqkv, y.bqkv, y.a_qkv, y.b_qkv, 3, qkv_rows, y.wqkv_spare), D, Hq + 2 * Hkv, T, B);
     if (!qkv) return {nullptr, nullptr, nullptr};
     size_t es = forge_type_size(forge_tensor_type(qkv)), nb[4] = {es, (size_t)D * es, (size_t)Mqkv * es, (size_t)(Mqkv * T) * es};
     int64_t qne[4] = {D, Hq, T, B}, kne[4] = {D, Hkv, T, B};

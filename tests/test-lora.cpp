@@ -384,9 +384,10 @@ void check_spare_refused() {
 }
 
 // The model layer: model_add_lora on a bf16 model makes gate/up's weight a view of a [hidden +
-// 2r, 2 ffn] leaf (the other weights stay plain) and flags its LORA; model_upload fills the rows
-// from the sources and the spare elements with zeros; the loss and every LoRA gradient are
-// bitwise those of the same model with m.lora_spare off.
+// 2r, 2 ffn] leaf and q/k/v's (64 rows, wider than hidden 32) one of a [hidden + 3r, 64] leaf (o
+// and down stay plain) and flags their LORAs; model_upload fills the rows from the sources and
+// the spare elements with zeros; the loss and every LoRA gradient are bitwise those of the same
+// model with m.lora_spare off.
 void check_model_spare() {
     using namespace forge;
     ModelConfig c;
@@ -413,7 +414,7 @@ void check_model_spare() {
             if (host.size() <= i) host.push_back(random_vec(rng, (size_t)forge_tensor_nelements(ws[i]), 0.2f));
             m.sources.push_back({ws[i], {{host[i].data(), FORGE_TYPE_F32, (int64_t)host[i].size()}}});
         }
-        forge_tensor *wgu0 = m.layers[0].wgu;
+        forge_tensor *wgu0 = m.layers[0].wgu, *wqkv0 = m.layers[0].wqkv;
         model_add_lora(m, lc);
         REQUIRE_OK(forge_ctx_status(ctx));
         const Layer &y0 = m.layers[0];
@@ -424,12 +425,19 @@ void check_model_spare() {
                       !std::strcmp(forge_tensor_name(y0.wgu), forge_tensor_name(wgu0)),
                   "bf16 gate/up: a view [%lld, %lld] of a padded leaf %s named like the weight", (long long)c.hidden, (long long)(2 * c.ffn),
                   root ? forge_shape_str(root).c_str() : "?");
-            CHECK(y0.wqkv->op == FORGE_OP_NONE && y0.wo->op == FORGE_OP_NONE && y0.wdown->op == FORGE_OP_NONE, "the other weights stay plain");
+            const forge_tensor *qroot = forge_view_root(y0.wqkv);
+            const int64_t Rq = 3 * lc.r, rows = (c.n_head + 2 * c.n_kv_head) * c.head_dim;
+            CHECK(y0.wqkv_spare == Rq && y0.wqkv->op == FORGE_OP_VIEW && qroot && qroot->ne[0] == c.hidden + Rq && qroot->ne[1] == rows &&
+                      y0.wqkv->nb[1] == (size_t)(c.hidden + Rq) * 2,
+                  "bf16 q/k/v (%lld rows > hidden %lld): a view of a padded leaf %s", (long long)rows, (long long)c.hidden,
+                  qroot ? forge_shape_str(qroot).c_str() : "?");
+            CHECK(y0.wo->op == FORGE_OP_NONE && y0.wdown->op == FORGE_OP_NONE, "o and down stay plain");
             int moved = 0;
-            for (auto &ts : m.sources) moved += ts.first == y0.wgu, moved -= 10 * (ts.first == wgu0);
-            CHECK(moved == 1, "gate/up's sources follow the view");
+            for (auto &ts : m.sources)
+                moved += (ts.first == y0.wgu) + (ts.first == y0.wqkv), moved -= 10 * (ts.first == wgu0 || ts.first == wqkv0);
+            CHECK(moved == 2, "gate/up's and q/k/v's sources follow the views");
         } else {
-            CHECK(y0.wgu_spare == 0 && y0.wgu == wgu0, "lora_spare off: gate/up stays a plain leaf");
+            CHECK(y0.wgu_spare == 0 && y0.wgu == wgu0 && y0.wqkv_spare == 0 && y0.wqkv == wqkv0, "lora_spare off: the weights stay plain leafs");
         }
         Graph mg;
         std::string err;
@@ -442,10 +450,10 @@ void check_model_spare() {
         for (const forge_tensor *t : g->nodes) {
             if (t->op != FORGE_OP_LORA) continue;
             loras++, flagged += t->op_i[4] == 1;
-            for (const Layer &y : m.layers) on_gu += t->op_i[4] == 1 && t->src[1] == y.wgu;
+            for (const Layer &y : m.layers) on_gu += t->op_i[4] == 1 && (t->src[1] == y.wgu || t->src[1] == y.wqkv);
         }
-        CHECK(loras == 8 && flagged == (spare ? 2 : 0) && on_gu == flagged, "%d of %d LORA nodes flagged, %d on gate/up (want %d)", flagged,
-              loras, on_gu, spare ? 2 : 0);
+        CHECK(loras == 8 && flagged == (spare ? 4 : 0) && on_gu == flagged, "%d of %d LORA nodes flagged, %d on gate/up or q/k/v (want %d)",
+              flagged, loras, on_gu, spare ? 4 : 0);
         forge_backend *be = forge_backend_cpu_new(0);
         REQUIRE_OK(forge_backend_alloc_graph(be, g));
         CHECK(model_upload(m, &err), "model_upload: %s", err.c_str());
