@@ -39,8 +39,13 @@
 // head row's per_head lanes (a power of two up to 32, aligned in the warp) add those in double by
 // xor shuffles, and r = rsqrt(mean + eps) in double (the mean as sum * (1 / D), exact at head_dim
 // 64, 128 and 256). The RMSNORM kernel sums every element in double: the two agree to fp32
-// rounding of 16-element partial sums (a relative 1e-7 on r; bf16 x^2 is exact in fp32). Traffic with NORM 2: a read of dy and of x, a write of dx (was: read and write of dy,
-// then the same three, then dx read and written again by the ACC_VIEW).
+// rounding of 16-element partial sums (a relative 1e-7 on r; bf16 x^2 is exact in fp32).
+// Traffic with NORM 2: a read of dy and of x, a write of dx (was: read and write of dy, then the
+// same three, then dx read and written again by the ACC_VIEW). Measured (ncu, H200 base clocks,
+// Qwen3-0.6B 4 x 1024, per layer): forward q + k 47 us, backward k 24 us and q 42 us, 13-19% of
+// DRAM bandwidth: the kernels are bound by instructions (angles, weight and index math per
+// thread, three roundings per element) at 4-5 blocks per SM, not by memory. Doing a batch's
+// heads phase by phase (sums, then shuffles, then outputs) changed nothing measurable.
 #include "cuda.cuh"
 
 #include <algorithm>
