@@ -264,7 +264,8 @@ bool forge_cuda_rmsnorm_back_add(forge_tensor *back, forge_tensor *add, const fo
 struct forge_cuda_rope_unit {
     forge_tensor *rope = nullptr, *norm = nullptr, *into = nullptr;
 };
-// Runs n (1 or 2: q's and k's) units, in one launch when they can share it. Returns false,
+// Runs n (1 or 2: q's and k's) units, in one launch when they can share it (an into must be a
+// node of a chain that writes each element of its tensor once). Returns false,
 // enqueueing nothing, unless the links, shapes and memory of every unit allow its fused kernel
 // (rope.cu); the caller then launches the nodes one by one.
 bool forge_cuda_rope_units(const forge_cuda_rope_unit *u, int n, const forge_cuda_params *p);

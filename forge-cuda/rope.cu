@@ -461,12 +461,17 @@ bool forge_cuda_rope_units(const forge_cuda_rope_unit *u, int n, const forge_cud
         if (!j[i].grid) return false;
     }
     // one kernel for both when they take the same vector width and fusion and are independent
-    // (neither's result overlaps what the other reads or writes); else one launch each
+    // (neither's result overlaps what the other reads or writes); else one launch each. Two
+    // regions of one ACC_VIEW chain (the same tensor: the chain runs in place) share no element,
+    // though their byte ranges interleave: the backend passes only chains that write each element
+    // of their tensor once (forge_cuda_acc_view_copies).
     bool share = n == 2 && j[0].V == j[1].V && j[0].norm == j[1].norm;
+    const bool one_chain = n == 2 && u[0].into && u[1].into && u[0].into->data == u[1].into->data;
     for (int i = 0; share && i < 2; i++) {
         const rope_job &me = j[i], &other = j[1 - i];
         const int64_t *nm = u[i].rope->ne, *no = u[1 - i].rope->ne;
-        share = apart(me.dst, nm, other.dst, no) && apart(me.dst, nm, other.x, no) && (other.norm != 2 || apart(me.dst, nm, other.nx, no));
+        share = (one_chain || apart(me.dst, nm, other.dst, no)) && apart(me.dst, nm, other.x, no) &&
+                (other.norm != 2 || apart(me.dst, nm, other.nx, no));
     }
     if (share) {
         launch(j[0], &j[1], p);
