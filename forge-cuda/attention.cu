@@ -1052,6 +1052,20 @@ __device__ __forceinline__ void cols_finish(const attn_args &a, const float (&dk
     }
 }
 
+// The shared memory of a dk/dv kernel's block, from its base: the BN k and v rows (then the dk and
+// dv rows), and two stages of query tiles: q and dO rows, LSE*log2e, D_i, document ids; end():
+// what a kernel puts after them.
+template <int D, int BN, int BQ>
+struct cols_layout {
+    bf16 *k, *v, *q, *dO; // k, v [BN][D]; q, dO [2][BQ][D] (attn_cols_wg: each in 64-column sw128 blocks)
+    float *l, *di;        // [2][BQ]
+    int *doc;             // [2][BQ]
+    __device__ __forceinline__ explicit cols_layout(unsigned char *base)
+        : k((bf16 *)base), v(k + BN * D), q(v + BN * D), dO(q + 2 * BQ * D), l((float *)(dO + 2 * BQ * D)), di(l + 2 * BQ),
+          doc((int *)(di + 2 * BQ)) {}
+    __device__ __forceinline__ void *end() const { return doc + 2 * BQ; }
+};
+
 // The block of a dk/dv kernel (attn_cols, attn_cols_wg): BN key rows j0.. (valid up to jend) of kv
 // head g, batch b, against the query heads [h_lo, h_hi) of its group (part `part` of hsplit), and
 // for each of them the query tiles (BQ rows) that may see its keys, from qt_first to qt_hi.
@@ -1093,18 +1107,22 @@ struct cols_block {
             cp_async_wait<0>();
         }
     }
-    // Starts loading the k and v rows into sk, sv (layout SW: sw128, else swz); zeroes the queries'
+    // Starts loading the k and v rows into sm (layout SW: sw128, else swz); zeroes the queries'
     // document ids of both stages when there are none; finds qt_first.
-    __device__ __forceinline__ void start(const attn_args &a, bf16 *sk, bf16 *sv, int *sdoc, int tid) {
-        load_tile<BN, D, NT, SW>(sk, a.row(a.k, g, j0, b), a.k.nb[2], jend - j0, tid);
-        load_tile<BN, D, NT, SW>(sv, a.row(a.v, g, j0, b), a.v.nb[2], jend - j0, tid);
+    __device__ __forceinline__ void start(const attn_args &a, const cols_layout<D, BN, BQ> &sm, int tid) {
+        load_tile<BN, D, NT, SW>(sm.k, a.row(a.k, g, j0, b), a.k.nb[2], jend - j0, tid);
+        load_tile<BN, D, NT, SW>(sm.v, a.row(a.v, g, j0, b), a.v.nb[2], jend - j0, tid);
         cp_async_commit();
         if (!a.doc.data)
-            for (int e = tid; e < 2 * BQ; e += NT) sdoc[e] = 0;
+            for (int e = tid; e < 2 * BQ; e += NT) sm.doc[e] = 0;
         qt_first = next_q(a, j0 / BQ); // the diagonal tile is never skipped
     }
-    // Starts loading query tile qt of head hh of the group: q and dO rows, LSE*log2e, D_i, doc ids.
-    __device__ __forceinline__ void load_q(const attn_args &a, int hh, int qt, bf16 *sq, bf16 *sdo, float *sl, float *sdi, int *sdoc, int tid) const {
+    // Starts loading query tile qt of head hh of the group into stage st of sm: q and dO rows,
+    // LSE*log2e, D_i, doc ids.
+    __device__ __forceinline__ void load_q(const attn_args &a, int hh, int qt, const cols_layout<D, BN, BQ> &sm, int st, int tid) const {
+        bf16 *sq = sm.q + st * BQ * D, *sdo = sm.dO + st * BQ * D;
+        float *sl = sm.l + st * BQ, *sdi = sm.di + st * BQ;
+        int *sdoc = sm.doc + st * BQ;
         const int h = g * a.group + hh, q0 = qt * BQ, n = min(BQ, a.T - q0);
         load_tile<BQ, D, NT, SW>(sq, a.row(a.q, h, q0, b), a.q.nb[2], n, tid);
         load_tile<BQ, D, NT, SW>(sdo, a.row(a.dout, h, q0, b), a.dout.nb[2], n, tid);
@@ -1157,32 +1175,26 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     constexpr int NQ = BQ / DS;
     static_assert((DS == 1 || DS == 2) && NQ % 16 == 0, "key rows are shared by a pair of warps at most, query columns split in whole fragments");
     extern __shared__ __align__(128) unsigned char smem[];
-    bf16 *sK = (bf16 *)smem;                 // [BN][D] k rows, then the dk rows
-    bf16 *sV = sK + BN * D;                  // [BN][D] v rows, then the dv rows
-    bf16 *sQ = sV + BN * D;                  // [2][BQ][D]
-    bf16 *sdO = sQ + 2 * BQ * D;             // [2][BQ][D]
-    float *sL = (float *)(sdO + 2 * BQ * D); // [2][BQ] LSE*log2e of the queries
-    float *sDi = sL + 2 * BQ;                // [2][BQ]
-    int *sDoc = (int *)(sDi + 2 * BQ);       // [2][BQ]
-    uint4 *sX = (uint4 *)(sDoc + 2 * BQ);    // DS = 2: [NW][XS][32] exchange slots
+    const cols_layout<D, BN, BQ> sm(smem);
+    uint4 *sX = (uint4 *)sm.end(); // DS = 2: [NW][XS][32] exchange slots
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
     const int slab = warp / DS, hi = warp % DS, col0 = hi * DO; // the warp's key rows and slice
     const int qc0 = hi * NQ; // the query columns of a step whose P^T and dS^T the warp computes
     cols_block<D, BN, BQ, NT, false> blk(a);
     const int g = blk.g, b = blk.b, j0 = blk.j0, wj0 = j0 + slab * 16; // the warp's keys: wj0 + [0, 16)
-    blk.start(a, sK, sV, sDoc, tid);
-    auto load_q = [&](int hh, int qt, int st) { blk.load_q(a, hh, qt, sQ + st * BQ * D, sdO + st * BQ * D, sL + st * BQ, sDi + st * BQ, sDoc + st * BQ, tid); };
+    blk.start(a, sm, tid);
     int cols[2], cdoc[2];
     blk.lane_cols(a, wj0, lane, cols, cdoc);
+    auto load_q = [&](int hh, int qt, int st) { blk.load_q(a, hh, qt, sm, st, tid); };
     int hh = blk.h_lo, qt = blk.qt_first;
     load_q(hh, qt, 0);
     cp_async_wait<1>(); // the k and v rows
     __syncthreads();
     const lane_offs<D> lo(lane);
-    const uint32_t uQ = smem_addr(sQ), udO = smem_addr(sdO);
+    const uint32_t uQ = smem_addr(sm.q), udO = smem_addr(sm.dO);
     afrags<1, D, C::KREG> fk, fv;
-    fk.init(smem_addr(sK) + slab * 32 * D + col0 * 2, lo);
-    fv.init(smem_addr(sV) + slab * 32 * D + col0 * 2, lo);
+    fk.init(smem_addr(sm.k) + slab * 32 * D + col0 * 2, lo);
+    fv.init(smem_addr(sm.v) + slab * 32 * D + col0 * 2, lo);
     float dk[1][DO / 8][4] = {}, dv[1][DO / 8][4] = {};
 
     for (int st = 0; hh < blk.h_hi; st ^= 1) {
@@ -1193,8 +1205,8 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
         // where this warp's dS^T goes: its key rows and query columns of a tile of the dq kernel's
         bf16 *const ds_dst = a.ds_tile(b, g * a.group + hh, q0 / kDsTile, j0 / kDsTile) + slab * 16 * kDsTile + q0 % kDsTile + qc0;
         const uint32_t tQ = uQ + st * BQ * D * 2, tdO = udO + st * BQ * D * 2;
-        const float *tL = sL + st * BQ, *tDi = sDi + st * BQ;
-        const int *tDoc = sDoc + st * BQ;
+        const float *tL = sm.l + st * BQ, *tDi = sm.di + st * BQ;
+        const int *tDoc = sm.doc + st * BQ;
         auto step = [&](auto masked) {
             constexpr bool MASK = decltype(masked)::value;
             float s[1][BQ / 8][4] = {}, dp[1][BQ / 8][4] = {};
@@ -1288,7 +1300,7 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
         qt = nq;
     }
 
-    cols_finish<DO, D>(a, dk[0], dv[0], sK, sV, slab * 16, col0, g, b, blk.part, wj0, blk.jend, cols, lane);
+    cols_finish<DO, D>(a, dk[0], dv[0], sm.k, sm.v, slab * 16, col0, g, b, blk.part, wj0, blk.jend, cols, lane);
 }
 
 // attn_cols_wg (D = 128 only): a block is one warpgroup of 64 key rows (16 per warp), BQ queries
@@ -1315,23 +1327,17 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
     forge_cuda_prologue();
     constexpr int BQ = cols_wg_cfg<D>::BQ, NT = 128, BN = 64;
     unsigned char *smem_raw = wg_smem();
-    bf16 *sK = (bf16 *)smem_raw;             // [D / 64][BN][64] (sw128), then the dk rows (swz)
-    bf16 *sV = sK + BN * D;                  // [D / 64][BN][64], then the dv rows
-    bf16 *sQ = sV + BN * D;                  // [2][D / 64][BQ][64]
-    bf16 *sdO = sQ + 2 * BQ * D;             // [2][D / 64][BQ][64]
-    float *sL = (float *)(sdO + 2 * BQ * D); // [2][BQ] LSE*log2e of the queries
-    float *sDi = sL + 2 * BQ;                // [2][BQ]
-    int *sDoc = (int *)(sDi + 2 * BQ);       // [2][BQ]
+    const cols_layout<D, BN, BQ> sm(smem_raw); // k, v, q, dO in sw128 blocks; dk, dv rows later in swz
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
     cols_block<D, BN, BQ, NT, true> blk(a);
     const int g = blk.g, b = blk.b, j0 = blk.j0, wj0 = j0 + warp * 16; // the warp's keys: wj0 + [0, 16)
-    blk.start(a, sK, sV, sDoc, tid);
-    auto load_q = [&](int hh, int qt, int st) { blk.load_q(a, hh, qt, sQ + st * BQ * D, sdO + st * BQ * D, sL + st * BQ, sDi + st * BQ, sDoc + st * BQ, tid); };
+    blk.start(a, sm, tid);
     int cols[2], cdoc[2];
     blk.lane_cols(a, wj0, lane, cols, cdoc);
+    auto load_q = [&](int hh, int qt, int st) { blk.load_q(a, hh, qt, sm, st, tid); };
     int hh = blk.h_lo, qt = blk.qt_first;
     load_q(hh, qt, 0);
-    const uint32_t uK = smem_addr(sK), uV = smem_addr(sV), uQ = smem_addr(sQ), udO = smem_addr(sdO);
+    const uint32_t uK = smem_addr(sm.k), uV = smem_addr(sm.v), uQ = smem_addr(sm.q), udO = smem_addr(sm.dO);
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};
 
     for (int st = 0; hh < blk.h_hi; st ^= 1) {
@@ -1353,8 +1359,8 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
         wg_wait<0>();
         wg_pin<BQ / 8>(s[0]);
         wg_pin<BQ / 8>(dp[0]);
-        const float *tL = sL + st * BQ, *tDi = sDi + st * BQ;
-        const int *tDoc = sDoc + st * BQ;
+        const float *tL = sm.l + st * BQ, *tDi = sm.di + st * BQ;
+        const int *tDoc = sm.doc + st * BQ;
         if (a.tile_class(b, q0, q0 + BQ, wj0, wj0 + 16) == kFull)
             cols_pds<CAP, false>(s, dp, a, tL, tDi, tDoc, q0, 0, cols, cdoc, tq);
         else
@@ -1378,7 +1384,7 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
         hh = nh;
         qt = nq;
     }
-    cols_finish<D, D>(a, dk[0], dv[0], sK, sV, warp * 16, 0, g, b, blk.part, wj0, blk.jend, cols, lane);
+    cols_finish<D, D>(a, dk[0], dv[0], sm.k, sm.v, warp * 16, 0, g, b, blk.part, wj0, blk.jend, cols, lane);
 #else
     __trap(); // not built for sm_90a: run_tc does not launch it (wgmma_on)
 #endif

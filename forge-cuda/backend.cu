@@ -278,13 +278,17 @@ std::unordered_map<const forge_tensor *, int> forge_cuda_readers(const std::vect
 
 // The rope units of a node list and their pairs (forge_cuda_fusions::rope_groups). Nodes that
 // enqueue nothing (views, results) may sit between the fused ones.
-static void find_rope_groups(const std::vector<forge_tensor *> &nodes, std::unordered_map<const forge_tensor *, int> &uses, forge_cuda_fusions &f) {
+static void find_rope_groups(const std::vector<forge_tensor *> &nodes, const std::unordered_map<const forge_tensor *, int> &uses,
+                             forge_cuda_fusions &f) {
     const size_t n = nodes.size();
     auto next = [&](size_t i) { // the next node that enqueues kernels
         for (i++; i < n && forge_op_family(nodes[i]->op) == FORGE_FAMILY_NONE; i++) {}
         return i;
     };
-    auto only_reader = [&](const forge_tensor *t) { return uses[t] == 1 && !(t->flags & FORGE_FLAG_OUTPUT); };
+    auto only_reader = [&](const forge_tensor *t) {
+        auto it = uses.find(t);
+        return it != uses.end() && it->second == 1 && !(t->flags & FORGE_FLAG_OUTPUT);
+    };
     // the unit that starts at node i: its last node's index, or n when none starts there
     auto unit_at = [&](size_t i, forge_cuda_rope_unit &u) {
         u = forge_cuda_rope_unit{};

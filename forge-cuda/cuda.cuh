@@ -64,6 +64,17 @@ __device__ inline void forge_cuda_store(forge_type t, void *p, float v) {
     }
 }
 
+// V values rounded to type t (to nearest even), as a store and a load back would; F32 unchanged.
+template <int V> __device__ inline void forge_cuda_round(forge_type t, float *v) {
+    if (t == FORGE_TYPE_BF16) {
+#pragma unroll
+        for (int e = 0; e < V; e++) v[e] = __bfloat162float(__float2bfloat16_rn(v[e]));
+    } else if (t == FORGE_TYPE_F16) {
+#pragma unroll
+        for (int e = 0; e < V; e++) v[e] = __half2float(__float2half_rn(v[e]));
+    }
+}
+
 // 2K 16-bit values of type t (BF16 or F16), packed two per 32-bit word, <-> fp32; packing rounds
 // to nearest even. The type is tested once per call.
 template <int K> __device__ inline void forge_cuda_unpack16(forge_type t, const uint32_t *w, float *v) {
@@ -155,14 +166,17 @@ __device__ inline char *forge_cuda_ptr(const forge_cuda_view &v, int64_t i0, int
     return v.data + i0 * v.nb[0] + i1 * v.nb[1] + i2 * v.nb[2] + i3 * v.nb[3];
 }
 
-// Whether two tensors' bytes (from each one's first to one past its last element) do not meet.
-inline bool forge_cuda_disjoint(const forge_tensor *s, const forge_tensor *t) {
-    auto end = [](const forge_tensor *x) {
-        uintptr_t e = (uintptr_t)x->data + forge_type_size(x->type);
-        for (int i = 0; i < 4; i++) e += (uintptr_t)((x->ne[i] - 1) * (int64_t)x->nb[i]);
+// Whether two views' bytes (from each one's first to one past its last element) do not meet.
+inline bool forge_cuda_disjoint(const forge_cuda_view &s, const forge_cuda_view &t) {
+    auto end = [](const forge_cuda_view &x) {
+        uintptr_t e = (uintptr_t)x.data + forge_type_size(x.type);
+        for (int i = 0; i < 4; i++) e += (uintptr_t)((x.ne[i] - 1) * x.nb[i]);
         return e;
     };
-    return end(s) <= (uintptr_t)t->data || end(t) <= (uintptr_t)s->data;
+    return end(s) <= (uintptr_t)t.data || end(t) <= (uintptr_t)s.data;
+}
+inline bool forge_cuda_disjoint(const forge_tensor *s, const forge_tensor *t) {
+    return forge_cuda_disjoint(forge_cuda_view_of(s), forge_cuda_view_of(t));
 }
 
 #define FORGE_CUDA_CHECK(expr)                                                                     \

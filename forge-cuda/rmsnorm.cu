@@ -100,16 +100,6 @@ template <> struct chunk<1> {
     float f;
 };
 
-// V values rounded to type t (to nearest even).
-template <int V> __device__ inline void round_to(forge_type t, float *v) {
-    if (t == FORGE_TYPE_BF16) {
-#pragma unroll
-        for (int e = 0; e < V; e++) v[e] = __bfloat162float(__float2bfloat16_rn(v[e]));
-    } else if (t == FORGE_TYPE_F16) {
-#pragma unroll
-        for (int e = 0; e < V; e++) v[e] = __half2float(__float2half_rn(v[e]));
-    }
-}
 template <int V> __device__ inline void unpack(forge_type t, const chunk<V> &c, float *v) {
     if constexpr (V == 1) {
         v[0] = c.f;
@@ -125,7 +115,7 @@ template <int V> __device__ inline chunk<V> pack(forge_type t, const float *v) {
     chunk<V> c;
     if constexpr (V == 1) {
         c.f = v[0];
-        round_to<1>(t, &c.f);
+        forge_cuda_round<1>(t, &c.f);
     } else if constexpr (V == 4) {
         c.u = make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
     } else {
@@ -345,7 +335,7 @@ template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1)
             float xh[V];
 #pragma unroll
             for (int e = 0; e < V; e++) xh[e] = x[e] * rs;
-            if (!BACK && a.cast_before) round_to<V>(a.dst.type, xh);
+            if (!BACK && a.cast_before) forge_cuda_round<V>(a.dst.type, xh);
 #pragma unroll
             for (int e = 0; e < V; e++) {
                 if constexpr (BACK) {

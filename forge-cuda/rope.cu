@@ -147,15 +147,6 @@ __device__ inline int32_t pos_at(const rope_args &a, int64_t n) {
     return *(const int32_t *)(a.pos + i0 * a.pnb0 + i1 * a.pnb1 + i2 * a.pnb2);
 }
 
-// V values rounded to type t (to nearest even), as a store and a load would.
-template <int V> __device__ inline void round_to(forge_type t, float *v) {
-#pragma unroll
-    for (int e = 0; e < V; e++) {
-        if (t == FORGE_TYPE_BF16) v[e] = __bfloat162float(__float2bfloat16_rn(v[e]));
-        else if (t == FORGE_TYPE_F16) v[e] = __half2float(__float2half_rn(v[e]));
-    }
-}
-
 // Sums over the lanes of one head row (lanes: a power of two up to 32, aligned in the warp; the
 // lanes of a row live and exit together): every lane gets the same bits.
 template <int N> __device__ inline void head_sum(double (&v)[N], int lanes) {
@@ -248,16 +239,16 @@ template <int V, int NORM> __global__ void __launch_bounds__(THREADS, NORM == 2 
                         y1[e] *= rs;
                     }
                     if (a.cast_before) {
-                        round_to<V>(a.ytype, y0);
-                        round_to<V>(a.ytype, y1);
+                        forge_cuda_round<V>(a.ytype, y0);
+                        forge_cuda_round<V>(a.ytype, y1);
                     }
 #pragma unroll
                     for (int e = 0; e < V; e++) {
                         y0[e] *= w0[e];
                         y1[e] *= w1[e];
                     }
-                    round_to<V>(a.ytype, y0);
-                    round_to<V>(a.ytype, y1);
+                    forge_cuda_round<V>(a.ytype, y0);
+                    forge_cuda_round<V>(a.ytype, y1);
                 }
 #pragma unroll
                 for (int e = 0; e < V; e++) {
@@ -266,8 +257,8 @@ template <int V, int NORM> __global__ void __launch_bounds__(THREADS, NORM == 2 
                     y1[e] = r1;
                 }
                 if constexpr (NORM == 2) { // dx = rmsnorm_back(dy = the rotation as stored, x)
-                    round_to<V>(a.ytype, y0);
-                    round_to<V>(a.ytype, y1);
+                    forge_cuda_round<V>(a.ytype, y0);
+                    forge_cuda_round<V>(a.ytype, y1);
                     float x0f[V], x1f[V];
                     tie(n0[i], dep);
                     tie(n1[i], dep);
@@ -297,36 +288,23 @@ template <int V, int NORM> __global__ void __launch_bounds__(THREADS, NORM == 2 
     }
 }
 
-// A strided [D, H, T, B] operand of a unit: where its elements are.
-struct span {
-    const char *data;
-    forge_type type;
-    int64_t nb[4];
-};
-span span_of(const forge_tensor *t) { return {(const char *)t->data, t->type, {(int64_t)t->nb[0], (int64_t)t->nb[1], (int64_t)t->nb[2], (int64_t)t->nb[3]}}; }
-// Where a unit's result goes: into's region of the fused gradient, or the last node's memory.
-span dst_of(const forge_cuda_rope_unit &u) {
-    if (u.into) return {(const char *)u.into->data + u.into->op_l[0], u.into->type, {u.into->op_l[1], u.into->op_l[2], u.into->op_l[3], u.into->op_l[4]}};
-    return span_of(u.norm && u.rope->op == FORGE_OP_ROPE_BACK ? u.norm : u.rope);
+// Where a unit's result goes: into's region of the fused gradient (the addend's shape at the
+// ACC_VIEW's offset and strides), or the last node's memory.
+forge_cuda_view dst_of(const forge_cuda_rope_unit &u) {
+    if (!u.into) return forge_cuda_view_of(u.norm && u.rope->op == FORGE_OP_ROPE_BACK ? u.norm : u.rope);
+    forge_cuda_view v = forge_cuda_view_of(u.into->src[1]);
+    v.data = (char *)u.into->data + u.into->op_l[0];
+    v.type = u.into->type;
+    for (int i = 0; i < 4; i++) v.nb[i] = u.into->op_l[1 + i];
+    return v;
 }
-// The byte range [first, last) of a span of shape ne.
-std::pair<uintptr_t, uintptr_t> range_of(const span &s, const int64_t ne[4]) {
-    uintptr_t e = (uintptr_t)s.data + forge_type_size(s.type);
-    for (int i = 0; i < 4; i++) e += (uintptr_t)((ne[i] - 1) * s.nb[i]);
-    return {(uintptr_t)s.data, e};
-}
-// Whether s (of shape ns) and t (of shape nt) share no byte.
-bool apart(const span &s, const int64_t ns[4], const span &t, const int64_t nt[4]) {
-    const auto a = range_of(s, ns), b = range_of(t, nt);
-    return a.second <= b.first || b.second <= a.first;
-}
-bool same_place(const span &s, const span &t) {
+bool same_place(const forge_cuda_view &s, const forge_cuda_view &t) {
     return s.data == t.data && forge_type_size(s.type) == forge_type_size(t.type) && std::equal(s.nb, s.nb + 4, t.nb);
 }
 // 16 dense, aligned bytes per vector along dim 0, every row 16-byte aligned.
-bool vector_rows(const span &s, const int64_t ne[4], int es) {
+bool vector_rows(const forge_cuda_view &s, int es) {
     bool ok = s.nb[0] == es && (uintptr_t)s.data % 16 == 0;
-    for (int i = 1; i < 4; i++) ok = ok && (ne[i] == 1 || s.nb[i] % 16 == 0);
+    for (int i = 1; i < 4; i++) ok = ok && (s.ne[i] == 1 || s.nb[i] % 16 == 0);
     return ok;
 }
 
@@ -336,7 +314,7 @@ struct rope_job {
     rope_args a;
     int norm, V;
     unsigned grid;
-    span x, nx, dst;
+    forge_cuda_view x, nx, dst;
 };
 
 rope_job job_of(const forge_cuda_rope_unit &u, const forge_cuda_params *p) {
@@ -345,9 +323,9 @@ rope_job job_of(const forge_cuda_rope_unit &u, const forge_cuda_params *p) {
     const forge_tensor *x = u.norm && !back ? u.norm->src[0] : node->src[0]; // NORM 1: the norm's input
     rope_job j{};
     j.norm = u.norm ? (back ? 2 : 1) : 0;
-    j.x = span_of(x);
+    j.x = forge_cuda_view_of(x);
     j.dst = dst_of(u);
-    j.nx = u.norm && back ? span_of(u.norm->src[1]) : span{};
+    j.nx = forge_cuda_view_of(u.norm && back ? u.norm->src[1] : nullptr);
     rope_args &a = j.a;
     a.x = j.x.data;
     a.xtype = x->type;
@@ -387,8 +365,8 @@ rope_job job_of(const forge_cuda_rope_unit &u, const forge_cuda_params *p) {
     // 16-byte vectors when the rows of x, dst (and nx) are dense and aligned and of one element size
     const int es = (int)forge_type_size(x->type), VV = 16 / es;
     bool vec = (es == 2 || es == 4) && forge_type_size(j.dst.type) == (size_t)es && a.half % VV == 0 && a.D % VV == 0 &&
-               vector_rows(j.x, x->ne, es) && vector_rows(j.dst, x->ne, es);
-    if (j.norm == 2) vec = vec && forge_type_size(a.nxtype) == (size_t)es && vector_rows(j.nx, x->ne, es);
+               vector_rows(j.x, es) && vector_rows(j.dst, es);
+    if (j.norm == 2) vec = vec && forge_type_size(a.nxtype) == (size_t)es && vector_rows(j.nx, es);
     j.V = vec ? VV : 1;
     a.per_head = (int)((a.half + (copy ? a.D - 2 * a.half : 0)) / j.V);
     if (a.per_head == 0 || a.n_tok == 0) return j;
@@ -425,11 +403,11 @@ bool unit_ok(const forge_cuda_rope_unit &u) {
     }
     const forge_tensor *out = n && back ? n : r;
     if (c && (c->op != FORGE_OP_ACC_VIEW || c->src[1] != out || c->type != out->type)) return false;
-    const span dst = dst_of(u), x = span_of(n && !back ? n->src[0] : r->src[0]);
-    if (!same_place(dst, x) && !apart(dst, r->ne, x, r->ne)) return false;
-    if (n && back && !apart(dst, r->ne, span_of(n->src[1]), r->ne)) return false;
+    const forge_cuda_view dst = dst_of(u), x = forge_cuda_view_of(n && !back ? n->src[0] : r->src[0]);
+    if (!same_place(dst, x) && !forge_cuda_disjoint(dst, x)) return false;
+    if (n && back && !forge_cuda_disjoint(dst, forge_cuda_view_of(n->src[1]))) return false;
     for (const forge_tensor *t : {r->src[1], n ? n->src[back ? 2 : 1] : nullptr}) // positions, weight
-        if (t && !apart(dst, r->ne, span_of(t), t->ne)) return false;
+        if (t && !forge_cuda_disjoint(dst, forge_cuda_view_of(t))) return false;
     return true;
 }
 
@@ -469,9 +447,8 @@ bool forge_cuda_rope_units(const forge_cuda_rope_unit *u, int n, const forge_cud
     const bool one_chain = n == 2 && u[0].into && u[1].into && u[0].into->data == u[1].into->data;
     for (int i = 0; share && i < 2; i++) {
         const rope_job &me = j[i], &other = j[1 - i];
-        const int64_t *nm = u[i].rope->ne, *no = u[1 - i].rope->ne;
-        share = (one_chain || apart(me.dst, nm, other.dst, no)) && apart(me.dst, nm, other.x, no) &&
-                (other.norm != 2 || apart(me.dst, nm, other.nx, no));
+        share = (one_chain || forge_cuda_disjoint(me.dst, other.dst)) && forge_cuda_disjoint(me.dst, other.x) &&
+                (other.norm != 2 || forge_cuda_disjoint(me.dst, other.nx));
     }
     if (share) {
         launch(j[0], &j[1], p);
