@@ -65,13 +65,25 @@ __device__ inline void forge_cuda_store(forge_type t, void *p, float v) {
 }
 
 // V values rounded to type t (to nearest even), as a store and a load back would; F32 unchanged.
+// Pairs go through one packed conversion (F2FP, which issues at the full rate where a single
+// F2F is a quarter-rate, variable-latency conversion): the same bits.
 template <int V> __device__ inline void forge_cuda_round(forge_type t, float *v) {
     if (t == FORGE_TYPE_BF16) {
 #pragma unroll
-        for (int e = 0; e < V; e++) v[e] = __bfloat162float(__float2bfloat16_rn(v[e]));
+        for (int e = 0; e + 1 < V; e += 2) {
+            const float2 r = __bfloat1622float2(__floats2bfloat162_rn(v[e], v[e + 1]));
+            v[e] = r.x;
+            v[e + 1] = r.y;
+        }
+        if (V % 2) v[V - 1] = __bfloat162float(__float2bfloat16_rn(v[V - 1]));
     } else if (t == FORGE_TYPE_F16) {
 #pragma unroll
-        for (int e = 0; e < V; e++) v[e] = __half2float(__float2half_rn(v[e]));
+        for (int e = 0; e + 1 < V; e += 2) {
+            const float2 r = __half22float2(__floats2half2_rn(v[e], v[e + 1]));
+            v[e] = r.x;
+            v[e + 1] = r.y;
+        }
+        if (V % 2) v[V - 1] = __half2float(__float2half_rn(v[V - 1]));
     }
 }
 

@@ -49,14 +49,13 @@
 #include "cuda.cuh"
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 
 namespace {
 
 constexpr int THREADS = 128;
 constexpr int HB = 4;               // heads per batch of loads
-constexpr int THREADS_PER_SM = 1024; // parallelism the head split aims for
-constexpr int kTableHalf = 128;      // frequencies passed in the kernel's arguments (n_rot <= 256)
 
 // ---- 16-byte vectors: V = 8 BF16/F16 or 4 F32 elements ------------------------------------
 template <int V> __device__ inline void unpack16(forge_type t, const uint4 &u, float *v) {
@@ -114,6 +113,7 @@ struct rope_args {
     int64_t xnb[4];
     const char *pos;        // I32, one per token in logical order
     int64_t pne0, pne1, pnb0, pnb1, pnb2;
+    bool pos_flat;          // dense: token n's position at pos + 4 n
     char *dst;              // [D, H, T, B], strides dnb (dnb[0] the element size)
     forge_type dtype;
     int64_t dnb[4];
@@ -121,7 +121,8 @@ struct rope_args {
     int half;               // n_rot / 2
     int per_head;           // vectors a head's thread set covers: half / V rotated, then copied ones
     int hpt, n_hc;          // heads per thread, head chunks per token (n_hc * hpt >= H)
-    float theta, sign;      // sign: +1 forward, -1 backward
+    bool share;             // a block holds whole tokens: their angles are made once, in shared memory
+    float sign;             // +1 forward, -1 backward
     // the fused per-head RMSNorm (NORM 1, 2): its input (NORM 2), weight w' = w + offset, eps,
     // the type its output (NORM 1) or the ROPE_BACK's output (NORM 2) is rounded to
     const char *nx;
@@ -134,26 +135,39 @@ struct rope_args {
     float eps, offset;
     double inv_d;           // 1 / D (exact at the power-of-two head dims)
     bool cast_before;
-    float freq[kTableHalf]; // f_j for j < min(half, kTableHalf), made on the host
+    double l2step;          // log2 f_1 = -log2(theta) / half, made on the host
 };
 
-// f_j = theta^(-2j/n_rot), as the CPU makes it: pow in double, rounded to fp32.
-__host__ __device__ inline float rope_freq(float theta, int j, int half) { return (float)pow((double)theta, -2.0 * j / (2 * half)); }
+// f_j = theta^(-2j/n_rot) rounded to fp32. The CPU makes it as pow((double)theta, -2j/n_rot);
+// 2^(j log2 f_1) in double gives the same floats (checked for j < 256, theta from 1e4 to 5e6):
+// both are within an ulp of double of the exact value. Made by every thread that needs it, since
+// a table in the arguments would be read at a different word by each lane, and such loads
+// serialise.
+__device__ inline float rope_freq(const rope_args &a, int j) { return (float)exp2((double)j * a.l2step); }
 
 __device__ inline int32_t pos_at(const rope_args &a, int64_t n) {
+    if (a.pos_flat) return ((const int32_t *)a.pos)[n];
     int64_t q, i0, i1, i2;
     forge_cuda_divmod(n, a.pne0, q, i0);
     forge_cuda_divmod(q, a.pne1, i2, i1);
     return *(const int32_t *)(a.pos + i0 * a.pnb0 + i1 * a.pnb1 + i2 * a.pnb2);
 }
 
-// Sums over the lanes of one head row (lanes: a power of two up to 32, aligned in the warp; the
-// lanes of a row live and exit together): every lane gets the same bits.
+// The rotation's cos and sin (times sign) at position ps of a pair of frequency f.
+__device__ inline float2 angle(const rope_args &a, float ps, float f) {
+    float s, c;
+    sincosf(ps * f, &s, &c);
+    return make_float2(c, s * a.sign);
+}
+
+// Sums over the lanes of one head row (lanes: a power of two up to 32, aligned in the warp; every
+// lane of the warp takes part): every lane of the row gets the same bits.
 template <int N> __device__ inline void head_sum(double (&v)[N], int lanes) {
-    const unsigned lane = threadIdx.x % 32, mask = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1) << (lane & ~(unsigned)(lanes - 1));
-    for (int o = lanes / 2; o > 0; o >>= 1)
 #pragma unroll
-        for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(mask, v[i], o);
+    for (int o = 16; o > 0; o >>= 1)
+        if (o < lanes)
+#pragma unroll
+            for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
 }
 
 // One launch for one unit, or for two (q's and k's): blocks [0, split) run job 0, the rest job 1.
@@ -162,63 +176,81 @@ struct rope_jobs {
     unsigned split;
 };
 
+// Shared memory of a block: the angles' cos and sin, then w' ([D] floats, NORM). With share,
+// [tokens][half] float2 (a token's angles, made once by the threads of its head chunks together);
+// else [THREADS][V] float2, each thread's own.
+__host__ __device__ inline int rope_angles(const rope_args &a, int V) { return a.share ? THREADS / (a.per_head * a.n_hc) * a.half : THREADS * V; }
+size_t rope_smem(const rope_args &a, int V, int norm) { return rope_angles(a, V) * sizeof(float2) + (norm ? a.D * sizeof(float) : 0); }
+
 // NORM: 0 the rotation alone, 1 RMSNORM then ROPE, 2 ROPE_BACK then RMSNORM_BACK (see the top).
+// With a norm every thread of a block runs every step (the row sums shuffle over the whole warp)
+// and only loads and stores are skipped past the end.
 template <int V, int NORM> __global__ void __launch_bounds__(THREADS, NORM == 2 ? 4 : 5) rope_kernel(const __grid_constant__ rope_jobs jobs) {
     forge_cuda_prologue();
+    extern __shared__ float2 rope_cs[];
     const bool second = blockIdx.x >= jobs.split;
     const rope_args &a = jobs.job[second];
-    const int half = a.half;
-    const int64_t u = (int64_t)(blockIdx.x - (second ? jobs.split : 0)) * blockDim.x + threadIdx.x;
+    const unsigned blk = blockIdx.x - (second ? jobs.split : 0);
+    const int half = a.half, unit = a.per_head * a.n_hc;
+    const int64_t u = (int64_t)blk * THREADS + threadIdx.x;
     int64_t q, k, n, hc;
     forge_cuda_divmod(u, a.per_head, q, k);
     forge_cuda_divmod(q, a.n_hc, n, hc);
-    if (n >= a.n_tok) return;
+    const bool live = n < a.n_tok;
     const int pairs = half / V;
     const bool rot = k < pairs; // always, with a norm (n_rot = D)
     const int64_t d0 = rot ? k * V : 2 * (int64_t)half + (k - pairs) * V; // first dim of the vector
-    float c[V], s[V];
-    if (rot) {
-        const float ps = (float)pos_at(a, n);
-#pragma unroll
-        for (int e = 0; e < V; e++) {
-            const int j = (int)d0 + e;
-            sincosf(ps * (j < kTableHalf ? a.freq[j] : rope_freq(a.theta, j, half)), &s[e], &c[e]);
-            s[e] *= a.sign;
-        }
-    }
-    float w0[NORM ? V : 1], w1[NORM ? V : 1]; // w' at the thread's dims d0.. and d0 + half..
-    if constexpr (NORM != 0)
-#pragma unroll
-        for (int e = 0; e < V; e++) {
-            w0[e] = forge_cuda_load(a.wtype, a.w + (d0 + e) * a.w_nb) + a.offset;
-            w1[e] = forge_cuda_load(a.wtype, a.w + (d0 + half + e) * a.w_nb) + a.offset;
-        }
+    // the position and the first batch of heads are loaded before the angles are made
+    const float ps = live && rot ? (float)pos_at(a, n) : 0.0f;
     int64_t t, b;
-    forge_cuda_divmod(n, a.T, b, t);
+    forge_cuda_divmod(live ? n : 0, a.T, b, t);
     const char *xt = a.x + t * a.xnb[2] + b * a.xnb[3] + d0 * a.xnb[0];
     const char *nt = NORM == 2 ? a.nx + t * a.nxnb[2] + b * a.nxnb[3] + d0 * a.nxnb[0] : nullptr;
     char *dt = a.dst + t * a.dnb[2] + b * a.dnb[3] + d0 * a.dnb[0];
-    const int64_t h0 = hc * a.hpt, h1 = min(a.H, h0 + a.hpt);
+    const int64_t h0 = hc * a.hpt, h1 = live ? min(a.H, h0 + a.hpt) : h0;
     // heads per batch: half as many with a norm (its registers; with NORM 2 the same bytes in flight)
     constexpr int HBK = NORM ? HB / 2 : HB, NB = NORM == 2 ? HBK : 1;
-    for (int64_t hb = h0; hb < h1; hb += HBK) {
-        vec_t<V> x0[HBK], x1[HBK], n0[NB], n1[NB]; // as loaded: all loads in flight before the first use
+    vec_t<V> x0[HBK], x1[HBK], n0[NB], n1[NB]; // as loaded: all loads of a batch in flight before the first use
+    auto load = [&](int64_t hb) {
 #pragma unroll
         for (int i = 0; i < HBK; i++) {
             const char *xr = xt + (hb + i) * a.xnb[1];
-            if (hb + i < h1) {
-                x0[i] = vload<V>(a.xtype, xr);
-                if (rot) x1[i] = vload<V>(a.xtype, xr + half * a.xnb[0]);
-                if constexpr (NORM == 2) {
-                    n0[i] = vload<V>(a.nxtype, nt + (hb + i) * a.nxnb[1]);
-                    n1[i] = vload<V>(a.nxtype, nt + (hb + i) * a.nxnb[1] + half * a.nxnb[0]);
-                }
+            const bool ok = hb + i < h1;
+            x0[i] = ok ? vload<V>(a.xtype, xr) : vec_t<V>{};
+            x1[i] = ok && rot ? vload<V>(a.xtype, xr + half * a.xnb[0]) : vec_t<V>{};
+            if constexpr (NORM == 2) {
+                n0[i] = ok ? vload<V>(a.nxtype, nt + (hb + i) * a.nxnb[1]) : vec_t<V>{};
+                n1[i] = ok ? vload<V>(a.nxtype, nt + (hb + i) * a.nxnb[1] + half * a.nxnb[0]) : vec_t<V>{};
             }
         }
+    };
+    load(h0);
+    const int64_t first = (int64_t)blk * THREADS / unit; // the block's first token (share)
+    float2 *mine = a.share ? rope_cs + (n - first) * half + d0 : rope_cs + threadIdx.x * V;
+    if (live && rot)
+        for (int e = a.share ? (int)hc : 0; e < V; e += a.share ? a.n_hc : 1) mine[e] = angle(a, ps, rope_freq(a, (int)d0 + e));
+    float *ws = (float *)(rope_cs + rope_angles(a, V));
+    if constexpr (NORM != 0)
+        for (int d = threadIdx.x; d < a.D; d += THREADS) ws[d] = forge_cuda_load(a.wtype, a.w + d * a.w_nb) + a.offset;
+    __syncthreads();
+    if (NORM == 0 && !live) return;
+    float c[V], s[V], w0[NORM ? V : 1], w1[NORM ? V : 1]; // w' at the thread's dims d0.. and d0 + half..
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        const float2 v = live && rot ? mine[e] : make_float2(1.0f, 0.0f);
+        c[e] = v.x;
+        s[e] = v.y;
+        if constexpr (NORM != 0) {
+            w0[e] = ws[d0 + e];
+            w1[e] = ws[d0 + half + e];
+        }
+    }
+    for (int64_t hb = h0; hb < h0 + a.hpt; hb += HBK) { // the same trip count in every thread
+        if (hb != h0) load(hb);
         float dep = 0.0f;
 #pragma unroll
         for (int i = 0; i < HBK; i++) {
-            if (hb + i >= h1) continue;
+            if (NORM == 0 && hb + i >= h1) continue;
             char *dr = dt + (hb + i) * a.dnb[1];
             float y0[V], y1[V];
             tie(x0[i], dep);
@@ -280,9 +312,9 @@ template <int V, int NORM> __global__ void __launch_bounds__(THREADS, NORM == 2 
                         y1[e] = rs * (y1[e] * w1[e] - x1f[e] * rs * m);
                     }
                 }
-                vstore<V>(a.dtype, dr + half * a.dnb[0], y1);
+                if (hb + i < h1) vstore<V>(a.dtype, dr + half * a.dnb[0], y1);
             }
-            vstore<V>(a.dtype, dr, y0);
+            if (hb + i < h1) vstore<V>(a.dtype, dr, y0);
             dep = y0[0];
         }
     }
@@ -317,7 +349,7 @@ struct rope_job {
     forge_cuda_view x, nx, dst;
 };
 
-rope_job job_of(const forge_cuda_rope_unit &u, const forge_cuda_params *p) {
+rope_job job_of(const forge_cuda_rope_unit &u) {
     const forge_tensor *node = u.rope, *pos = node->src[1];
     const bool back = node->op == FORGE_OP_ROPE_BACK;
     const forge_tensor *x = u.norm && !back ? u.norm->src[0] : node->src[0]; // NORM 1: the norm's input
@@ -336,6 +368,8 @@ rope_job job_of(const forge_cuda_rope_unit &u, const forge_cuda_params *p) {
     a.pnb0 = (int64_t)pos->nb[0];
     a.pnb1 = (int64_t)pos->nb[1];
     a.pnb2 = (int64_t)pos->nb[2];
+    a.pos_flat = pos->nb[0] == 4 && (pos->ne[1] == 1 || pos->nb[1] == 4 * pos->ne[0]) &&
+                 (pos->ne[2] == 1 || pos->nb[2] == 4 * pos->ne[0] * pos->ne[1]);
     a.dst = (char *)j.dst.data;
     a.dtype = j.dst.type;
     std::copy(j.dst.nb, j.dst.nb + 4, a.dnb);
@@ -344,8 +378,7 @@ rope_job job_of(const forge_cuda_rope_unit &u, const forge_cuda_params *p) {
     a.T = x->ne[2];
     a.n_tok = x->ne[2] * x->ne[3];
     a.half = node->op_i[0] / 2;
-    a.theta = node->op_f[0];
-    for (int k = 0; k < std::min(a.half, kTableHalf); k++) a.freq[k] = rope_freq(a.theta, k, a.half);
+    a.l2step = -std::log2((double)node->op_f[0]) / a.half; // op_f[0]: theta
     a.sign = back ? -1.0f : 1.0f;
     if (u.norm) {
         const forge_tensor *w = u.norm->src[back ? 2 : 1];
@@ -373,16 +406,23 @@ rope_job job_of(const forge_cuda_rope_unit &u, const forge_cuda_params *p) {
     // a fused norm needs every dim rotated, 16-byte vectors, and a head row's lanes a power of two
     // up to 32 (one shuffle group)
     if (j.norm && (2 * a.half != a.D || !vec || a.per_head > 32 || (a.per_head & (a.per_head - 1)))) return j;
-    // heads per thread: the fewest (a multiple of the kernel's batch, or all H) that still fill
-    // the GPU. With a norm the batch is 2 heads: Qwen3-0.6B 4 x 1024, q 4 heads per thread, k 2
-    // (measured on the H200 against one batch per thread: 0.45 ms less per step; the angles, the
-    // weight and the index math a thread makes once are most of its instructions)
-    const int64_t items = a.n_tok * a.per_head, want = (int64_t)p->sm_count * THREADS_PER_SM;
+    // One batch of heads per thread (2 with a norm, else 4): the head chunks of a token are
+    // rounded up to a power of two so that a block holds whole tokens (share: a token's angles are
+    // made once, by its chunks' threads together, and w' once per block); capped at a block, a
+    // thread then loops over several batches. Without a power-of-two row (odd partial rotations,
+    // element-wise vectors) each thread makes its own angles.
     const int batch = j.norm ? HB / 2 : HB;
-    const int64_t max_chunks = (a.H + batch - 1) / batch;
-    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(max_chunks, (want + items - 1) / items));
-    a.hpt = (int)std::min<int64_t>(a.H, ((a.H + chunks - 1) / chunks + batch - 1) / batch * batch);
-    a.n_hc = (int)((a.H + a.hpt - 1) / a.hpt);
+    const int64_t chunks = (a.H + batch - 1) / batch;
+    const bool pow2 = (a.per_head & (a.per_head - 1)) == 0 && a.per_head <= THREADS;
+    int64_t n_hc = chunks;
+    if (pow2) {
+        n_hc = 1;
+        while (n_hc < chunks && a.per_head * n_hc < THREADS) n_hc *= 2;
+    }
+    a.share = pow2; // always, with a norm
+    a.hpt = (int)(((a.H + n_hc - 1) / n_hc + batch - 1) / batch * batch);
+    a.n_hc = (int)n_hc;
+    const int64_t items = a.n_tok * a.per_head;
     j.grid = (unsigned)((items * a.n_hc + THREADS - 1) / THREADS);
     return j;
 }
@@ -413,20 +453,21 @@ bool unit_ok(const forge_cuda_rope_unit &u) {
 
 void launch(const rope_job &j0, const rope_job *j1, const forge_cuda_params *p) {
     const rope_jobs jobs{{j0.a, j1 ? j1->a : j0.a}, j0.grid};
+    const size_t smem = std::max(rope_smem(j0.a, j0.V, j0.norm), j1 ? rope_smem(j1->a, j1->V, j1->norm) : 0);
     auto pick = [&](auto norm) { // a fused norm runs on 16-byte vectors only
         constexpr int N = decltype(norm)::value;
         if constexpr (N == 0) return j0.V == 8 ? rope_kernel<8, 0> : j0.V == 4 ? rope_kernel<4, 0> : rope_kernel<1, 0>;
         else return j0.V == 8 ? rope_kernel<8, N> : rope_kernel<4, N>;
     };
     auto kernel = j0.norm == 1 ? pick(std::integral_constant<int, 1>()) : j0.norm == 2 ? pick(std::integral_constant<int, 2>()) : pick(std::integral_constant<int, 0>());
-    forge_cuda_launch_kernel(kernel, j0.grid + (j1 ? j1->grid : 0), THREADS, 0, p->stream, jobs);
+    forge_cuda_launch_kernel(kernel, j0.grid + (j1 ? j1->grid : 0), THREADS, smem, p->stream, jobs);
 }
 
 } // namespace
 
 void forge_cuda_rope(forge_tensor *node, const forge_cuda_params *p) {
     if (node->op != FORGE_OP_ROPE && node->op != FORGE_OP_ROPE_BACK) return;
-    const rope_job j = job_of({node, nullptr, nullptr}, p);
+    const rope_job j = job_of({node, nullptr, nullptr});
     if (j.grid) launch(j, nullptr, p);
 }
 
@@ -435,7 +476,7 @@ bool forge_cuda_rope_units(const forge_cuda_rope_unit *u, int n, const forge_cud
     rope_job j[2];
     for (int i = 0; i < n; i++) {
         if (!unit_ok(u[i])) return false;
-        j[i] = job_of(u[i], p);
+        j[i] = job_of(u[i]);
         if (!j[i].grid) return false;
     }
     // one kernel for both when they take the same vector width and fusion and are independent
