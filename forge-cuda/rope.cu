@@ -3,22 +3,20 @@
 // position per token, strided sources (q and k are views of the fused q/k/v projection) and
 // in-place use.
 //
-// One kernel, rope_kernel<V>, no barrier: a thread owns one vector of V pair
-// indices j..j+V of one token (16 bytes: V = 8 BF16/F16 or 4 F32 elements, when x's rows are
-// dense and 16-byte aligned, x and dst have one element size and n_rot/2 and head_dim are
-// multiples of V; else V = 1) for a run of HPT heads of that token. It computes its V angles
-// a = pos * f_j once (f_j = theta^(-2j/n_rot) as the CPU makes it, pow in double rounded to fp32,
-// computed by the host into the kernel's arguments rather than by every block before a barrier;
-// the product in fp32; then sincosf at full precision) and keeps cos and sin in registers for
-// all its heads, so the trigonometry costs V sincosf per HPT
-// heads. The heads go in batches of HB = 4: the batch's 2 * HB 128-bit loads (x[j..j+V) and
-// x[j+h..j+h+V) of each head) are all issued before the first use and kept as loaded, then each
-// head is unpacked, rotated and stored with two 128-bit stores. Threads past the rotated pairs
-// of a token copy the dims >= n_rot (skipped in place). Consecutive threads take consecutive
-// vectors of one head row, so every warp access is whole 32-byte sectors. HPT is the fewest heads
-// per thread (a multiple of HB, or all) that still gives about a thousand threads per SM: more
-// heads per thread amortise the angles, fewer give parallelism. At 96 registers, 640 threads per
-// SM keep about 80 KB of loads in flight.
+// One kernel, rope_kernel<V>: a thread owns one vector of V pair indices j..j+V of one token
+// (16 bytes: V = 8 BF16/F16 or 4 F32 elements, when x's rows are dense and 16-byte aligned, x and
+// dst have one element size and n_rot/2 and head_dim are multiples of V; else V = 1) for one batch
+// of heads of that token (HB = 4, 2 with a norm: n_hc head chunks per token; a thread loops over
+// more batches only past 128 threads per token). Consecutive threads take consecutive vectors of
+// one head row, so every warp access is whole 32-byte sectors. Threads past the rotated pairs of a
+// token copy the dims >= n_rot (skipped in place).
+// A thread first issues its token's position load and its first batch's 2 HB 128-bit loads
+// (x[j..j+V) and x[j+h..j+h+V) of each head, kept as loaded), then makes angles while they fly:
+// n_hc is rounded up to a power of two so that a block holds whole tokens ("share"), and the n_hc
+// threads of a (token, vector) each make V / n_hc of its angles a = pos * f_j into shared memory
+// (f_j = theta^(-2j/n_rot), rope_freq; the product in fp32; sincosf at full precision); without a
+// power-of-two row (odd partial rotations, V = 1) each thread makes its own V. One barrier, then
+// each head is unpacked, rotated and stored with two 128-bit stores.
 // Traffic: one read and one write of x plus one position per token (the roofline).
 // In place (dst == x) is safe: a thread reads both halves of its pairs before writing either,
 // and no other thread touches them.
@@ -41,11 +39,18 @@
 // 64, 128 and 256). The RMSNORM kernel sums every element in double: the two agree to fp32
 // rounding of 16-element partial sums (a relative 1e-7 on r; bf16 x^2 is exact in fp32).
 // Traffic with NORM 2: a read of dy and of x, a write of dx (was: read and write of dy, then the
-// same three, then dx read and written again by the ACC_VIEW). Measured (ncu, H200 base clocks,
-// Qwen3-0.6B 4 x 1024, per layer): forward q + k 47 us, backward k 24 us and q 42 us, 13-19% of
-// DRAM bandwidth: the kernels are bound by instructions (angles, weight and index math per
-// thread, three roundings per element) at 4-5 blocks per SM, not by memory. Doing a batch's
-// heads phase by phase (sums, then shuffles, then outputs) changed nothing measurable.
+// same three, then dx read and written again by the ACC_VIEW). w' goes into shared memory once
+// per block.
+// Measured (ncu, H200 base clocks, Qwen3-0.6B 4 x 1024, per layer; ncu-rope-3cfcc59-*.txt, ncu-rope-share-*.txt): forward
+// q + k 43.0 -> 33.0 us, backward q + k 48.8 -> 39.7 us against the form before (each thread
+// making all V angles for 2-4 heads, reading f_j from a table in the kernel's arguments, its
+// loads issued after the angles): the largest stall was that table's load, each lane reading a
+// different word (such loads serialise), and the loads' latency came after the angles' instead of
+// under them. The kernels stay latency-bound (19-33% of DRAM bandwidth, 4-5 blocks per SM at 96
+// and 128 registers): each head's row sum is a chain of shuffles and a double rsqrt. Tried and not
+// kept: f_j into shared memory by warp-uniform reads (more instructions than it saved: 33 -> 41
+// us forward), and before that, one batch per thread with the per-thread angles (+0.45 ms per
+// step) and the norm done phase by phase over a batch (no change).
 #include "cuda.cuh"
 
 #include <algorithm>
