@@ -352,6 +352,8 @@ forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &no
         (is_b ? f.acc_into[back].b : f.acc_into[back].a) = (float *)acc->data;
         f.skip.insert(acc);
     }
+    for (const forge_tensor *t : nodes)
+        if (t->op == FORGE_OP_RMSNORM_BACK && uses[t] == 1 && !(t->flags & FORGE_FLAG_OUTPUT)) f.dead_dx.insert(t);
     f.acc_view_copy = forge_cuda_acc_view_copies(nodes, uses);
     find_rope_groups(nodes, uses, f);
     return f;

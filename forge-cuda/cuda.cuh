@@ -348,6 +348,9 @@ struct forge_cuda_fusions {
         bool make; // this node makes it (the first of its document ids in the step); the rest read it
     };
     std::unordered_map<const forge_tensor *, doc_table> doc_tables;
+    // RMSNORM_BACK nodes read by one node only and not graph outputs: fused with the ADD after
+    // them (forge_cuda_rmsnorm_back_add), their dx is dead once the sum is made and is not stored
+    std::unordered_set<const forge_tensor *> dead_dx;
 };
 forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &nodes);
 // Hoists the preps of the LORA / LORA_BACK nodes that come before the graph's first ADAMW and

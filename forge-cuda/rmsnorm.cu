@@ -27,10 +27,12 @@
 // (rounded to its type, exactly as the RMSNORM_BACK kernel does: same partition, same sums, same
 // fp32 math) and s = dx as rounded + g in fp32 (__fadd_rn: never fused with dx's math), rounded
 // to s's type - bit for bit forge_cuda_rmsnorm(back) then forge_cuda_elementwise(add); dw is
-// untouched (same plan, same partials). dx is still written because the kernel cannot see the
-// graph: another node may read it. Traffic: reads dy, x, g, writes dx, s = 5 N C elements, against
-// 3 + 3 for the pair (the ADD read dx and g and wrote s): one N C read of dx saved, one launch
-// less; with s in place over dx, dx is not stored (4 N C). It returns false and enqueues nothing
+// untouched (same plan, same partials). dx is written only when something else may read it: not
+// when s is in place over dx, nor when the launcher found the ADD to be its only reader
+// (forge_cuda_fusions::dead_dx; in the models' residual stream the ADD is in place over g, and dx
+// was a dead 8-19 MB write per layer and norm). Traffic: reads dy, x, g, writes s = 4 N C
+// elements, against 3 + 3 for the pair (the ADD read dx and g and wrote s); 5 N C when dx is
+// stored. It returns false and enqueues nothing
 // unless: back->op == RMSNORM_BACK, add->op == ADD, exactly one of add's sources is back (the
 // node itself, not a view); g (the other source), dy, x, dx and s have one shape; dx and s are
 // contiguous; the rows of dy, x, dx, g and s have the chunk width the backward alone would use
@@ -158,7 +160,7 @@ struct rms_args {
     rows_t a, b;        // the fused add's sources (backward + add: b is g, the ADD's other source)
     rows_t dst;         // y or dx
     rows_t h;           // the fused add's result (backward + add: dx + g)
-    bool dst_store;     // false: backward + add in place over dx, only the sum is stored
+    bool dst_store;     // false: backward + add with dx dead, only the sum is stored
     const char *w;      // [C], elements w_nb apart
     forge_type wtype;
     int64_t w_nb;
@@ -482,7 +484,8 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
     a.b = rows_of(add ? (back ? other_src(add, node) : add->src[1]) : nullptr);
     a.dst = rows_of(node);
     a.h = rows_of(add);
-    a.dst_store = !(add && back && add->data == node->data); // in place over dx: dx is dead, only the sum
+    // dx dead: s in place over it, or the ADD its only reader (only the sum is stored)
+    a.dst_store = !(add && back && (add->data == node->data || (p->fusions && p->fusions->dead_dx.count(node))));
     a.w = (const char *)w->data;
     a.wtype = w->type;
     a.w_nb = (int64_t)w->nb[0];
