@@ -275,6 +275,10 @@ std::unordered_map<const forge_tensor *, int> forge_cuda_readers(const std::vect
             if (t->src[j]) uses[t->src[j]]++;
     return uses;
 }
+bool forge_cuda_one_reader(const std::unordered_map<const forge_tensor *, int> &readers, const forge_tensor *t) {
+    auto it = readers.find(t);
+    return it != readers.end() && it->second == 1 && !(t->flags & FORGE_FLAG_OUTPUT);
+}
 
 // The rope units of a node list and their pairs (forge_cuda_fusions::rope_groups). Nodes that
 // enqueue nothing (views, results) may sit between the fused ones.
@@ -285,10 +289,7 @@ static void find_rope_groups(const std::vector<forge_tensor *> &nodes, const std
         for (i++; i < n && forge_op_family(nodes[i]->op) == FORGE_FAMILY_NONE; i++) {}
         return i;
     };
-    auto only_reader = [&](const forge_tensor *t) {
-        auto it = uses.find(t);
-        return it != uses.end() && it->second == 1 && !(t->flags & FORGE_FLAG_OUTPUT);
-    };
+    auto only_reader = [&](const forge_tensor *t) { return forge_cuda_one_reader(uses, t); };
     // the unit that starts at node i: its last node's index, or n when none starts there
     auto unit_at = [&](size_t i, forge_cuda_rope_unit &u) {
         u = forge_cuda_rope_unit{};
@@ -346,14 +347,14 @@ forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &no
         const forge_tensor *add = acc->src[1];
         const bool is_b = add->op == FORGE_OP_RESULT && add->op_i[0] == 1;
         const forge_tensor *back = is_b ? add->src[0] : add;
-        if (back->op != FORGE_OP_LORA_BACK || add->type != FORGE_TYPE_F32 || uses[add] != 1 || (add->flags & FORGE_FLAG_OUTPUT) ||
+        if (back->op != FORGE_OP_LORA_BACK || add->type != FORGE_TYPE_F32 || !forge_cuda_one_reader(uses, add) ||
             forge_tensor_nelements(add) != forge_tensor_nelements(acc) || !forge_tensor_is_contiguous(add))
             continue;
         (is_b ? f.acc_into[back].b : f.acc_into[back].a) = (float *)acc->data;
         f.skip.insert(acc);
     }
     for (const forge_tensor *t : nodes)
-        if (t->op == FORGE_OP_RMSNORM_BACK && uses[t] == 1 && !(t->flags & FORGE_FLAG_OUTPUT)) f.dead_dx.insert(t);
+        if (t->op == FORGE_OP_RMSNORM_BACK && forge_cuda_one_reader(uses, t)) f.dead_dx.insert(t);
     f.acc_view_copy = forge_cuda_acc_view_copies(nodes, uses);
     find_rope_groups(nodes, uses, f);
     return f;

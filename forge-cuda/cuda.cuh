@@ -66,25 +66,21 @@ __device__ inline void forge_cuda_store(forge_type t, void *p, float v) {
 
 // V values rounded to type t (to nearest even), as a store and a load back would; F32 unchanged.
 // Pairs go through one packed conversion (F2FP, which issues at the full rate where a single
-// F2F is a quarter-rate, variable-latency conversion): the same bits.
-template <int V> __device__ inline void forge_cuda_round(forge_type t, float *v) {
-    if (t == FORGE_TYPE_BF16) {
+// F2F is a quarter-rate, variable-latency conversion): the same bits; an odd last value is
+// paired with 0.
+template <int V, typename Pack, typename Unpack> __device__ inline void forge_cuda_round_pairs(float *v, Pack pack, Unpack unpack) {
 #pragma unroll
-        for (int e = 0; e + 1 < V; e += 2) {
-            const float2 r = __bfloat1622float2(__floats2bfloat162_rn(v[e], v[e + 1]));
-            v[e] = r.x;
-            v[e + 1] = r.y;
-        }
-        if (V % 2) v[V - 1] = __bfloat162float(__float2bfloat16_rn(v[V - 1]));
-    } else if (t == FORGE_TYPE_F16) {
-#pragma unroll
-        for (int e = 0; e + 1 < V; e += 2) {
-            const float2 r = __half22float2(__floats2half2_rn(v[e], v[e + 1]));
-            v[e] = r.x;
-            v[e + 1] = r.y;
-        }
-        if (V % 2) v[V - 1] = __half2float(__float2half_rn(v[V - 1]));
+    for (int e = 0; e < V; e += 2) {
+        const float2 r = unpack(pack(v[e], e + 1 < V ? v[e + 1] : 0.0f));
+        v[e] = r.x;
+        if (e + 1 < V) v[e + 1] = r.y;
     }
+}
+template <int V> __device__ inline void forge_cuda_round(forge_type t, float *v) {
+    if (t == FORGE_TYPE_BF16)
+        forge_cuda_round_pairs<V>(v, [](float a, float b) { return __floats2bfloat162_rn(a, b); }, [](__nv_bfloat162 p) { return __bfloat1622float2(p); });
+    else if (t == FORGE_TYPE_F16)
+        forge_cuda_round_pairs<V>(v, [](float a, float b) { return __floats2half2_rn(a, b); }, [](__half2 p) { return __half22float2(p); });
 }
 
 // 2K 16-bit values of type t (BF16 or F16), packed two per 32-bit word, <-> fp32; packing rounds
@@ -307,6 +303,8 @@ const forge_cuda_params *forge_cuda_backend_params(forge_backend *be);
 void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p);
 // How many nodes read each tensor (a RESULT does not read its producer).
 std::unordered_map<const forge_tensor *, int> forge_cuda_readers(const std::vector<forge_tensor *> &nodes);
+// Whether t is read by exactly one node of the list that readers counted and is not a graph output.
+bool forge_cuda_one_reader(const std::unordered_map<const forge_tensor *, int> &readers, const forge_tensor *t);
 // The ACC_VIEW nodes that may copy their addend into their region instead of adding it: the
 // chains (a first node on no base, then each node in place on the one before, which it alone
 // reads) that write every element of their tensor exactly once (elementwise.cu).

@@ -258,15 +258,11 @@ std::unordered_set<const forge_tensor *> forge_cuda_acc_view_copies(const std::v
     std::unordered_map<const forge_tensor *, const forge_tensor *> next; // an ACC_VIEW's base -> it
     for (const forge_tensor *t : nodes)
         if (t->op == FORGE_OP_ACC_VIEW && t->src[0]) next[t->src[0]] = t;
-    auto one_reader = [&](const forge_tensor *t) {
-        auto it = readers.find(t);
-        return it != readers.end() && it->second == 1 && !(t->flags & FORGE_FLAG_OUTPUT);
-    };
     std::unordered_set<const forge_tensor *> out;
     for (const forge_tensor *t : nodes) {
         if (t->op != FORGE_OP_ACC_VIEW || t->src[0]) continue;
         std::vector<const forge_tensor *> chain{t};
-        for (auto it = next.find(t); it != next.end() && one_reader(chain.back()) && it->second->data == t->data && it->second->type == t->type;
+        for (auto it = next.find(t); it != next.end() && forge_cuda_one_reader(readers, chain.back()) && it->second->data == t->data && it->second->type == t->type;
              it = next.find(it->second))
             chain.push_back(it->second);
         if (tiles(chain)) out.insert(chain.begin(), chain.end());

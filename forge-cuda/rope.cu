@@ -414,8 +414,8 @@ rope_job job_of(const forge_cuda_rope_unit &u) {
     // One batch of heads per thread (2 with a norm, else 4): the head chunks of a token are
     // rounded up to a power of two so that a block holds whole tokens (share: a token's angles are
     // made once, by its chunks' threads together, and w' once per block); capped at a block, a
-    // thread then loops over several batches. Without a power-of-two row (odd partial rotations,
-    // element-wise vectors) each thread makes its own angles.
+    // thread then loops over several batches. Without a power-of-two row (odd partial rotations)
+    // each thread makes its own angles.
     const int batch = j.norm ? HB / 2 : HB;
     const int64_t chunks = (a.H + batch - 1) / batch;
     const bool pow2 = (a.per_head & (a.per_head - 1)) == 0 && a.per_head <= THREADS;
