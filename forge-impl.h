@@ -118,6 +118,7 @@ struct forge_lora_layout {
     int n_blocks;
     int64_t start[3], end[3];   // block i covers output rows [start[i], end[i]); M past n_blocks
     float scale;
+    int glu;                    // LORA_BACK: -1, or the forge_glu_kind when x = GLU(src1) (op_i[5])
 };
 forge_lora_layout forge_lora_layout_of(const forge_tensor *node);
 // Whether ops may write their result into src0's memory (alias-safe kernels, same size).
@@ -195,7 +196,10 @@ void forge_dist_set_error(const char *fmt, ...);
 //             runs one GEMM of depth K + R over [x | u]). The math above is unchanged; a backend
 //             may ignore the flag (the CPU does). LORA_BACK copies it and ignores it.
 // LORA_BACK   src0 dy [M, ...], src1 x, src2 W, src3 A, src4 B, src5 u (the LORA's res[1]);
-//             same params. u is read, not recomputed.
+//             same params. u is read, not recomputed. op_i[5] = 1 + forge_glu_kind, or 0: src1 is
+//             then gu [2K, ...] and x = GLU(gu) of that kind, in gu's type (what a GLU node of gu's
+//             type stores), made again by the backward instead of kept from the forward (autograd
+//             does it for a FORGE_FLAG_RECOMPUTE GLU feeding a LORA: the model's down projection).
 //             du[blk*r+j, n] = sum_{m in blk} B[j, m] dy[m, n];
 //             dst = dA F32 [K, R]: dA[k, i] = scale * sum_n x[k, n] du[i, n];
 //             res[1] = dB F32 [r, M]: dB[j, m] = scale * sum_n dy[m, n] u[blk(m)*r+j, n];

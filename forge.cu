@@ -576,8 +576,9 @@ forge_lora_layout forge_lora_layout_of(const forge_tensor *node) {
     const int o = node->op == FORGE_OP_LORA_BACK ? 1 : 0; // the backward's sources start with dy (u is its src5)
     forge_lora_layout d;
     d.x = node->src[o], d.w = node->src[o + 1], d.a = node->src[o + 2], d.b = node->src[o + 3];
+    d.glu = o && node->op_i[5] > 0 ? node->op_i[5] - 1 : -1;
     d.N = d.x->ne[1] * d.x->ne[2] * d.x->ne[3];
-    d.K = d.x->ne[0];
+    d.K = d.glu < 0 ? d.x->ne[0] : d.x->ne[0] / 2;
     d.M = d.w->ne[1];
     d.R = d.a->ne[1];
     d.r = d.b->ne[0];
@@ -1002,9 +1003,14 @@ struct Autograd {
                 y->res[1]->op_i[0] = 1;
                 snprintf(y->res[1]->name, sizeof y->res[1]->name, "%.56s.lora_u", y->name);
             }
-            forge_tensor *c = node_like(ctx, FORGE_OP_LORA_BACK, s[2], FORGE_TYPE_F32, {gy, saved(s[0]), s[1], s[2], s[3], y->res[1]});
+            // x, a GLU marked for recompute: the backward reads its gate/up and makes x again
+            // inside (dA is its only use), so nothing of x lives past the forward
+            const bool glu_x = s[0]->op == FORGE_OP_GLU && (s[0]->flags & FORGE_FLAG_RECOMPUTE) && s[0]->type == s[0]->src[0]->type;
+            forge_tensor *x = glu_x ? saved(s[0]->src[0]) : saved(s[0]);
+            forge_tensor *c = node_like(ctx, FORGE_OP_LORA_BACK, s[2], FORGE_TYPE_F32, {gy, x, s[1], s[2], s[3], y->res[1]});
             std::memcpy(c->op_f, y->op_f, sizeof c->op_f);
             std::memcpy(c->op_i, y->op_i, sizeof c->op_i);
+            c->op_i[5] = glu_x ? 1 + s[0]->op_i[0] : 0;
             c->res[1] = node_like(ctx, FORGE_OP_RESULT, s[3], FORGE_TYPE_F32, {c});
             c->res[1]->op_i[0] = 1;
             if (needs(s[0])) {

@@ -84,7 +84,8 @@ enum {
     FORGE_FLAG_PARAM = 4,  /* trainable: gets a gradient and an optimizer state */
     FORGE_FLAG_LOSS = 8,   /* the scalar that autograd differentiates */
     FORGE_FLAG_RECOMPUTE = 16 /* the backward pass recomputes this node from its sources instead of
-                                 keeping it alive from the forward (cheap ops: a GLU, an RMSNorm) */
+                                 keeping it alive from the forward (cheap ops: a GLU, an RMSNorm);
+                                 a GLU read by a LoRA linear is made again inside its backward */
 };
 
 /* Every op of the engine, forward and backward. See forge-impl.h for each op's exact contract. */

@@ -87,6 +87,11 @@ FORGE_CPU_FAMILY(cross_entropy) // CROSS_ENTROPY
 FORGE_CPU_FAMILY(adamw)       // ADAMW
 FORGE_CPU_FAMILY(collective)  // ALLREDUCE (one rank only: the CPU has no communicator)
 
+// x = GLU(gu) of the given kind for every row of gu [2F, ...], rounded to gu's type, into fp32
+// h (rows x F, row stride F): what a GLU node of gu's type stores (in glu.cpp; LORA_BACK makes
+// the recomputed x of its dA with it).
+void forge_cpu_glu_rows(const forge_tensor *gu, forge_glu_kind kind, float *h, int n_threads);
+
 // The blocked, multi-threaded GEMM shared by linear, lora and cross_entropy (in linear.cpp):
 // C[m][n] (+)= sum_k A(m, k) * B(k, n) in fp32, where A(m, k) is element a[m*lda + k] (ta = 0) or
 // a[k*lda + m] (ta = 1) of type at (F32, F16 or BF16), B(k, n) is b[k*ldb + n] (tb = 0) or

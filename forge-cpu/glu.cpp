@@ -27,6 +27,16 @@ act_grad activation(forge_glu_kind kind, float g) {
 
 } // namespace
 
+void forge_cpu_glu_rows(const forge_tensor *gu, forge_glu_kind kind, float *h, int n_threads) {
+    const int64_t F = gu->ne[0] / 2, n_rows = forge_cpu_rows(gu);
+#pragma omp parallel for num_threads(n_threads)
+    for (int64_t r = 0; r < n_rows; r++) {
+        const int64_t i1 = r % gu->ne[1], i2 = (r / gu->ne[1]) % gu->ne[2], i3 = r / (gu->ne[1] * gu->ne[2]);
+        for (int64_t f = 0; f < F; f++)
+            h[r * F + f] = forge_round_to(gu->type, activation(kind, forge_cpu_get(gu, f, i1, i2, i3)).a * forge_cpu_get(gu, f + F, i1, i2, i3));
+    }
+}
+
 void forge_cpu_glu(forge_tensor *node, const forge_cpu_params *p) {
     if (node->op != FORGE_OP_GLU && node->op != FORGE_OP_GLU_BACK) {
         forge_cpu_fail(p, "glu: op %s is not in this family", forge_op_name(node->op));

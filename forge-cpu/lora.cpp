@@ -9,7 +9,8 @@
 // the block's r columns of u, du:
 //     forward   u = round(x A^T) (stored into res[1] when the graph has it),
 //               y = x W^T (+ bias), then y[:, blk] += (scale ub) Bb^T
-//     backward  u read from src5 (the forward's res[1]), not recomputed;
+//     backward  u read from src5 (the forward's res[1]), not recomputed; x = GLU(src1) when
+//               op_i[5] says so (made in fp32 scratch, rounded to src1's type);
 //               dub = dy[:, blk] Bb (then scaled), dA = du^T x, dBb = dy[:, blk]^T ub (then
 //               scaled), dX = dy W + du A
 // Row-wise results (the forward output, dX) are made CHUNK rows at a time, so the fp32 scratch
@@ -99,7 +100,14 @@ void lora_backward(forge_tensor *node, const forge_cpu_params *p, const lora_dim
     float *dxbuf = (float *)scratch;
     const int64_t chunk = std::min(CHUNK, d.N);
     if (dx_t && !dx_f32) scratch += floats(chunk * d.K);
-    const operand dy = rows_of(node->src[0], &scratch, nt), x = rows_of(d.x, &scratch, nt);
+    operand x;
+    if (d.glu < 0) x = rows_of(d.x, &scratch, nt);
+    else { // x = GLU(gu), made again (op_i[5])
+        forge_cpu_glu_rows(d.x, (forge_glu_kind)d.glu, (float *)scratch, nt);
+        x = {scratch, FORGE_TYPE_F32, d.K};
+        scratch += floats(d.N * d.K);
+    }
+    const operand dy = rows_of(node->src[0], &scratch, nt);
     const operand w = rows_of(d.w, &scratch, nt), a = rows_of(d.a, &scratch, nt), b = rows_of(d.b, &scratch, nt);
     const operand u = rows_of(node->src[5], &scratch, nt); // the forward's u = x A^T (unscaled)
     const int64_t N = d.N;
@@ -136,7 +144,7 @@ size_t forge_cpu_lora_work(const forge_tensor *node, int n_threads) {
         return bytes + floats(chunk * d.R) + (node->type == FORGE_TYPE_F32 ? 0 : floats(chunk * d.M));
     const forge_tensor *dx = node->res[2];
     return bytes + forge_cpu_gemm_rows_work(node->src[0]) + forge_cpu_gemm_rows_work(node->src[5]) + floats(d.N * d.R) +
-           (dx && dx->type != FORGE_TYPE_F32 ? floats(chunk * d.K) : 0);
+           (dx && dx->type != FORGE_TYPE_F32 ? floats(chunk * d.K) : 0) + (d.glu >= 0 ? floats(d.N * d.K) : 0);
 }
 
 void forge_cpu_lora(forge_tensor *node, const forge_cpu_params *p) {

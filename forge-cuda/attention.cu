@@ -288,13 +288,11 @@ __device__ __forceinline__ int swz(int r, int c) { return r * D + ((((c >> 3) ^ 
 template <int ROWS>
 __device__ __forceinline__ int sw128(int r, int c) { return (c >> 6) * ROWS * 64 + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7); }
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 __device__ __forceinline__ void cp_async16(void *s, const void *g, int bytes) { // bytes < 16: zero fill
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(bytes));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(forge_cuda_smem_addr(s)), "l"(g), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async4(void *s, const void *g, int bytes) { // bytes 0: zero fill
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(bytes));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(forge_cuda_smem_addr(s)), "l"(g), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -303,16 +301,6 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-// c (16x8 fp32) += a (16x16 bf16, row) b (16x8 bf16, col)
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -459,8 +447,8 @@ __device__ __forceinline__ void gemm_nt(float (&c)[MT][N / 8][4], const afrags<M
             ldsm_x4(b, sb + n0 * 2 * D + (kk / 4) * 128 + o.b[kk % 4]);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                mma(c[mt][n0 / 8], a[mt], b[0], b[1]);
-                mma(c[mt][n0 / 8 + 1], a[mt], b[2], b[3]);
+                forge_cuda_mma_bf16(c[mt][n0 / 8], a[mt], b[0], b[1]);
+                forge_cuda_mma_bf16(c[mt][n0 / 8 + 1], a[mt], b[2], b[3]);
             }
         }
     }
@@ -475,11 +463,11 @@ __device__ __forceinline__ void gemm_nn(float (&c)[MT][DO / 8][4], const uint32_
 #pragma unroll
         for (int d0 = 0; d0 < DO; d0 += 16) {
             uint32_t b[4];
-            ldsm_x4_t(b, sb + kk * 32 * D + (d0 / 64) * 128 + o.a[(d0 / 16) % 4]);
+            forge_cuda_ldsm_x4_t(b, sb + kk * 32 * D + (d0 / 64) * 128 + o.a[(d0 / 16) % 4]);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                mma(c[mt][d0 / 8], p[mt][kk], b[0], b[1]);
-                mma(c[mt][d0 / 8 + 1], p[mt][kk], b[2], b[3]);
+                forge_cuda_mma_bf16(c[mt][d0 / 8], p[mt][kk], b[0], b[1]);
+                forge_cuda_mma_bf16(c[mt][d0 / 8 + 1], p[mt][kk], b[2], b[3]);
             }
         }
 }
@@ -713,9 +701,9 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
     cp_async_wait<1>(); // the q rows
     __syncthreads();
     const lane_offs<D> lo(lane);
-    const uint32_t uK = smem_addr(sK), uV = smem_addr(sV);
+    const uint32_t uK = forge_cuda_smem_addr(sK), uV = forge_cuda_smem_addr(sV);
     afrags<MT, D, false> fq;
-    fq.init(smem_addr(sQ) + w0 * 2 * D, lo);
+    fq.init(forge_cuda_smem_addr(sQ) + w0 * 2 * D, lo);
     float acc[MT][D / 8][4] = {};
     float rs[MT][2][2]; // running max (score units) and partial sum of each row
 #pragma unroll
@@ -784,7 +772,7 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
 // every 1024 bytes from an aligned base.
 __device__ __forceinline__ unsigned char *wg_smem() {
     extern __shared__ __align__(1024) unsigned char smem_wg[];
-    if (smem_addr(smem_wg) % 1024) __trap();
+    if (forge_cuda_smem_addr(smem_wg) % 1024) __trap();
     return smem_wg;
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -924,7 +912,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
     load_kv(jt, 0);
     int rows[1][2], rdoc[1][2];
     blk.lane_rows(a, w0, lane, rows, rdoc);
-    const uint32_t uQ = smem_addr(sQ), uK = smem_addr(sK), uV = smem_addr(sV);
+    const uint32_t uQ = forge_cuda_smem_addr(sQ), uK = forge_cuda_smem_addr(sK), uV = forge_cuda_smem_addr(sV);
     float acc[1][D / 8][4] = {};
     float rs[1][2][2] = {{{-INFINITY, 0.0f}, {-INFINITY, 0.0f}}}; // running max (score units) and partial sum of each row
     const float scl = CAP ? 1.0f : a.mul;
@@ -1191,10 +1179,10 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     cp_async_wait<1>(); // the k and v rows
     __syncthreads();
     const lane_offs<D> lo(lane);
-    const uint32_t uQ = smem_addr(sm.q), udO = smem_addr(sm.dO);
+    const uint32_t uQ = forge_cuda_smem_addr(sm.q), udO = forge_cuda_smem_addr(sm.dO);
     afrags<1, D, C::KREG> fk, fv;
-    fk.init(smem_addr(sm.k) + slab * 32 * D + col0 * 2, lo);
-    fv.init(smem_addr(sm.v) + slab * 32 * D + col0 * 2, lo);
+    fk.init(forge_cuda_smem_addr(sm.k) + slab * 32 * D + col0 * 2, lo);
+    fv.init(forge_cuda_smem_addr(sm.v) + slab * 32 * D + col0 * 2, lo);
     float dk[1][DO / 8][4] = {}, dv[1][DO / 8][4] = {};
 
     for (int st = 0; hh < blk.h_hi; st ^= 1) {
@@ -1337,7 +1325,7 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
     auto load_q = [&](int hh, int qt, int st) { blk.load_q(a, hh, qt, sm, st, tid); };
     int hh = blk.h_lo, qt = blk.qt_first;
     load_q(hh, qt, 0);
-    const uint32_t uK = smem_addr(sm.k), uV = smem_addr(sm.v), uQ = smem_addr(sm.q), udO = smem_addr(sm.dO);
+    const uint32_t uK = forge_cuda_smem_addr(sm.k), uV = forge_cuda_smem_addr(sm.v), uQ = forge_cuda_smem_addr(sm.q), udO = forge_cuda_smem_addr(sm.dO);
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};
 
     for (int st = 0; hh < blk.h_hi; st ^= 1) {
@@ -1457,7 +1445,7 @@ __global__ void __launch_bounds__(32 * dq_cfg<D>::NW, dq_cfg<D>::MINB) attn_dq(c
     load(kt, 0);
     const lane_offs<D> lo(lane);
     const lane_offs<kDsTile> ls(lane);
-    const uint32_t uK = smem_addr(sK), uS = smem_addr(sS) + (w0 / kDsTile) * BN * kDsTile * 2;
+    const uint32_t uK = forge_cuda_smem_addr(sK), uS = forge_cuda_smem_addr(sS) + (w0 / kDsTile) * BN * kDsTile * 2;
     const int m0 = w0 % kDsTile; // the warp's first query column in its dS^T tile
     float acc[MT][D / 8][4] = {};
 
@@ -1476,7 +1464,7 @@ __global__ void __launch_bounds__(32 * dq_cfg<D>::NW, dq_cfg<D>::MINB) attn_dq(c
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int kk = 0; kk < BN / 16; kk++) ldsm_x4_t(f[mt][kk], tS + kk * 16 * kDsTile * 2 + ls.b[m0 / 16 + mt]);
+                for (int kk = 0; kk < BN / 16; kk++) forge_cuda_ldsm_x4_t(f[mt][kk], tS + kk * 16 * kDsTile * 2 + ls.b[m0 / 16 + mt]);
             gemm_nn<MT, BN, D, D>(acc, f, uK + st * BN * D * 2, lo); // dq += dS K
         }
         __syncthreads();
@@ -1518,7 +1506,7 @@ __global__ void __launch_bounds__(128, 4) attn_dq_wg(const attn_args a) {
     };
     int kt = blk.next_tile(a, a.first_key(i0) / BN);
     load(kt, 0);
-    const uint32_t uK = smem_addr(sK), uS = smem_addr(sS);
+    const uint32_t uK = forge_cuda_smem_addr(sK), uS = forge_cuda_smem_addr(sS);
     float acc[D / 8][4] = {};
 
     for (int st = 0; kt <= blk.jt_hi; st ^= 1) {

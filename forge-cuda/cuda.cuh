@@ -83,6 +83,33 @@ template <int V> __device__ inline void forge_cuda_round(forge_type t, float *v)
         forge_cuda_round_pairs<V>(v, [](float a, float b) { return __floats2half2_rn(a, b); }, [](__half2 p) { return __half22float2(p); });
 }
 
+// Tensor-core pieces (sm_80 and up) shared by attention.cu and lora.cu: a shared-memory address;
+// ldmatrix.x4.trans (four 8x8 b16 matrices, the row addresses from lanes 8q..8q+7 for matrix q;
+// lane l gets elements (2 (l % 4) + {0, 1}, l / 4) of each: an mma operand read from its
+// transpose); mma.sync m16n8k16: c (16x8 fp32) += a (16x16 bf16, row) b (16x8 bf16, col).
+__device__ __forceinline__ uint32_t forge_cuda_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void forge_cuda_ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void forge_cuda_mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// act(g) and act'(g) of a gated linear unit (silu for SwiGLU, else gelu_tanh), as in the CPU
+// reference (glu.cu, and lora.cu's dA of a recomputed GLU output).
+__device__ inline float2 forge_cuda_glu_act(bool swiglu, float g) {
+    if (swiglu) {
+        const float s = 1.0f / (1.0f + expf(-g));
+        return make_float2(g * s, s * (1.0f + g * (1.0f - s)));
+    }
+    const float k = 0.7978845608028654f, c = 0.044715f; // sqrt(2/pi)
+    const float t = tanhf(k * (g + c * g * g * g));
+    return make_float2(0.5f * g * (1.0f + t), 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * k * (1.0f + 3.0f * c * g * g));
+}
+
 // 2K 16-bit values of type t (BF16 or F16), packed two per 32-bit word, <-> fp32; packing rounds
 // to nearest even. The type is tested once per call.
 template <int K> __device__ inline void forge_cuda_unpack16(forge_type t, const uint32_t *w, float *v) {
@@ -291,6 +318,11 @@ struct forge_cuda_rope_unit {
 // enqueueing nothing, unless the links, shapes and memory of every unit allow its fused kernel
 // (rope.cu); the caller then launches the nodes one by one.
 bool forge_cuda_rope_units(const forge_cuda_rope_unit *u, int n, const forge_cuda_params *p);
+// h (rows x F, contiguous, type ht) = GLU(gu) of the given kind, rounded to gu's type gt, for a
+// row-major gu (rows of 2F, ldg apart), on p's stream (glu.cu: LORA_BACK makes its recomputed x
+// with it, the values a GLU node of gu's type stores).
+void forge_cuda_glu_matrix(const forge_cuda_params *p, forge_type gt, const void *gu, int64_t ldg, int64_t rows, int64_t F,
+                           forge_glu_kind kind, forge_type ht, void *h);
 // LORA_BACK with dA and/or dB added straight into F32 gradient buffers (beta = 1) instead of its
 // outputs; NULL: the output as usual (forge-cuda/lora.cu).
 void forge_cuda_lora_back_into(forge_tensor *node, const forge_cuda_params *p, float *acc_a, float *acc_b);

@@ -27,17 +27,6 @@ template <int V> __device__ inline void gstore(forge_type t, char *p, const floa
     else forge_cuda_store(t, p, v[0]);
 }
 
-// act(g) and act'(g), as in the CPU reference.
-__device__ inline float2 activation(bool swiglu, float g) {
-    if (swiglu) {
-        const float s = 1.0f / (1.0f + expf(-g));
-        return make_float2(g * s, s * (1.0f + g * (1.0f - s)));
-    }
-    const float k = 0.7978845608028654f, c = 0.044715f; // sqrt(2/pi)
-    const float t = tanhf(k * (g + c * g * g * g));
-    return make_float2(0.5f * g * (1.0f + t), 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * k * (1.0f + 3.0f * c * g * g));
-}
-
 // A row-indexed tensor: row (i1, i2, i3) at data + i1*nb1 + i2*nb2 + i3*nb3, elements nb0 apart.
 struct rows_ref {
     char *data;
@@ -54,6 +43,7 @@ struct glu_args {
     rows_ref gu, dy, dst; // dy: backward only; dst contiguous ([F, ...] forward, [2F, ...] backward)
     int64_t F, ne1, ne2, rows;
     bool swiglu;
+    forge_type round; // forward: y is rounded to this type before it is stored as dst's (F32: not)
 };
 
 template <int V, bool BACK> __global__ void __launch_bounds__(THREADS) glu_kernel(glu_args a) {
@@ -72,14 +62,15 @@ template <int V, bool BACK> __global__ void __launch_bounds__(THREADS) glu_kerne
         gload<V>(a.gu.type, up, v);
         if constexpr (!BACK) {
 #pragma unroll
-            for (int k = 0; k < V; k++) v[k] *= activation(a.swiglu, g[k]).x;
+            for (int k = 0; k < V; k++) v[k] *= forge_cuda_glu_act(a.swiglu, g[k]).x;
+            forge_cuda_round<V>(a.round, v);
             gstore<V>(a.dst.type, at(a.dst), v);
         } else {
             float d[V];
             gload<V>(a.dy.type, at(a.dy), d);
 #pragma unroll
             for (int k = 0; k < V; k++) {
-                const float2 ag = activation(a.swiglu, g[k]);
+                const float2 ag = forge_cuda_glu_act(a.swiglu, g[k]);
                 g[k] = d[k] * v[k] * ag.y; // dgate
                 v[k] = d[k] * ag.x;        // dup
             }
@@ -97,6 +88,13 @@ bool rows_vectorisable(const forge_tensor *t) {
     return ok;
 }
 
+void launch(const glu_args &a, bool back, bool vec, const forge_cuda_params *p) {
+    const int64_t units = a.rows * (vec ? a.F / VEC : a.F);
+    const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((units + THREADS - 1) / THREADS, (int64_t)p->sm_count * 32));
+    if (back) vec ? forge_cuda_launch_kernel(glu_kernel<VEC, true>, grid, THREADS, 0, p->stream, a) : forge_cuda_launch_kernel(glu_kernel<1, true>, grid, THREADS, 0, p->stream, a);
+    else vec ? forge_cuda_launch_kernel(glu_kernel<VEC, false>, grid, THREADS, 0, p->stream, a) : forge_cuda_launch_kernel(glu_kernel<1, false>, grid, THREADS, 0, p->stream, a);
+}
+
 } // namespace
 
 void forge_cuda_glu(forge_tensor *node, const forge_cuda_params *p) {
@@ -104,12 +102,15 @@ void forge_cuda_glu(forge_tensor *node, const forge_cuda_params *p) {
     const bool back = node->op == FORGE_OP_GLU_BACK;
     const forge_tensor *gu = node->src[back ? 1 : 0], *dy = back ? node->src[0] : nullptr;
     glu_args a{rows_of(gu), rows_of(dy), rows_of(node), gu->ne[0] / 2, gu->ne[1], gu->ne[2], gu->ne[1] * gu->ne[2] * gu->ne[3],
-               node->op_i[0] == FORGE_GLU_SWIGLU};
-    const bool vec = a.F % VEC == 0 && rows_vectorisable(gu) && rows_vectorisable(node) && (!back || rows_vectorisable(dy));
-    const int64_t units = a.rows * (vec ? a.F / VEC : a.F);
-    const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((units + THREADS - 1) / THREADS, (int64_t)p->sm_count * 32));
-    if (back) vec ? forge_cuda_launch_kernel(glu_kernel<VEC, true>, grid, THREADS, 0, p->stream, a) : forge_cuda_launch_kernel(glu_kernel<1, true>, grid, THREADS, 0, p->stream, a);
-    else vec ? forge_cuda_launch_kernel(glu_kernel<VEC, false>, grid, THREADS, 0, p->stream, a) : forge_cuda_launch_kernel(glu_kernel<1, false>, grid, THREADS, 0, p->stream, a);
+               node->op_i[0] == FORGE_GLU_SWIGLU, FORGE_TYPE_F32};
+    launch(a, back, a.F % VEC == 0 && rows_vectorisable(gu) && rows_vectorisable(node) && (!back || rows_vectorisable(dy)), p);
+}
+
+void forge_cuda_glu_matrix(const forge_cuda_params *p, forge_type gt, const void *gu, int64_t ldg, int64_t rows, int64_t F,
+                           forge_glu_kind kind, forge_type ht, void *h) {
+    const int64_t gs = (int64_t)forge_type_size(gt), hs = (int64_t)forge_type_size(ht);
+    glu_args a{{(char *)gu, gt, {gs, ldg * gs, 0, 0}}, {}, {(char *)h, ht, {hs, F * hs, 0, 0}}, F, rows, 1, rows, kind == FORGE_GLU_SWIGLU, gt};
+    launch(a, false, F % VEC == 0 && ldg % VEC == 0 && (uintptr_t)gu % 16 == 0 && (uintptr_t)h % 16 == 0, p);
 }
 
 size_t forge_cuda_glu_work(const forge_tensor *node) {

@@ -317,11 +317,172 @@ void lora_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dim
     if (y != node->data) forge_cuda_convert(p, forge_cuda_dense_view(y, FORGE_TYPE_F32, node->ne), node->data, node->type);
 }
 
+// ---- dA of a recomputed GLU output -----------------------------------------------------------
+//
+// When x = GLU(gu) (op_i[5]: the model's down projection under --recompute), dA = du^T x is made
+// from gu without x ever existing whole: the GLU output does not live from the forward into the
+// backward, at one read of gu (a GLU node made again, then a GEMM over it, adds a write and a read
+// of x, and x's memory while it lives). Measured on the H200 (the step's node profile, Qwen2.5-0.5B
+// 4 x 1024, against the plain backward's dA GEMM over the saved x): LoRA backward 8.34 -> 10.29 ms
+// with x made in 8 MB chunks by the GLU kernel and cuBLAS, 8.44 -> 9.18 ms with the kernel below.
+// BF16 (the models): one kernel, glu_da_kernel<MT>. Block (c, s) owns 128 columns of x and a
+// range of ~N / S tokens (S: one wave of resident blocks in all); per 32-token slab its 256
+// threads load gate and up (16-byte loads, the next slab's issued before this slab's math), make
+// x = act(gate) up in fp32, round it to bf16 as the GLU node would and store it to shared memory
+// beside the slab's du (R <= 64 ranks, zero padded to 16 MT); each warp then runs mma.sync
+// m16n8k16 over its 16 columns (A = du^T and B = x, both through ldmatrix.trans) into fp32
+// accumulators. Each block writes its partial dA (R x 128) to scratch; glu_da_sum adds the S
+// partials in order (deterministic) into dA. Traffic: gu once (2 N K bf16) plus the partials
+// (S R K fp32, ~4 MB). It runs on the side stream beside the dX GEMMs, in 10 KB of shared memory
+// so that it fits beside them (a 3-stage cp.async ring of 55 KB per block measured no faster in
+// the step: Qwen2.5-0.5B 27.97 / 27.70 against 28.04 / 27.98 ms, Gemma2-2B 98.62 / 99.40 against
+// 99.16 / 98.39).
+// Otherwise (F16, F32, R > 64, K or gu's rows off 16 bytes): x is made GLU_CHUNK_BYTES at a time
+// into scratch by the GLU kernel (forge_cuda_glu_matrix) and each chunk's dA GEMM adds to dA.
+constexpr int GD_THREADS = 256, GD_COLS = 128, GD_TOK = 32, GD_MAX_BLOCKS = 4096; // the most blocks scratch is sized for
+constexpr int64_t GLU_CHUNK_BYTES = 8 << 20;
+
+struct glu_da_args {
+    const __nv_bfloat16 *gu, *du;
+    int64_t ldg, lddu, N, K, per_split; // per_split: tokens of a block (a multiple of GD_TOK)
+    int R;
+    bool swiglu;
+    float *part; // [S][R][K]
+};
+
+template <int MT> __global__ void __launch_bounds__(GD_THREADS) glu_da_kernel(glu_da_args a) {
+    constexpr int XS = GD_COLS + 8, DS = MT * 16 + 8; // row strides (elements) of the tiles: conflict-free ldmatrix
+    __shared__ alignas(16) __nv_bfloat16 xs[GD_TOK * XS], ds[GD_TOK * DS];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int64_t c0 = (int64_t)blockIdx.x * GD_COLS, t_begin = blockIdx.y * a.per_split, t_end = min(a.N, t_begin + a.per_split);
+    // this thread's loads: two 8-column vectors of gate and up ([row][v] of the slab), MT * 2 du elements
+    uint4 g[2], u[2];
+    __nv_bfloat16 dv[MT * 2];
+    auto load = [&](int64_t t0) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int v = tid + j * GD_THREADS, row = v / (GD_COLS / 8);
+            const int64_t col = c0 + (v % (GD_COLS / 8)) * 8, t = t0 + row;
+            const bool in = t < t_end && col < a.K;
+            const __nv_bfloat16 *gp = a.gu + t * a.ldg + col;
+            g[j] = in ? *(const uint4 *)gp : make_uint4(0, 0, 0, 0);
+            u[j] = in ? *(const uint4 *)(gp + a.K) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < MT * 2; j++) {
+            const int e = tid + j * GD_THREADS, row = e / (MT * 16), i = e % (MT * 16);
+            const int64_t t = t0 + row;
+            dv[j] = t < t_end && i < a.R ? a.du[t * a.lddu + i] : __float2bfloat16_rn(0.0f);
+        }
+    };
+    float acc[MT][2][4] = {};
+    if (t_begin < t_end) load(t_begin);
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += GD_TOK) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) { // x = act(gate) * up, rounded to bf16, into the slab tile
+            const int v = tid + j * GD_THREADS;
+            const __nv_bfloat162 *gp = (const __nv_bfloat162 *)&g[j], *up = (const __nv_bfloat162 *)&u[j];
+            uint4 h;
+            __nv_bfloat162 *hp = (__nv_bfloat162 *)&h;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 gf = __bfloat1622float2(gp[k]), uf = __bfloat1622float2(up[k]);
+                hp[k] = __floats2bfloat162_rn(uf.x * forge_cuda_glu_act(a.swiglu, gf.x).x, uf.y * forge_cuda_glu_act(a.swiglu, gf.y).x);
+            }
+            *(uint4 *)&xs[(v / (GD_COLS / 8)) * XS + (v % (GD_COLS / 8)) * 8] = h;
+        }
+#pragma unroll
+        for (int j = 0; j < MT * 2; j++) {
+            const int e = tid + j * GD_THREADS;
+            ds[(e / (MT * 16)) * DS + e % (MT * 16)] = dv[j];
+        }
+        __syncthreads();
+        if (t0 + GD_TOK < t_end) load(t0 + GD_TOK);
+        const int q = lane / 8, r = lane % 8;
+#pragma unroll
+        for (int ks = 0; ks < GD_TOK / 16; ks++) {
+            uint32_t b[4]; // tokens ks*16 + (q & 1) * 8 + r, columns warp * 16 + (q >> 1) * 8: b0 b1 of two n8 tiles
+            forge_cuda_ldsm_x4_t(b, forge_cuda_smem_addr(&xs[(ks * 16 + (q & 1) * 8 + r) * XS + warp * 16 + (q >> 1) * 8]));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                uint32_t af[4]; // tokens ks*16 + (q >> 1) * 8 + r, ranks mt*16 + (q & 1) * 8: a0..a3 of du^T
+                forge_cuda_ldsm_x4_t(af, forge_cuda_smem_addr(&ds[(ks * 16 + (q >> 1) * 8 + r) * DS + mt * 16 + (q & 1) * 8]));
+                forge_cuda_mma_bf16(acc[mt][0], af, b[0], b[1]);
+                forge_cuda_mma_bf16(acc[mt][1], af, b[2], b[3]);
+            }
+        }
+        __syncthreads();
+    }
+    float *out = a.part + (int64_t)blockIdx.y * a.R * a.K;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int i = mt * 16 + lane / 4 + h * 8;
+                const int64_t col = c0 + warp * 16 + nt * 8 + (lane % 4) * 2;
+                if (i < a.R && col < a.K) *(float2 *)&out[i * a.K + col] = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+            }
+}
+
+// dA[e] = beta dA[e] + the sum over s of part[s][e], s in order.
+__global__ void glu_da_sum(const float *part, int64_t n, int splits, float *dA, float beta) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        float v = beta != 0.0f ? beta * dA[e] : 0.0f;
+        for (int s = 0; s < splits; s++) v += part[s * n + e];
+        dA[e] = v;
+    }
+}
+
+bool glu_da_fused(const lora_dims &d, const void *gu, int64_t ldg) {
+    return d.T == FORGE_TYPE_BF16 && d.x->type == FORGE_TYPE_BF16 && d.R <= 64 && d.K % 8 == 0 && ldg % 8 == 0 && (uintptr_t)gu % 16 == 0;
+}
+int64_t glu_da_per_split(const lora_dims &d, int64_t blocks) { // tokens of a block: about `blocks` blocks in all
+    const int64_t tiles = (d.K + GD_COLS - 1) / GD_COLS, splits = std::max<int64_t>(1, blocks / tiles);
+    return ((d.N + splits - 1) / splits + GD_TOK - 1) / GD_TOK * GD_TOK;
+}
+// Rows of x the fallback makes at a time (GLU_CHUNK_BYTES of them).
+int64_t glu_chunk_rows(const lora_dims &d) { return std::min(d.N, std::max<int64_t>(64, GLU_CHUNK_BYTES / (d.K * type_size(d.T)) / 64 * 64)); }
+// Scratch of dA's x = GLU(gu), either way (bytes; 0 when x is not a GLU): the kernel's partials,
+// at most S = N / per_split of them, or the fallback's chunk of x.
+size_t glu_da_work(const lora_dims &d) {
+    if (d.glu < 0) return 0;
+    const int64_t per = glu_da_per_split(d, GD_MAX_BLOCKS);
+    return align_up(std::max((size_t)(((d.N + per - 1) / per) * d.R * d.K) * sizeof(float), (size_t)(glu_chunk_rows(d) * d.K * type_size(d.T))));
+}
+
+void glu_da(const forge_cuda_params *p, const lora_dims &d, const char *gu, int64_t ldg, char *work, const char *du, int64_t lddu,
+            float *dA, float beta) {
+    if (glu_da_fused(d, gu, ldg)) {
+        void (*kernel)(glu_da_args) = d.R <= 16 ? glu_da_kernel<1> : d.R <= 32 ? glu_da_kernel<2> : d.R <= 48 ? glu_da_kernel<3> : glu_da_kernel<4>;
+        int per_sm = 1;
+        FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GD_THREADS, 0));
+        const int64_t per = glu_da_per_split(d, std::min<int64_t>(GD_MAX_BLOCKS, (int64_t)std::max(per_sm, 1) * p->sm_count));
+        const int64_t splits = (d.N + per - 1) / per;
+        const glu_da_args a{(const __nv_bfloat16 *)gu, (const __nv_bfloat16 *)du, ldg, lddu, d.N, d.K, per, (int)d.R, d.glu == FORGE_GLU_SWIGLU, (float *)work};
+        forge_cuda_launch_kernel(kernel, dim3((unsigned)((d.K + GD_COLS - 1) / GD_COLS), (unsigned)splits), GD_THREADS, 0, p->stream, a);
+        const int64_t n = d.R * d.K;
+        forge_cuda_launch_kernel(glu_da_sum, (int)std::min<int64_t>((n + 255) / 256, p->sm_count * 4), 256, 0, p->stream, (const float *)work, n,
+                                 (int)splits, dA, beta);
+        return;
+    }
+    const int64_t es = type_size(d.x->type), chunk = glu_chunk_rows(d);
+    for (int64_t r0 = 0; r0 < d.N; r0 += chunk) {
+        const int64_t rows = std::min(chunk, d.N - r0);
+        forge_cuda_glu_matrix(p, d.x->type, gu + r0 * ldg * es, ldg, rows, d.K, (forge_glu_kind)d.glu, d.T, work);
+        forge_cuda_gemm(p, d.R, d.K, rows, du + r0 * lddu * type_size(d.T), lddu, 1, work, d.K, 0, d.T, dA, d.K, FORGE_TYPE_F32, 1.0f,
+                        r0 ? 1.0f : beta, nullptr, d.T);
+    }
+}
+
 // dA (R x K) = du^T x and dB (M x r) = scale dy^T u (one GEMM per block), each written (beta 0)
-// or added (beta 1) to out, on the stream of p.
-void lora_grads(const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const void *du, int64_t lddu, const char *dy,
-                int64_t ldy, const char *u, int64_t ldu, float *dA, float *dB, float beta) {
-    forge_cuda_gemm(p, d.R, d.K, d.N, du, lddu, 1, x, ldx, 0, d.T, dA, d.K, FORGE_TYPE_F32, 1.0f, beta, nullptr, d.T);
+// or added (beta 1) to out, on the stream of p. x = GLU(gu) (d.glu >= 0): x holds gu's rows (of
+// gu's type) and glu_da makes dA, with `work` its scratch.
+void lora_grads(const forge_cuda_params *p, const lora_dims &d, const char *x, int64_t ldx, char *work, const char *du, int64_t lddu,
+                const char *dy, int64_t ldy, const char *u, int64_t ldu, float *dA, float *dB, float beta) {
+    if (d.glu < 0) forge_cuda_gemm(p, d.R, d.K, d.N, du, lddu, 1, x, ldx, 0, d.T, dA, d.K, FORGE_TYPE_F32, 1.0f, beta, nullptr, d.T);
+    else glu_da(p, d, x, ldx, work, du, lddu, dA, beta);
     for (int i = 0; i < d.blocks.n; i++)
         forge_cuda_gemm(p, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(d.T), ldy, 1, u + i * d.r * type_size(d.T),
                         ldu, 0, d.T, dB + d.start[i] * d.r, d.r, FORGE_TYPE_F32, d.scale, beta, nullptr, d.T);
@@ -342,8 +503,9 @@ void lora_grads(const forge_cuda_params *p, const lora_dims &d, const void *x, i
 size_t backward_work(const forge_tensor *node, const lora_dims &d) {
     int64_t ldw;
     const forge_tensor *dx = output(node, 2);
-    size_t bytes = forge_cuda_gemm_rows_work(d.x, d.T) + forge_cuda_gemm_rows_work(node->src[0], d.T) +
-                   forge_cuda_gemm_rows_work(node->src[5], d.T) + prep_work(d);
+    size_t bytes = forge_cuda_gemm_rows_work(d.x, d.glu < 0 ? d.T : d.x->type) + forge_cuda_gemm_rows_work(node->src[0], d.T) +
+                   forge_cuda_gemm_rows_work(node->src[5], d.T) + prep_work(d) +
+                   glu_da_work(d);
     if (folds(node, d, &ldw)) return bytes + align_up((size_t)(d.N * (d.K + d.R) * type_size(d.T)));
     bytes += rank_work(d, d.T);
     if (dx)
@@ -358,7 +520,8 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     char *scratch = (char *)p->work;
     int64_t ldy, ldx, ldw, ldu;
     const char *dy = (const char *)forge_cuda_gemm_rows(p, node->src[0], T, &ldy, &scratch);
-    const void *x = forge_cuda_gemm_rows(p, d.x, T, &ldx, &scratch);
+    const char *x = (const char *)forge_cuda_gemm_rows(p, d.x, d.glu < 0 ? T : d.x->type, &ldx, &scratch); // x, or gu
+    char *h = d.glu < 0 ? nullptr : take(&scratch, glu_da_work(d));
     const char *u = (const char *)forge_cuda_gemm_rows(p, node->src[5], T, &ldu, &scratch); // the forward's x Ac^T
     float *dA = acc_a ? acc_a : (float *)node->data, *dB = acc_b ? acc_b : (float *)node->res[1]->data;
     const float beta = acc_a ? 1.0f : 0.0f;
@@ -369,7 +532,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
         forge_cuda_gemm(p, d.N, KR, d.M, dy, ldy, 0, d.w->data, ldw, 0, T, g, KR, T, 1.0f, 0.0f, nullptr, T); // [dy W | du]
         const char *du = g + d.K * type_size(T);
         const forge_cuda_params side = forge_cuda_fork_side(p); // dA, dB beside dX (which reads G and writes dX only)
-        lora_grads(&side, d, x, ldx, du, KR, dy, ldy, u, ldu, dA, dB, beta);
+        lora_grads(&side, d, x, ldx, h, du, KR, dy, ldy, u, ldu, dA, dB, beta);
         forge_cuda_gemm_into(p, d.N, d.K, d.R, du, KR, 0, ac, d.K, 0, T, g, KR, dx_t->data, d.K, T, 1.0f, 1.0f, nullptr, T);
         forge_cuda_join_side(p);
         return;
@@ -378,7 +541,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     char *du = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
     forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T); // du = scale dy Bd
     const forge_cuda_params side = forge_cuda_fork_side(p); // dA, dB beside dX (which writes dX and scratch past du only)
-    lora_grads(&side, d, x, ldx, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
+    lora_grads(&side, d, x, ldx, h, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
     if (!dx_t) return forge_cuda_join_side(p);
     // dX = du Ac, then dX = dy W + dX
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);

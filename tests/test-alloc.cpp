@@ -147,11 +147,12 @@ static void test_training_graph() {
 }
 
 // FORGE_FLAG_RECOMPUTE: a stack of MLP blocks h += lora(glu(lora(h))) with the GLU outputs marked
-// gives bitwise the same loss and gradients as without, runs one more GLU per block, and plans
-// less activation memory (the GLU outputs no longer live from the forward into the backward).
+// gives bitwise the same loss and gradients as without, has no more GLU nodes (each down LoRA's
+// backward makes its x again from gate/up: LORA_BACK op_i[5]), and plans less activation memory
+// (the GLU outputs no longer live from the forward into the backward).
 struct RecomputeRun {
     std::vector<float> loss, grads;
-    int n_glu = 0;
+    int n_glu = 0, n_glu_x = 0; // GLU nodes; LORA_BACK nodes that make their x = GLU(gu)
     size_t act_bytes = 0;
 };
 
@@ -191,6 +192,10 @@ static RecomputeRun recompute_run(bool recompute) {
         out.grads.insert(out.grads.end(), gr.begin(), gr.end());
     }
     out.n_glu = forge_graph_count_op(g, FORGE_OP_GLU);
+    for (int i = 0; i < forge_graph_n_nodes(g); i++) {
+        const forge_tensor *t = forge_graph_node(g, i);
+        out.n_glu_x += t->op == FORGE_OP_LORA_BACK && t->op_i[5] == 1 + FORGE_GLU_SWIGLU;
+    }
     out.act_bytes = forge_graph_arena_bytes(g, FORGE_ARENA_ACTIVATIONS);
     forge_backend_free(be);
     forge_ctx_free(ctx);
@@ -201,10 +206,12 @@ static void test_recompute() {
     const RecomputeRun keep = recompute_run(false), again = recompute_run(true);
     CHECK(keep.loss == again.loss, "recompute changed the loss: %g vs %g", keep.loss[0], again.loss[0]);
     CHECK(keep.grads == again.grads, "recompute changed the gradients");
-    CHECK(keep.n_glu == 3 && again.n_glu == 6, "GLU nodes: %d without recompute (want 3), %d with (want 6)", keep.n_glu, again.n_glu);
+    CHECK(keep.n_glu == 3 && again.n_glu == 3, "GLU nodes: %d without recompute, %d with (want 3 and 3)", keep.n_glu, again.n_glu);
+    CHECK(keep.n_glu_x == 0 && again.n_glu_x == 3, "LORA_BACK nodes making x = GLU(gu): %d without recompute, %d with (want 0 and 3)",
+          keep.n_glu_x, again.n_glu_x);
     CHECK(again.act_bytes < keep.act_bytes, "recompute planned %zu activation bytes, not less than %zu", again.act_bytes, keep.act_bytes);
-    std::printf("recompute: activations %zu -> %zu bytes, GLU nodes %d -> %d, loss and gradients bitwise equal\n", keep.act_bytes,
-                again.act_bytes, keep.n_glu, again.n_glu);
+    std::printf("recompute: activations %zu -> %zu bytes, LoRA backwards making their GLU input %d -> %d, loss and gradients bitwise equal\n",
+                keep.act_bytes, again.act_bytes, keep.n_glu_x, again.n_glu_x);
 }
 
 int main() {

@@ -11,7 +11,8 @@
 // gate/up): Qwen2.5 and Gemma2 gate/up shapes, shapes off its 16-byte copy path, F16, biases, and
 // its saved u / forward-only agreement. Graphs run by the backend make the casts of A and B for
 // all their LoRAs in one kernel at the start (A and B leaves); the own-prep cases compute A and B
-// in the graph, so each node runs its own prep, folded and not.
+// in the graph, so each node runs its own prep, folded and not. Last, the down projection of a
+// GLU output marked for recompute, whose backward makes x again from gate/up.
 #include "cuda-util.h"
 
 namespace {
@@ -118,6 +119,25 @@ void saved_u_case(const char *name, forge_type xt, forge_type wt, const LoraShap
     std::printf("%-8s %-52s u l2 %.2e max %.2e\n", l2 <= tol && mx <= 4 * tol ? "ok" : "FAIL", name, l2, mx);
 }
 
+// The down projection of a recomputed GLU (the model's --recompute): x = GLU(gu) marked
+// FORGE_FLAG_RECOMPUTE, so LORA_BACK makes x again from gu (op_i[5]): in bf16 by its fused kernel
+// (token splits and slabs partly filled, ranks padded), else ~8 MB of rows at a time (several
+// chunks at T = 1000); gu's gradient checks dX through GLU_BACK, A's the recomputed x.
+void glu_x_case(const char *name, forge_type t, forge_glu_kind kind, int64_t F, int64_t M, int64_t r, int64_t T) {
+    conformance(name, [=](forge_ctx *ctx) {
+        ConfCase c;
+        forge_tensor *gu = forge_tensor_new_2d(ctx, t, 2 * F, T), *w = forge_tensor_new_2d(ctx, t, F, M);
+        forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, F, r), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, r, M);
+        forge_tensor *x = forge_glu(ctx, gu, kind);
+        forge_tensor_set_flags(x, FORGE_FLAG_RECOMPUTE);
+        c.y = forge_lora(ctx, x, w, nullptr, a, b, 2.0f, 1, &M);
+        c.params = {gu, a, b};
+        c.scales[w] = c.scales[a] = 1.0f / std::sqrt((float)F);
+        c.scales[b] = 0.5f / std::sqrt((float)r);
+        return c;
+    });
+}
+
 } // namespace
 
 int main() {
@@ -181,6 +201,15 @@ int main() {
     lora_case("spare lora bf16 x, f32 W (unfolded) 128->96 r8", BF16, F32, kNone, {128, 8, {96}, 300, 1}, 0.5f, kSpare);
     saved_u_case("saved u, spare bf16 qwen2.5 gate/up x 512", BF16, BF16, {896, 16, {4864, 4864}, 512, 1}, 2.0f, kSpare);
     saved_u_case("saved u, spare bf16 77->[40,40] r5", BF16, BF16, {77, 5, {40, 40}, 13, 3}, 2.0f, kSpare);
+
+    // x = GLU(gu), made again by the LoRA backward: Qwen2.5-0.5B and Gemma2-2B down, F off the
+    // 8-wide path in F32
+    glu_x_case("recomputed swiglu x: lora bf16 qwen2.5 down 4864->896 r16 x 1000", BF16, FORGE_GLU_SWIGLU, 4864, 896, 16, 1000);
+    glu_x_case("recomputed geglu x: lora bf16 gemma2 down 9216->2304 r16 x 1000", BF16, FORGE_GLU_GEGLU_TANH, 9216, 2304, 16, 1000);
+    glu_x_case("recomputed swiglu x: lora bf16 200->77 r5 x 77", BF16, FORGE_GLU_SWIGLU, 200, 77, 5, 77);
+    glu_x_case("recomputed geglu x: lora bf16 qwen2.5 down r48 x 300", BF16, FORGE_GLU_GEGLU_TANH, 4864, 896, 48, 300);
+    glu_x_case("recomputed swiglu x: lora bf16 2050->77 r5 x 1000 (GEMM path)", BF16, FORGE_GLU_SWIGLU, 2050, 77, 5, 1000);
+    glu_x_case("recomputed swiglu x: lora f32 2050->77 r5 x 1000", F32, FORGE_GLU_SWIGLU, 2050, 77, 5, 1000);
 
     // A and B computed in the graph: each LORA and LORA_BACK runs its own prep
     const bool kOwnPrep = true;

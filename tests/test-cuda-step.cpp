@@ -2,12 +2,15 @@
 // backend against the CPU reference: the loss and every LoRA gradient, for a Qwen2.5-0.5B-shaped
 // and a Gemma2-shaped model with two layers. The CUDA run is captured and replayed as one CUDA
 // graph (the harness reports its node count and the one synchronisation at the end of the step).
+// The recompute cases mark GLU outputs FORGE_FLAG_RECOMPUTE (--recompute): the down projection's
+// backward makes its x again from gate/up (its fused dA kernel in bf16).
 #include "cuda-util.h"
 #include "../models/model.h"
 
 #include <cmath>
 
-static ConfCase build_step(forge_ctx *ctx, const forge::ModelConfig &cfg, forge_type wtype, forge_type act, int64_t T, int64_t B) {
+static ConfCase build_step(forge_ctx *ctx, const forge::ModelConfig &cfg, forge_type wtype, forge_type act, int64_t T, int64_t B,
+                           int64_t recompute = 0) {
     static std::vector<forge::Model> keep; // the model's tensors live in ctx; keep its struct alive too
     keep.emplace_back();
     forge::Model &m = keep.back();
@@ -16,6 +19,7 @@ static ConfCase build_step(forge_ctx *ctx, const forge::ModelConfig &cfg, forge_
     lc.r = 16;
     lc.alpha = 32;
     forge::model_add_lora(m, lc);
+    m.recompute_layers = recompute;
     forge::Graph g;
     std::string err;
     ConfCase c;
@@ -72,5 +76,7 @@ int main() {
     bf16.tol_grad = 6e-2; // bf16 activations all the way down the backward pass
     conformance("step qwen2.5-0.5b x2 layers, bf16, 2 x 256", [&](forge_ctx *ctx) { return build_step(ctx, qwen, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 256, 2); }, bf16);
     conformance("step gemma2-2b x2 layers (32k vocab), bf16, 1 x 160", [&](forge_ctx *ctx) { return build_step(ctx, gemma2, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 160, 1); }, bf16);
+    conformance("step qwen2.5-0.5b x2 layers, bf16, 2 x 256, recompute", [&](forge_ctx *ctx) { return build_step(ctx, qwen, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 256, 2, 2); }, bf16);
+    conformance("step gemma2-2b x2 layers (32k vocab), bf16, 1 x 160, recompute 1", [&](forge_ctx *ctx) { return build_step(ctx, gemma2, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 160, 1, 1); }, bf16);
     return test_finish("test-cuda-step");
 }
