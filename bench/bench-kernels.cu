@@ -14,6 +14,10 @@
 // Every tensor the timed nodes read or write is marked OUTPUT before planning, so the memory
 // plan keeps all of them alive and distinct (no in-place reuse) across the repeats.
 //
+// The JSON gives each case's scratch_bytes: the scratch the backend sized for its graph (the
+// largest node's; the cuBLASLt workspace is apart). cross_entropy's unfused figure is the two
+// bare GEMMs it needs (logits and dH, full logits in memory) through forge's MATMUL.
+//
 // Where forge's own ops express the same computation unfused (LoRA as linear + matmul(x, A^T) +
 // matmul(u, B^T) + scale + add per projection, as PEFT does; RoPE of q and of k as two nodes
 // instead of one node over the q+k heads of the fused qkv tensor), that graph is timed too and
@@ -151,6 +155,7 @@ struct Case {
     double fwd_cost = 0, bwd_cost = 0; // bytes (MEM) or FLOPs (GEMM)
     std::function<void(Bld &)> build, unfused;
     bool split = false;        // no unfused builder: "unfused" is build's graph launched node by node (no launch-time fusion)
+    bool unfused_forward = false; // the unfused graph has no backward: its ys are all it computes (cross_entropy's bare GEMMs)
     // adamw: appends the node to time after the backward (it is the only timed node)
     std::function<forge_tensor *(Bld &, forge_graph *)> post;
 
@@ -321,17 +326,25 @@ static Case attention_case(const std::string &shape, int64_t D, int64_t Hq, int6
     return c;
 }
 
-// The fused linear cross-entropy; with_grad: the same node also makes dH ("fwd+bwd").
-static Case cross_entropy_case(const std::string &shape, int64_t C, int64_t V, int64_t N, float softcap, bool with_grad) {
+// The fused linear cross-entropy, `chunk` tokens at a time; with_grad: the same node also makes
+// dH ("fwd+bwd"). Unfused: the bare GEMMs it needs, as forge MATMULs (cuBLASLt) with the full
+// logits in memory - logits = h W^T, and with_grad dH = G W for a given bf16 G [V, N].
+static Case cross_entropy_case(const std::string &shape, int64_t C, int64_t V, int64_t N, float softcap, bool with_grad, int64_t chunk = 1024) {
     Case c{"cross_entropy", shape};
     c.bound = GEMM;
     c.grad = with_grad;
+    c.unfused_forward = true;
     c.fwd_dir = with_grad ? "fwd+bwd" : "fwd";
     c.fwd_cost = (with_grad ? 4.0 : 2.0) * N * C * V;
     c.build = [=](Bld &b) {
         forge_tensor *h = b.train({C, N}), *w = b.weight({C, V});
-        b.ys = {forge_cross_entropy(b.ctx, h, w, b.ints(N, V, false), b.constant((float)N), softcap, 1024)};
+        b.ys = {forge_cross_entropy(b.ctx, h, w, b.ints(N, V, false), b.constant((float)N), softcap, chunk)};
         b.loss_is_y = true;
+    };
+    c.unfused = [=](Bld &b) {
+        forge_tensor *h = b.weight({C, N}), *w = b.weight({C, V});
+        b.ys = {forge_matmul(b.ctx, h, w, 0, 1, FORGE_TYPE_BF16)};
+        if (with_grad) b.ys.push_back(forge_matmul(b.ctx, b.weight({V, N}), w, 0, 0, FORGE_TYPE_BF16));
     };
     return c;
 }
@@ -418,6 +431,11 @@ static std::vector<Case> make_cases() {
         for (bool g : {false, true})
             cs.push_back(cross_entropy_case(fmt("%s 4096x%lld V%lld%s", m.name, (long long)m.H, (long long)m.V, m.gemma ? " softcap30" : ""), m.H, m.V, 4096,
                                             m.gemma ? 30.0f : 0.0f, g));
+    // issue 4's figures: Qwen2.5-0.5B in chunks of 192 tokens (bf16 logits scratch under 64 MB),
+    // Gemma2-2B at 8192 tokens, and 8192 tokens of hidden 4096 over a 128256-word vocabulary
+    cs.push_back(cross_entropy_case("qwen2.5-0.5b 4096x896 V151936 chunk192", 896, 151936, 4096, 0.0f, true, 192));
+    cs.push_back(cross_entropy_case("gemma2-2b 8192x2304 V256000 softcap30", 2304, 256000, 8192, 30.0f, true));
+    cs.push_back(cross_entropy_case("8192x4096 V128256", 4096, 128256, 8192, 0.0f, true));
     cs.push_back(adamw_case());
     return cs;
 }
@@ -493,13 +511,14 @@ static std::set<const forge_tensor *> ancestors(const std::vector<forge_tensor *
 
 // Builds one variant of a case (fused or unfused), runs it once, then times each direction's
 // nodes. Returns direction -> microseconds; *err says what failed.
-static std::map<std::string, double> run_variant(const Case &c, bool unfused, std::string *err) {
+static std::map<std::string, double> run_variant(const Case &c, bool unfused, std::string *err, size_t *scratch = nullptr) {
     std::map<std::string, double> us;
     forge_ctx *ctx = forge_ctx_new();
     forge_backend *be = forge_backend_cuda_new(0);
     Bld b;
     b.ctx = ctx;
-    b.grad = c.grad;
+    const bool grad = c.grad && !(unfused && c.unfused_forward);
+    b.grad = grad;
     const bool split = unfused && !c.unfused; // the fused graph, its nodes launched one by one
     (unfused && c.unfused ? c.unfused : c.build)(b);
     forge_graph *g = forge_graph_new(ctx);
@@ -512,7 +531,7 @@ static std::map<std::string, double> run_variant(const Case &c, bool unfused, st
         forge_ctx_free(ctx);
         return std::map<std::string, double>();
     };
-    if (!c.grad) {
+    if (!grad) {
         for (forge_tensor *y : b.ys)
             if (forge_graph_build_forward(g, y) != FORGE_OK) return fail("build");
         n_fwd = g->nodes.size();
@@ -565,6 +584,7 @@ static std::map<std::string, double> run_variant(const Case &c, bool unfused, st
 
     // fill the leafs, run the graph once
     const forge_cuda_params *p = forge_cuda_backend_params(be);
+    if (scratch) *scratch = p->work_size;
     uint64_t seed = 1;
     for (forge_tensor *t : g->leafs) {
         if (!t->data || (t->flags & (FORGE_FLAG_ONES | FORGE_FLAG_GRAD | FORGE_FLAG_OPT_STATE))) continue;
@@ -672,6 +692,7 @@ struct Row {
     const Case *c;
     std::string dir, error;
     double us = NAN, unfused_us = NAN;
+    size_t scratch = 0; // the scratch the backend sized for the case's graph (its largest node's)
     double rate() const { return c->bound == MEM ? c->cost(dir) / us / 1e3 : c->cost(dir) / us / 1e6; } // GB/s or TFLOP/s
     double frac(const Ceilings &k) const { return rate() / (c->bound == MEM ? k.copy_gbps : k.gemm_tflops); }
 };
@@ -730,10 +751,10 @@ static bool write_json(const char *path, const std::vector<Row> &rows, const Cei
         const Row &r = rows[i];
         const bool mem = r.c->bound == MEM;
         std::fprintf(f, "    {\"kernel\": %s, \"direction\": %s, \"shape\": %s, \"dtype\": %s, \"us\": %s, \"%s\": %s, \"%s\": %.6g, \"fraction\": %s, "
-                        "\"ceiling\": \"%s\", \"unfused_us\": %s%s}%s\n",
+                        "\"ceiling\": \"%s\", \"unfused_us\": %s, \"scratch_bytes\": %zu%s}%s\n",
                      jstr(r.c->kernel).c_str(), jstr(r.dir).c_str(), jstr(r.c->shape).c_str(), jstr(r.c->dtype).c_str(), jnum(r.us, "%.3f").c_str(),
                      mem ? "gbps" : "tflops", jnum(r.rate(), "%.2f").c_str(), mem ? "bytes" : "flops", r.c->cost(r.dir), jnum(r.frac(k), "%.4f").c_str(),
-                     mem ? "copy" : "gemm", jnum(r.unfused_us, "%.3f").c_str(), r.error.empty() ? "" : (", \"error\": " + jstr(r.error)).c_str(),
+                     mem ? "copy" : "gemm", jnum(r.unfused_us, "%.3f").c_str(), r.scratch, r.error.empty() ? "" : (", \"error\": " + jstr(r.error)).c_str(),
                      i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
@@ -787,10 +808,12 @@ int main(int argc, char **argv) {
     std::vector<Row> rows;
     for (const Case &c : cases) {
         std::string err, uerr;
-        std::map<std::string, double> t = run_variant(c, false, &err), u;
+        size_t scratch = 0;
+        std::map<std::string, double> t = run_variant(c, false, &err, &scratch), u;
         if (c.unfused || c.split) u = run_variant(c, true, &uerr);
         for (auto &d : c.dirs()) {
             Row r{&c, d, err};
+            r.scratch = scratch;
             if (t.count(d)) r.us = t[d];
             if (u.count(d)) r.unfused_us = u[d];
             if (!uerr.empty()) r.error += (r.error.empty() ? "" : "; ") + std::string("unfused: ") + uerr;

@@ -22,6 +22,8 @@ way Hugging Face / PEFT models write it:
 Directions: fwd (inputs that train require grad, as in training), bwd (autograd backward alone,
 the forward done before the timed region), fwd+bwd. Timing: warm-up, then the median of --reps
 repeats, each between two torch.cuda.Events, each preceded by zeroing a 256 MB buffer (L2 flush).
+Memory (fwd and fwd+bwd): eager_extra_MiB / compile_extra_MiB, the peak that one more run
+allocates beyond what was allocated before it (its outputs and gradients included).
 
 Usage: python3 bench/peers/ops.py [--json FILE] [--reps N] [--no-compile] [--shape SUBSTR]
                                   [--deadline SECONDS] [--list] [KERNEL-FILTER...]
@@ -262,6 +264,9 @@ def make_cases():
         for grad in (False, True):
             add_case("cross_entropy", f"{m['name']} 4096x{m['H']} V{m['V']}" + (" softcap30" if m["gemma"] else ""), ["fwd+bwd" if grad else "fwd"],
                      mk_cross_entropy(m["H"], m["V"], 4096, 30.0 if m["gemma"] else 0.0, grad))
+    # issue 4's figures at 8192 tokens (bench-kernels has the same two)
+    add_case("cross_entropy", "gemma2-2b 8192x2304 V256000 softcap30", ["fwd+bwd"], mk_cross_entropy(2304, 256000, 8192, 30.0, True))
+    add_case("cross_entropy", "8192x4096 V128256", ["fwd+bwd"], mk_cross_entropy(4096, 128256, 8192, 0.0, True))
     add_case("adamw", "qwen2.5-0.5b lora r16 7x24", ["step"], mk_adamw(), dtype="f32")
 
 
@@ -288,12 +293,24 @@ def bench(run, setup=None, reps=25, warmup=3):
     return 1e3 * (ms[n // 2] if n % 2 else 0.5 * (ms[n // 2 - 1] + ms[n // 2]))
 
 
+def peak_extra_mib(run, setup=None):
+    """MiB that one run of run(setup()) allocates at its peak beyond what was allocated before it."""
+    st = setup() if setup else None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run(st)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
 def as_tuple(o):
     return o if isinstance(o, tuple) else (o,)
 
 
-def time_dirs(f, s, dirs, reps):
-    """direction -> microseconds for one implementation f of the setup s."""
+def time_dirs(f, s, dirs, reps, mem):
+    """direction -> microseconds for one implementation f of the setup s; mem[direction] = the
+    peak MiB one run allocates (fwd, fwd+bwd)."""
     out = {}
     ctx = torch.no_grad if s.no_grad else contextlib.nullcontext
     grads = None
@@ -323,10 +340,12 @@ def time_dirs(f, s, dirs, reps):
             out[d] = bench(lambda _: f(), reps=reps)
         elif d == "fwd":
             out[d] = bench(fwd, reps=reps)
+            mem[d] = peak_extra_mib(fwd)
         elif d == "bwd":
             out[d] = bench(bwd, fwd_setup, reps=reps)
         else:
             out[d] = bench(fwd_bwd, lambda: clear(), reps=reps)
+            mem[d] = peak_extra_mib(fwd_bwd, lambda: clear())
     clear()
     return out
 
@@ -377,8 +396,11 @@ def main():
                 if fn is None:
                     torch._dynamo.reset()
                     fn = torch.compile(s.fn, dynamic=False)
-                for d, us in time_dirs(fn, s, dirs, a.reps).items():
+                mem = {}
+                for d, us in time_dirs(fn, s, dirs, a.reps, mem).items():
                     res[d][key] = round(us, 3)
+                for d, mib in mem.items():
+                    res[d][key.replace("_us", "_extra_MiB")] = round(mib, 1)
             except Exception as e:  # report, keep going (a compile failure, an out-of-memory)
                 for d in dirs:
                     res[d].setdefault("errors", []).append(f"{key}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
