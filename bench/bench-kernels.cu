@@ -38,6 +38,8 @@
 //   adamw           32 P                           (p, g, m, v F32 read and written)
 // FLOPs (GEMM-bound kernels, reported as TFLOP/s):
 //   linear          fwd 2 N K M                    bwd 2 N K M (dX; the base weight is frozen)
+//   lora_down_glu   fwd 3 N F es + N M es          bwd 2 N F es + 2 N M es (gu once, dy twice;
+//                   unfused: x kept, so "bwd" reads x instead of gu)
 //   lora (R = blocks r)  fwd 2 N (K M + K R + r M)  bwd 2 N (M K + 2 K R + 2 r M)
 //                   (bwd: dX, dA + dX's low-rank term, du + dB; u = x A^T is the forward's
 //                   saved res[1], which the forward writes and LORA_BACK reads: not recomputed;
@@ -313,6 +315,27 @@ static Case lora_case(const char *kernel, const std::string &shape, int64_t K, s
     return c;
 }
 
+// The down projection's LoRA backward when its x is a GLU output marked for recompute
+// (--recompute): LORA_BACK makes x from gate/up itself (forge-cuda/lora.cu, glu_da_kernel in bf16).
+// gate/up and W frozen, A and B trained, so "bwd" is the LORA_BACK alone (dA, dB). Unfused: the
+// same graph without the mark - x kept from the forward, its dA GEMM reading it. Bytes (bwd): gu
+// read once and dy twice (du, dB), the recompute's own traffic.
+static Case lora_down_glu_case(const std::string &shape, int64_t F, int64_t M, int64_t r, int64_t N, forge_glu_kind kind) {
+    Case c{"lora_down_glu", shape};
+    c.grad = c.dirs3 = true;
+    c.fwd_cost = 3.0 * N * F * 2 + 1.0 * N * M * 2;
+    c.bwd_cost = 2.0 * N * F * 2 + 2.0 * N * M * 2;
+    auto make = [=](Bld &b, bool recompute) {
+        const int64_t rows[1] = {M};
+        forge_tensor *x = forge_glu(b.ctx, b.weight({2 * F, N}), kind);
+        if (recompute) forge_tensor_set_flags(x, FORGE_FLAG_RECOMPUTE);
+        b.ys = {forge_lora(b.ctx, x, b.weight({F, M}), NULL, b.train({F, r}, FORGE_TYPE_F32), b.train({r, M}, FORGE_TYPE_F32), 2.0f, 1, rows)};
+    };
+    c.build = [=](Bld &b) { make(b, true); };
+    c.unfused = [=](Bld &b) { make(b, false); };
+    return c;
+}
+
 static Case attention_case(const std::string &shape, int64_t D, int64_t Hq, int64_t Hkv, int64_t T, int64_t B, float softcap) {
     Case c{"attention", shape};
     c.bound = GEMM;
@@ -422,6 +445,10 @@ static std::vector<Case> make_cases() {
         cs.push_back(lora_case("lora_mlp", fmt("%s %lldx%lld->2x%lld r16", m.name, (long long)N, (long long)m.H, (long long)m.F), m.H, {m.F, m.F}, 16, N, 2.0f, true));
     });
     cs.push_back(lora_case("lora_mlp", "liger 4x2048 4096->2x14336 r16", 4096, {14336, 14336}, 16, 8192, 2.0f, true));
+    each_model([&](const Model &m, int64_t N) {
+        cs.push_back(lora_down_glu_case(fmt("%s %lldx%lld->%lld r16", m.name, (long long)N, (long long)m.F, (long long)m.H), m.F, m.H, 16, N,
+                                        m.gemma ? FORGE_GLU_GEGLU_TANH : FORGE_GLU_SWIGLU));
+    });
     for (const Model &m : kModels)
         for (int64_t T : {1024, 4096})
             cs.push_back(attention_case(fmt("%s B4 T%lld %lld/%lldx%lld causal%s", m.name, (long long)T, (long long)m.Hq, (long long)m.Hkv, (long long)m.D,
