@@ -455,10 +455,11 @@ size_t glu_da_work(const lora_dims &d) {
 void glu_da(const forge_cuda_params *p, const lora_dims &d, const char *gu, int64_t ldg, char *work, const char *du, int64_t lddu,
             float *dA, float beta) {
     if (glu_da_fused(d, gu, ldg)) {
-        void (*kernel)(glu_da_args) = d.R <= 16 ? glu_da_kernel<1> : d.R <= 32 ? glu_da_kernel<2> : d.R <= 48 ? glu_da_kernel<3> : glu_da_kernel<4>;
-        int per_sm = 1;
-        FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GD_THREADS, 0));
-        const int64_t per = glu_da_per_split(d, std::min<int64_t>(GD_MAX_BLOCKS, (int64_t)std::max(per_sm, 1) * p->sm_count));
+        const int mt = (int)(d.R + 15) / 16;
+        void (*kernel)(glu_da_args) = mt == 1 ? glu_da_kernel<1> : mt == 2 ? glu_da_kernel<2> : mt == 3 ? glu_da_kernel<3> : glu_da_kernel<4>;
+        static int per_sm[4] = {}; // resident blocks per SM of each kernel, asked once
+        if (!per_sm[mt - 1]) FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[mt - 1], kernel, GD_THREADS, 0));
+        const int64_t per = glu_da_per_split(d, std::min<int64_t>(GD_MAX_BLOCKS, (int64_t)std::max(per_sm[mt - 1], 1) * p->sm_count));
         const int64_t splits = (d.N + per - 1) / per;
         const glu_da_args a{(const __nv_bfloat16 *)gu, (const __nv_bfloat16 *)du, ldg, lddu, d.N, d.K, per, (int)d.R, d.glu == FORGE_GLU_SWIGLU, (float *)work};
         forge_cuda_launch_kernel(kernel, dim3((unsigned)((d.K + GD_COLS - 1) / GD_COLS), (unsigned)splits), GD_THREADS, 0, p->stream, a);
@@ -521,7 +522,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     int64_t ldy, ldx, ldw, ldu;
     const char *dy = (const char *)forge_cuda_gemm_rows(p, node->src[0], T, &ldy, &scratch);
     const char *x = (const char *)forge_cuda_gemm_rows(p, d.x, d.glu < 0 ? T : d.x->type, &ldx, &scratch); // x, or gu
-    char *h = d.glu < 0 ? nullptr : take(&scratch, glu_da_work(d));
+    char *glu_work = d.glu < 0 ? nullptr : take(&scratch, glu_da_work(d)); // glu_da's partials or chunk of x
     const char *u = (const char *)forge_cuda_gemm_rows(p, node->src[5], T, &ldu, &scratch); // the forward's x Ac^T
     float *dA = acc_a ? acc_a : (float *)node->data, *dB = acc_b ? acc_b : (float *)node->res[1]->data;
     const float beta = acc_a ? 1.0f : 0.0f;
@@ -532,7 +533,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
         forge_cuda_gemm(p, d.N, KR, d.M, dy, ldy, 0, d.w->data, ldw, 0, T, g, KR, T, 1.0f, 0.0f, nullptr, T); // [dy W | du]
         const char *du = g + d.K * type_size(T);
         const forge_cuda_params side = forge_cuda_fork_side(p); // dA, dB beside dX (which reads G and writes dX only)
-        lora_grads(&side, d, x, ldx, h, du, KR, dy, ldy, u, ldu, dA, dB, beta);
+        lora_grads(&side, d, x, ldx, glu_work, du, KR, dy, ldy, u, ldu, dA, dB, beta);
         forge_cuda_gemm_into(p, d.N, d.K, d.R, du, KR, 0, ac, d.K, 0, T, g, KR, dx_t->data, d.K, T, 1.0f, 1.0f, nullptr, T);
         forge_cuda_join_side(p);
         return;
@@ -541,7 +542,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     char *du = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
     forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T); // du = scale dy Bd
     const forge_cuda_params side = forge_cuda_fork_side(p); // dA, dB beside dX (which writes dX and scratch past du only)
-    lora_grads(&side, d, x, ldx, h, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
+    lora_grads(&side, d, x, ldx, glu_work, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
     if (!dx_t) return forge_cuda_join_side(p);
     // dX = du Ac, then dX = dy W + dX
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
