@@ -224,7 +224,8 @@ void forge_dist_set_error(const char *fmt, ...);
 //             != ignore of (logsumexp(z) - z[label]) / count. res[1] = dH (h's shape and type) =
 //             d dst / d h, or NULL (no gradient wanted: a forward-only graph); res[2] = dW F32
 //             [C, V] or NULL (W frozen). Ignored tokens get dH = 0. Autograd creates res[1..2].
-//             A label outside [0, V) that is not ignore is a runtime error.
+//             A label outside [0, V) that is not ignore is a runtime error. src1 NULL: h is
+//             the logits z [V, N...] themselves (plain cross-entropy), dH = dz; no dW.
 // CROSS_ENTROPY_EVAL src0 h, src1 W, src2 labels; op_f[0], op_i[0], op_i[1] as CROSS_ENTROPY.
 //             z as CROSS_ENTROPY's; dst F32 [N] = z[label] - logsumexp(z) per token, 0 when its label
 //             is ignore; res[1] F32 [N] = 1 when label == argmax z (the first of equal maxima),

@@ -703,16 +703,17 @@ forge_tensor *forge_attention(forge_ctx *ctx, forge_tensor *q, forge_tensor *k, 
     return o;
 }
 
-// The checks both cross-entropy constructors make (count NULL: the eval form); false after
-// recording the error.
+// The checks both cross-entropy constructors make (count NULL: the eval form; w NULL: h holds the
+// logits); false after recording the error.
 static bool ce_args_ok(forge_ctx *ctx, const char *fn, forge_tensor *h, forge_tensor *w, forge_tensor *labels, forge_tensor *count,
                        float softcap, int chunk) {
-    if (!is_float(h->type) || !is_float(w->type) || !is_matrix(w) || w->ne[0] != h->ne[0] || labels->type != FORGE_TYPE_I32 ||
+    if (!is_float(h->type) || (w && (!is_float(w->type) || !is_matrix(w) || w->ne[0] != h->ne[0])) || labels->type != FORGE_TYPE_I32 ||
         forge_tensor_nelements(labels) != h->ne[1] * h->ne[2] * h->ne[3] ||
         (count && (count->type != FORGE_TYPE_F32 || forge_tensor_nelements(count) != 1))) {
-        forge_ctx_set_error(ctx, FORGE_ERR_SHAPE, "%s: h %s, lm_head %s, labels %s%s%s: want float h [C, ...], lm_head [C, V], I32 labels one per token%s",
-                            fn, forge_shape_str(h).c_str(), forge_shape_str(w).c_str(), forge_shape_str(labels).c_str(), count ? ", count " : "",
-                            count ? forge_shape_str(count).c_str() : "", count ? ", F32 count [1]" : "");
+        forge_ctx_set_error(ctx, FORGE_ERR_SHAPE, "%s: %s %s, lm_head %s, labels %s%s%s: want float %s, lm_head [C, V] or none, I32 labels one per token%s",
+                            fn, w ? "h" : "logits", forge_shape_str(h).c_str(), w ? forge_shape_str(w).c_str() : "none",
+                            forge_shape_str(labels).c_str(), count ? ", count " : "", count ? forge_shape_str(count).c_str() : "",
+                            w ? "h [C, ...]" : "logits [V, ...]", count ? ", F32 count [1]" : "");
         return false;
     }
     if (chunk <= 0 || softcap < 0) {
@@ -725,7 +726,7 @@ static bool ce_args_ok(forge_ctx *ctx, const char *fn, forge_tensor *h, forge_te
 forge_tensor *forge_cross_entropy(forge_ctx *ctx, forge_tensor *h, forge_tensor *w, forge_tensor *labels, forge_tensor *count, float softcap,
                                   int chunk) {
     if (!ctx) return NULL;
-    NEED(h, w, labels, count);
+    NEED(h, labels, count);
     if (!ce_args_ok(ctx, "forge_cross_entropy", h, w, labels, count, softcap, chunk)) return NULL;
     const int64_t ne[4] = {1, 1, 1, 1};
     forge_tensor *t = new_node(ctx, FORGE_OP_CROSS_ENTROPY, FORGE_TYPE_F32, ne, {h, w, labels, count});
@@ -737,7 +738,7 @@ forge_tensor *forge_cross_entropy(forge_ctx *ctx, forge_tensor *h, forge_tensor 
 
 forge_tensor *forge_cross_entropy_eval(forge_ctx *ctx, forge_tensor *h, forge_tensor *w, forge_tensor *labels, float softcap, int chunk) {
     if (!ctx) return NULL;
-    NEED(h, w, labels);
+    NEED(h, labels);
     if (!ce_args_ok(ctx, "forge_cross_entropy_eval", h, w, labels, nullptr, softcap, chunk)) return NULL;
     const int64_t ne[4] = {h->ne[1] * h->ne[2] * h->ne[3], 1, 1, 1};
     forge_tensor *t = new_node(ctx, FORGE_OP_CROSS_ENTROPY_EVAL, FORGE_TYPE_F32, ne, {h, w, labels});

@@ -288,14 +288,17 @@ FORGE_API forge_tensor *forge_attention(forge_ctx *ctx, forge_tensor *q, forge_t
    one per token, FORGE_IGNORE_INDEX to skip): sum over target tokens of -log softmax(z)[label],
    divided by count (F32 [1], the global number of target tokens, so that accumulation over
    micro-batches is exact). z = h w^T, softcapped when softcap > 0. Chunks of `chunk` tokens at a
-   time: the full logits never exist. Result F32 [1]; the gradient for h is made in the same pass. */
+   time: the full logits never exist. Result F32 [1]; the gradient for h is made in the same pass.
+   w NULL: plain cross-entropy, h already holds the logits [V, N...] (any float type; chunk is
+   then only the rows a strided h is gathered by). */
 FORGE_API forge_tensor *forge_cross_entropy(forge_ctx *ctx, forge_tensor *h, forge_tensor *w, forge_tensor *labels,
                                             forge_tensor *count, float softcap, int chunk);
 /* Evaluation through the lm_head, as forge_cross_entropy reads it but without a gradient: the
    result F32 [N] holds each token's log softmax(z)[label] (0 for FORGE_IGNORE_INDEX), and
    forge_tensor_result(t, 1), F32 [N], holds 1 where the label is the most likely token (the
    first of equal maxima) and 0 elsewhere - per-token log-probabilities and top-1 accuracy.
-   N = the tokens of h; chunks of `chunk` tokens: the full logits never exist. */
+   N = the tokens of h; chunks of `chunk` tokens: the full logits never exist. w NULL: h holds
+   the logits [V, N...]. */
 FORGE_API forge_tensor *forge_cross_entropy_eval(forge_ctx *ctx, forge_tensor *h, forge_tensor *w, forge_tensor *labels, float softcap,
                                                  int chunk);
 

@@ -47,6 +47,7 @@
 //                   GEMM of depth K + R: the same FLOPs counted, R/K more done)
 //   attention       fwd 2 B Hq D T (T+1) (causal)  bwd 2.5 x fwd
 //   cross_entropy   fwd 2 N C V                    fwd+bwd 4 N C V (loss and dH in one pass)
+//                   "logits": bytes 8 N V (F32 logits read once, dz written once)
 // The fraction of ceiling compares GB/s with the copy bandwidth - a plain kernel copying 1 GiB,
 // 16 bytes per thread per step, grid-stride, four steps' loads in flight before their stores
 // (bytes read + written; a cudaMemcpyAsync of the same GiB is reported beside it, lower when
@@ -372,6 +373,24 @@ static Case cross_entropy_case(const std::string &shape, int64_t C, int64_t V, i
     return c;
 }
 
+// Plain cross-entropy from given F32 logits [V, N] (no lm_head): the loss and dz, as a memory-bound
+// kernel that reads the logits once and writes dz once (the least it can move). No unfused form:
+// forge has no separate softmax op; the peers (PyTorch eager and compiled) are its comparison.
+static Case cross_entropy_logits_case(const std::string &shape, int64_t V, int64_t N) {
+    Case c{"cross_entropy", shape};
+    c.dtype = "f32";
+    c.grad = true;
+    c.fwd_dir = "fwd+bwd";
+    c.fwd_cost = 2.0 * N * V * 4 + N * 4;
+    c.build = [=](Bld &b) {
+        forge_tensor *z = b.train({V, N}, FORGE_TYPE_F32);
+        b.fills[z] = Fill{Fill::RAND, 8.0, {}};
+        b.ys = {forge_cross_entropy(b.ctx, z, NULL, b.ints(N, V, false), b.constant((float)N), 0.0f, 1024)};
+        b.loss_is_y = true;
+    };
+    return c;
+}
+
 // One AdamW step over every LoRA tensor of Qwen2.5-0.5B at r = 16 (F32, 7 projections x 24 layers).
 static Case adamw_case() {
     const int64_t r = 16, proj[7][2] = {{896, 896}, {896, 128}, {896, 128}, {896, 896}, {896, 4864}, {896, 4864}, {4864, 896}};
@@ -463,6 +482,7 @@ static std::vector<Case> make_cases() {
     cs.push_back(cross_entropy_case("qwen2.5-0.5b 4096x896 V151936 chunk192", 896, 151936, 4096, 0.0f, true, 192));
     cs.push_back(cross_entropy_case("gemma2-2b 8192x2304 V256000 softcap30", 2304, 256000, 8192, 30.0f, true));
     cs.push_back(cross_entropy_case("8192x4096 V128256", 4096, 128256, 8192, 0.0f, true));
+    cs.push_back(cross_entropy_logits_case("logits 8192x128256", 128256, 8192));
     cs.push_back(adamw_case());
     return cs;
 }

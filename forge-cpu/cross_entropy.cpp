@@ -11,6 +11,8 @@
 // graph does not ask for them (a forward-only graph, a frozen h or W): then they are NULL or
 // have no memory. CROSS_ENTROPY_EVAL takes the same chunks and logits and writes each target
 // token's log-probability of its label and whether the label is the row's first maximum.
+// Without W (src1 NULL) h holds the logits: a chunk's rows are read into z directly (no GEMM, no
+// rounding) and dH is dz.
 #include "cpu.h"
 
 #include <algorithm>
@@ -37,7 +39,8 @@ int64_t chunk_rows(const forge_tensor *node) {
 
 // Lays the scratch out from `base` (nullptr: only measures); returns the bytes used.
 size_t layout(const forge_tensor *node, int n_threads, char *base, ce_scratch *sc) {
-    const int64_t n = chunk_rows(node), C = node->src[0]->ne[0], V = node->src[1]->ne[1];
+    const forge_tensor *h = node->src[0], *w = node->src[1];
+    const int64_t n = chunk_rows(node), C = w ? h->ne[0] : 0, V = w ? w->ne[1] : h->ne[0];
     size_t off = align64(forge_cpu_gemm_work(n_threads));
     auto take = [&](size_t bytes) { char *ptr = base ? base + off : nullptr; off += align64(bytes); return ptr; };
     sc->z = (float *)take((size_t)(n * V) * sizeof(float));
@@ -100,8 +103,9 @@ void forge_cpu_cross_entropy(forge_tensor *node, const forge_cpu_params *p) {
     float *logprob = eval ? (float *)node->data : nullptr, *hit = eval ? (float *)node->res[1]->data : nullptr;
     const float cap = node->op_f[0];
     const int32_t ignore = node->op_i[1];
-    const int64_t N = forge_cpu_rows(h), C = h->ne[0], V = w->ne[1], chunk = chunk_rows(node);
-    const size_t wes = forge_type_size(w->type), hes = dH ? forge_type_size(dH->type) : 0;
+    const int64_t N = forge_cpu_rows(h), C = h->ne[0], V = w ? w->ne[1] : C, chunk = chunk_rows(node);
+    const size_t wes = w ? forge_type_size(w->type) : 0, hes = dH ? forge_type_size(dH->type) : 0;
+    const forge_type zt = w ? w->type : FORGE_TYPE_F32; // logits read from h are exact already
 
     for (int64_t t = 0; t < N; t++) {
         const int32_t lab = label_of(labels, t);
@@ -116,11 +120,11 @@ void forge_cpu_cross_entropy(forge_tensor *node, const forge_cpu_params *p) {
         forge_cpu_fail(p, "cross_entropy: count '%s' is %g; it must be > 0", count->name, cnt);
         return;
     }
-    if (w->nb[0] != wes || w->nb[1] % wes != 0) {
+    if (w && (w->nb[0] != wes || w->nb[1] % wes != 0)) {
         forge_cpu_fail(p, "cross_entropy: lm_head '%s' must have contiguous rows (nb = [%zu, %zu])", w->name, w->nb[0], w->nb[1]);
         return;
     }
-    const int64_t ldw = (int64_t)(w->nb[1] / wes);
+    const int64_t ldw = w ? (int64_t)(w->nb[1] / wes) : 0;
 
     ce_scratch sc;
     layout(node, p->n_threads, (char *)p->work, &sc);
@@ -137,19 +141,19 @@ void forge_cpu_cross_entropy(forge_tensor *node, const forge_cpu_params *p) {
                 continue;
             }
             token_index(h, t, idx);
-            forge_cpu_load_row(h, idx[0], idx[1], idx[2], sc.hc + n * C);
+            forge_cpu_load_row(h, idx[0], idx[1], idx[2], w ? sc.hc + n * C : sc.z + n * V);
             sc.tok[n++] = t;
         }
         if (n == 0) break;
 
-        forge_cpu_gemm(n, V, C, sc.hc, FORGE_TYPE_F32, C, 0, w->data, w->type, ldw, 1, sc.z, V, 0, p->work, p->n_threads);
+        if (w) forge_cpu_gemm(n, V, C, sc.hc, FORGE_TYPE_F32, C, 0, w->data, w->type, ldw, 1, sc.z, V, 0, p->work, p->n_threads);
         if (eval) {
 #pragma omp parallel for num_threads(p->n_threads)
             for (int64_t r = 0; r < n; r++) {
                 const int64_t t_r = sc.tok[r];
                 const int32_t lab = label_of(labels, t_r);
                 int64_t arg;
-                const double lse = prepare_row(sc.z + r * V, V, cap, w->type, &arg);
+                const double lse = prepare_row(sc.z + r * V, V, cap, zt, &arg);
                 logprob[t_r] = (float)((double)sc.z[r * V + lab] - lse);
                 hit[t_r] = arg == lab ? 1.0f : 0.0f;
             }
@@ -157,14 +161,15 @@ void forge_cpu_cross_entropy(forge_tensor *node, const forge_cpu_params *p) {
         }
 #pragma omp parallel for num_threads(p->n_threads)
         for (int64_t r = 0; r < n; r++)
-            sc.loss[r] = softmax_row(sc.z + r * V, V, label_of(labels, sc.tok[r]), cap, 1.0f / cnt, w->type);
+            sc.loss[r] = softmax_row(sc.z + r * V, V, label_of(labels, sc.tok[r]), cap, 1.0f / cnt, zt);
         for (int64_t r = 0; r < n; r++) loss += sc.loss[r];
 
-        if (dH) {
-            forge_cpu_gemm(n, C, V, sc.z, FORGE_TYPE_F32, V, 0, w->data, w->type, ldw, 0, sc.dh, C, 0, p->work, p->n_threads);
+        if (dH) { // dH = dz W, or dz itself without W
+            if (w) forge_cpu_gemm(n, C, V, sc.z, FORGE_TYPE_F32, V, 0, w->data, w->type, ldw, 0, sc.dh, C, 0, p->work, p->n_threads);
+            const float *src = w ? sc.dh : sc.z;
             for (int64_t r = 0; r < n; r++) {
                 char *row = (char *)dH->data + (size_t)sc.tok[r] * C * hes;
-                for (int64_t c = 0; c < C; c++) forge_store_f32(dH->type, row + c * hes, sc.dh[r * C + c]);
+                for (int64_t c = 0; c < C; c++) forge_store_f32(dH->type, row + c * hes, src[r * C + c]);
             }
         }
         if (dW) forge_cpu_gemm(V, C, n, sc.z, FORGE_TYPE_F32, V, 1, sc.hc, FORGE_TYPE_F32, C, 0, (float *)dW->data, C, 1, p->work, p->n_threads);

@@ -6,10 +6,10 @@
 // chunk, on p->stream:
 //   1. z = h_c W^T [n, V] in W's type (forge_cuda_gemm, cuBLASLt: fp32 accumulation, one rounding;
 //      a bf16 lm_head gives bf16 logits, as in HF) into the scratch;
-//   2. ce_rows, one block of 1024 threads per token row: pass 1 reads the row once (softcap
-//      c tanh(z/c), online max and sum of exp, 8- or 16-byte loads of 4 logits) and writes the
-//      token's loss term logsumexp(z) - z[label]; pass 2 reads it again and overwrites it in place
-//      with dz = (softmax(z) - onehot(label)) softcap'(z) / count, in the same type;
+//   2. ce_rows, a cluster of up to 8 blocks per token row, which holds the row in registers: it
+//      reads the row once, makes logsumexp(z) of the softcapped row (c tanh(z/c)) across the
+//      cluster, writes the token's loss term logsumexp(z) - z[label] and overwrites the row in
+//      place with dz = (softmax(z) - onehot(label)) softcap'(z) / count, in the same type;
 //   3. dH_c = dz W (forge_cuda_gemm, written straight into dH when its type allows);
 //   4. dW (F32) = dz^T h_c, beta = 0 for the first chunk and 1 after.
 // CROSS_ENTROPY_EVAL runs step 1 and, instead of 2-4, ce_eval_rows: one read of each row gives
@@ -19,18 +19,26 @@
 // ignored. The loss terms (one per token, 0 when ignored) are summed at the end by one block in a
 // fixed order, in double: no atomics, deterministic.
 // Cost: the three GEMMs (6 n V C flop per chunk) dominate and run at cuBLASLt speed; the logits
-// move 4 times per token (GEMM write, two reads, dz write): 8V bytes for bf16, at memory
+// move 3 times per token (GEMM write, one read, dz write): 6V bytes for bf16, at memory
 // bandwidth. Bf16 logits halve that traffic and the scratch against fp32 ones.
+// Without an lm_head (src1 NULL, plain cross-entropy) h holds the logits: ce_rows reads them
+// where they are (gathered by chunks into the scratch only when h's rows are not evenly strided)
+// and writes dz straight into dH, so the logits are read once and dz written once: 8V bytes per
+// token in F32, the least any kernel can move.
 // h is used in place when it has W's type and evenly strided rows; otherwise each chunk is first
 // gathered and converted to W's type (so a mixed-type h is rounded to W's type). W must have
 // contiguous rows (nb[0] = its element size), as on the CPU.
 #include "cuda.cuh"
 
 #include <climits>
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
 
 namespace {
 
-constexpr int kRowThreads = 1024;
+constexpr int kRowThreads = 512; // threads of a row kernel's block
+constexpr int kMaxCluster = 8;   // blocks of a row's cluster (the portable maximum)
 
 size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -71,18 +79,27 @@ __device__ __forceinline__ void unpack2(uint32_t w, __half, float &a, float &b) 
     a = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))), b = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
 }
 
+// VEC logits as one load keeps them: 16 bytes of F32, 8 of a 16-bit type, or one element.
+template <typename T, int VEC> struct raw_vec_t { using type = T; };
+template <> struct raw_vec_t<float, 4> { using type = float4; };
+template <> struct raw_vec_t<__nv_bfloat16, 4> { using type = uint2; };
+template <> struct raw_vec_t<__half, 4> { using type = uint2; };
+template <typename T, int VEC> using raw_vec = typename raw_vec_t<T, VEC>::type;
+
 template <typename T, int VEC>
-__device__ __forceinline__ void load_vec(const T *p, float (&v)[VEC]) {
+__device__ __forceinline__ void unpack_vec(const raw_vec<T, VEC> &w, float (&v)[VEC]) {
     if constexpr (VEC == 4 && sizeof(T) == 4) {
-        const float4 f = *(const float4 *)p;
-        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-    } else if constexpr (VEC == 4) { // two-byte types: one 8-byte load
-        const uint2 w = *(const uint2 *)p;
+        v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+    } else if constexpr (VEC == 4) {
         unpack2(w.x, T{}, v[0], v[1]);
         unpack2(w.y, T{}, v[2], v[3]);
     } else {
-        v[0] = to_f32(*p);
+        v[0] = to_f32(w);
     }
+}
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vec(const T *p, float (&v)[VEC]) {
+    unpack_vec<T, VEC>(*(const raw_vec<T, VEC> *)p, v);
 }
 // fp32 -> T, rounding to nearest even; pack2: two of them in one word (a in the low half).
 template <typename T> __device__ __forceinline__ T from_f32(float x);
@@ -108,42 +125,87 @@ __device__ __forceinline__ void store_vec(T *p, const float (&v)[VEC]) {
     }
 }
 
-// One block per token row r of the chunk starting at token t0: loss term into loss[t0 + r], and
-// row r of z (type T, V) turned into dz in place. VEC = 4 needs V % 4 == 0.
+// The cluster barrier in two halves: arrive (release: this thread's reads of the other blocks'
+// shared memory are done) and wait (acquire); a block may not exit before every block of its
+// cluster has arrived.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+
+// Training rows: one cluster of CL blocks (the cluster's size, 1..8) per token row r of the chunk
+// at token t0; loss term into loss[t0 + r] and dz into row r of dz (NULL: the loss only). z and
+// dz may be the same memory (each thread rewrites only what it has read).
+// A row is cut into rounds of CL x kRowThreads x E elements, E = row_elems (128 bytes of registers
+// per thread when VEC = 4, else 16 elements); block b of the cluster takes the b-th slice of a round, each thread E
+// elements as E / VEC loads kRowThreads apart (coalesced). Pass 1 loads each round and folds it
+// into the thread's (max, sum of exp) of the softcapped values, the max first from the registers
+// (softcap is monotonic), so one exp per element. The block's pair goes to shared memory; after a
+// cluster barrier thread 0 of every block reads the CL pairs through distributed shared memory
+// and combines them in rank order, so all blocks hold the same logsumexp. Pass 2 writes dz from
+// the registers for the last round and reloads the others: a row of one round - V up to 131072
+// in F32, 262144 in 16-bit types with 8 blocks - is read once. Ignored rows read no logit and get
+// dz = 0. VEC = 4 needs V, the row strides and the pointers to be multiples of 4 elements.
+template <typename T, int VEC> __host__ __device__ constexpr int row_elems() { return VEC == 4 ? 128 / (int)sizeof(T) : 16; }
+
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kRowThreads) ce_rows(T *z, int64_t V, forge_cuda_view labels, int64_t t0, const float *count,
-                                                       float cap, int ignore, float *loss, int *error) {
+__global__ void __launch_bounds__(kRowThreads, 2) ce_rows(const T *z, int64_t ldz, T *dz, int64_t ldd, int64_t V, forge_cuda_view labels,
+                                                          int64_t t0, const float *count, float cap, int ignore, float *loss, int *error) {
     forge_cuda_prologue();
-    __shared__ float red_m[32], red_s[32];
+    constexpr int E = row_elems<T, VEC>(), NV = E / VEC;
+    using Raw = raw_vec<T, VEC>;
+    __shared__ float red_m[kRowThreads / 32], red_s[kRowThreads / 32], lse_s;
+    __shared__ float2 part; // this block's (max, sum of exp), read by the whole cluster
+    const cg::cluster_group cluster = cg::this_cluster();
+    const int CL = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t r = blockIdx.x, t = t0 + r;
-    T *zr = z + r * V, *dr = zr;
+    const int64_t r = blockIdx.x / CL, t = t0 + r;
+    const T *zr = z + r * ldz;
+    T *dr = dz ? dz + r * ldd : nullptr;
     const int label = *(const int *)flat_ptr(labels, t);
     bool target = label != ignore;
     if (target && (label < 0 || label >= V)) {
-        if (tid == 0) forge_cuda_fail(error, FORGE_CUDA_ERR_LABEL);
+        if (rank == 0 && tid == 0) forge_cuda_fail(error, FORGE_CUDA_ERR_LABEL);
         target = false;
     }
-    constexpr int W = kRowThreads * VEC; // elements per sweep of the block
-    const int nv = (int)V;               // a row's index fits in 32 bits (its offset does not)
-    if (!target) {
+    const int nv = (int)V, round = CL * kRowThreads * E, rounds = (nv + round - 1) / round;
+    auto at = [&](int k, int j) { return k * round + (rank * NV + j) * kRowThreads * VEC + tid * VEC; }; // element of load j, round k
+    if (!target) { // the whole cluster returns here
         const float zero[VEC] = {};
-        for (int c = tid * VEC; c < nv; c += W) store_vec<T, VEC>(dr + c, zero);
-        if (tid == 0) loss[t] = 0.0f;
+        for (int k = 0; dr && k < rounds; k++)
+            for (int j = 0; j < NV; j++)
+                if (at(k, j) < nv) store_vec<T, VEC>(dr + at(k, j), zero);
+        if (rank == 0 && tid == 0) loss[t] = 0.0f;
         return;
     }
-    const float zl = softcap(to_f32(zr[label]), cap); // read before pass 2 overwrites the row
+    const float zl = rank == 0 && tid == 0 ? softcap(to_f32(zr[label]), cap) : 0.0f; // read before any block's pass 2
 
-    // pass 1: max and sum of exp of the softcapped row
+    // pass 1
+    Raw buf[NV];
+    auto load = [&](int k) {
+#pragma unroll
+        for (int j = 0; j < NV; j++)
+            if (at(k, j) < nv) buf[j] = *(const Raw *)(zr + at(k, j));
+    };
     float m = -INFINITY, s = 0.0f;
-    for (int c = tid * VEC; c < nv; c += W) {
-        float v[VEC];
-        load_vec<T, VEC>(zr + c, v);
+    for (int k = 0; k < rounds; k++) {
+        load(k);
         float mx = -INFINITY;
-        for (int i = 0; i < VEC; i++) mx = fmaxf(mx, v[i] = softcap(v[i], cap));
-        const float mn = fmaxf(m, mx);
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            if (at(k, j) >= nv) continue;
+            float v[VEC];
+            unpack_vec<T, VEC>(buf[j], v);
+            for (int i = 0; i < VEC; i++) mx = fmaxf(mx, v[i]);
+        }
+        const float mn = fmaxf(m, softcap(mx, cap));
+        if (mn == -INFINITY) continue;
         s *= __expf(m - mn);
-        for (int i = 0; i < VEC; i++) s += __expf(v[i] - mn);
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            if (at(k, j) >= nv) continue;
+            float v[VEC];
+            unpack_vec<T, VEC>(buf[j], v);
+            for (int i = 0; i < VEC; i++) s += __expf(softcap(v[i], cap) - mn);
+        }
         m = mn;
     }
     for (int o = 16; o; o >>= 1) lse_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
@@ -153,24 +215,41 @@ __global__ void __launch_bounds__(kRowThreads) ce_rows(T *z, int64_t V, forge_cu
         m = lane < kRowThreads / 32 ? red_m[lane] : -INFINITY;
         s = lane < kRowThreads / 32 ? red_s[lane] : 0.0f;
         for (int o = 16; o; o >>= 1) lse_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-        if (lane == 0) red_m[0] = m + logf(s);
+        if (lane == 0) part = make_float2(m, s);
     }
-    __syncthreads();
-    const float lse = red_m[0], inv_count = 1.0f / *count;
-    if (tid == 0) loss[t] = lse - zl;
-
-    // pass 2: dz in place; each thread overwrites exactly the elements it has just read
-    for (int c = tid * VEC; c < nv; c += W) {
-        float v[VEC];
-        load_vec<T, VEC>(zr + c, v);
-        for (int i = 0; i < VEC; i++) {
-            const float x = softcap(v[i], cap);
-            float g = __expf(x - lse) - (c + i == label ? 1.0f : 0.0f);
-            if (cap > 0.0f) g *= 1.0f - (x / cap) * (x / cap);
-            v[i] = g * inv_count;
+    cluster.sync(); // every block's pair is written
+    if (tid == 0) {
+        m = -INFINITY, s = 0.0f;
+        for (int q = 0; q < CL; q++) {
+            const float2 pq = *cluster.map_shared_rank(&part, q);
+            lse_combine(m, s, pq.x, pq.y);
         }
-        store_vec<T, VEC>(dr + c, v);
+        lse_s = m + logf(s);
     }
+    cluster_arrive(); // this block is done with the others' shared memory
+    __syncthreads();
+    const float lse = lse_s, inv_count = 1.0f / *count;
+    if (rank == 0 && tid == 0) loss[t] = lse - zl;
+
+    // pass 2: the last round is still in the registers
+    for (int k = rounds - 1; dr && k >= 0; k--) {
+        if (k < rounds - 1) load(k);
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            const int c = at(k, j);
+            if (c >= nv) continue;
+            float v[VEC];
+            unpack_vec<T, VEC>(buf[j], v);
+            for (int i = 0; i < VEC; i++) {
+                const float x = softcap(v[i], cap);
+                float g = __expf(x - lse) - (c + i == label ? 1.0f : 0.0f);
+                if (cap > 0.0f) g *= 1.0f - (x / cap) * (x / cap);
+                v[i] = g * inv_count;
+            }
+            store_vec<T, VEC>(dr + c, v);
+        }
+    }
+    cluster_wait();
 }
 
 // (best, index) <- the first maximum of the union of two sets: the larger value, the smaller
@@ -181,16 +260,17 @@ __device__ __forceinline__ void argmax_combine(float &best, int &idx, float b2, 
 
 // CROSS_ENTROPY_EVAL: one block per token row r of the chunk at t0: logprob[t] = z[label] -
 // logsumexp(z) and hit[t] = 1 when the label is the row's first maximum (0 and 0 when ignored),
-// from the softcapped row of z (type T) read once. VEC = 4 needs V % 4 == 0.
+// from the softcapped row of z (type T, rows ldz apart) read once. VEC = 4 needs V, ldz and z to
+// be multiples of 4 elements.
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kRowThreads) ce_eval_rows(const T *z, int64_t V, forge_cuda_view labels, int64_t t0, float cap, int ignore,
-                                                            float *logprob, float *hit, int *error) {
+__global__ void __launch_bounds__(kRowThreads) ce_eval_rows(const T *z, int64_t ldz, int64_t V, forge_cuda_view labels, int64_t t0, float cap,
+                                                            int ignore, float *logprob, float *hit, int *error) {
     forge_cuda_prologue();
     __shared__ float red_m[32], red_s[32], red_b[32];
     __shared__ int red_i[32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t r = blockIdx.x, t = t0 + r;
-    const T *zr = z + r * V;
+    const T *zr = z + r * ldz;
     const int label = *(const int *)flat_ptr(labels, t);
     bool target = label != ignore;
     if (target && (label < 0 || label >= V)) {
@@ -267,28 +347,32 @@ __global__ void ce_sum(const float *loss, int64_t N, const float *count, float *
 }
 
 // How a node runs: the chunk, whether h and dH are used in place, and the scratch layout.
+// Without an lm_head (logits: h holds z) there is no GEMM: z is read in place when h_direct (in
+// one chunk of all N rows), else gathered a chunk at a time into the z scratch, and dz goes into
+// dH.
 struct ce_plan {
     int64_t N, C, V, chunk, ldh, ldw;
-    forge_type ab;           // the GEMMs' input type (W's)
-    bool h_direct, dh_direct;
+    forge_type ab;           // the GEMMs' input type (W's), or the logits' type
+    bool logits, h_direct, dh_direct;
     size_t z_off, hc_off, dh_off, loss_off, bytes;
 
     explicit ce_plan(const forge_tensor *node) {
         const forge_tensor *h = node->src[0], *w = node->src[1], *dH = node->op == FORGE_OP_CROSS_ENTROPY ? node->res[1] : nullptr;
+        logits = !w;
         N = h->ne[1] * h->ne[2] * h->ne[3];
-        C = h->ne[0];
-        V = w->ne[1];
-        chunk = std::max<int64_t>(1, std::min<int64_t>(node->op_i[0], N));
-        ab = w->type;
+        C = logits ? 0 : h->ne[0];
+        V = logits ? h->ne[0] : w->ne[1];
+        ab = logits ? h->type : w->type;
         const size_t es = forge_type_size(ab);
-        ldw = (int64_t)(w->nb[1] / es);
+        ldw = logits ? 0 : (int64_t)(w->nb[1] / es);
         h_direct = h->type == ab && h->nb[0] == es && h->nb[1] % es == 0 && h->nb[2] == h->nb[1] * h->ne[1] &&
                    h->nb[3] == h->nb[2] * h->ne[2];
-        ldh = h_direct ? (int64_t)(h->nb[1] / es) : C;
+        ldh = h_direct ? (int64_t)(h->nb[1] / es) : h->ne[0];
+        chunk = logits && h_direct ? N : std::max<int64_t>(1, std::min<int64_t>(node->op_i[0], N));
         dh_direct = !dH || dH->type == ab || dH->type == FORGE_TYPE_F32;
         bytes = 0;
-        z_off = take((size_t)(chunk * V) * es);
-        hc_off = h_direct ? 0 : take((size_t)(chunk * C) * es);
+        z_off = logits && h_direct ? 0 : take((size_t)(chunk * V) * es);
+        hc_off = h_direct || logits ? 0 : take((size_t)(chunk * C) * es);
         dh_off = dh_direct ? 0 : take((size_t)(chunk * C) * sizeof(float));
         loss_off = take((size_t)N * sizeof(float));
     }
@@ -314,15 +398,25 @@ forge_cuda_view scratch_view(void *data, forge_type type, int64_t C, int64_t n) 
     return v;
 }
 
-// The row kernel of a chunk: the loss and dz in place (training), or the log-probabilities and
-// top-1 hits (eval: lp and hit not NULL).
+// Whether n rows of V elements, rows ld apart from p, can be read 4 at a time.
+bool vec4_ok(const void *p, int64_t V, int64_t ld, size_t es) { return V % 4 == 0 && ld % 4 == 0 && (uintptr_t)p % (4 * es) == 0; }
+
+// The row kernel of a chunk of n rows of z (ldz apart): the loss and dz (rows ldd apart, or NULL)
+// for training, or the log-probabilities and top-1 hits (eval: lp and hit not NULL).
 template <typename T>
-void launch_rows(int64_t n, T *z, int64_t V, const forge_cuda_view &labels, int64_t t0, const float *count, float cap, int ignore,
-                 float *loss, float *lp, float *hit, const forge_cuda_params *p) {
-    if (lp && V % 4 == 0) forge_cuda_launch_kernel(ce_eval_rows<T, 4>, (unsigned)n, kRowThreads, 0, p->stream, z, V, labels, t0, cap, ignore, lp, hit, p->error);
-    else if (lp) forge_cuda_launch_kernel(ce_eval_rows<T, 1>, (unsigned)n, kRowThreads, 0, p->stream, z, V, labels, t0, cap, ignore, lp, hit, p->error);
-    else if (V % 4 == 0) forge_cuda_launch_kernel(ce_rows<T, 4>, (unsigned)n, kRowThreads, 0, p->stream, z, V, labels, t0, count, cap, ignore, loss, p->error);
-    else forge_cuda_launch_kernel(ce_rows<T, 1>, (unsigned)n, kRowThreads, 0, p->stream, z, V, labels, t0, count, cap, ignore, loss, p->error);
+void launch_rows(int64_t n, const T *z, int64_t ldz, T *dz, int64_t ldd, int64_t V, const forge_cuda_view &labels, int64_t t0, const float *count,
+                 float cap, int ignore, float *loss, float *lp, float *hit, const forge_cuda_params *p) {
+    const bool v4 = vec4_ok(z, V, ldz, sizeof(T)) && (!dz || vec4_ok(dz, V, ldd, sizeof(T)));
+    if (lp) {
+        auto *k = v4 ? ce_eval_rows<T, 4> : ce_eval_rows<T, 1>;
+        forge_cuda_launch_kernel(k, (unsigned)n, kRowThreads, 0, p->stream, z, ldz, V, labels, t0, cap, ignore, lp, hit, p->error);
+        return;
+    }
+    const int64_t per_block = (int64_t)kRowThreads * (v4 ? row_elems<T, 4>() : row_elems<T, 1>());
+    const unsigned cl = (unsigned)std::min<int64_t>(kMaxCluster, (V + per_block - 1) / per_block);
+    auto *k = v4 ? ce_rows<T, 4> : ce_rows<T, 1>;
+    forge_cuda_launch_cluster(k, (unsigned)(n * cl), kRowThreads, cl, 0, p->stream, z, ldz, dz, ldd, V, labels, t0, count, cap, ignore, loss,
+                              p->error);
 }
 
 } // namespace
@@ -334,7 +428,6 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
     float *lp = eval ? (float *)node->data : nullptr, *hit = eval ? (float *)node->res[1]->data : nullptr;
     const ce_plan pl(node);
     char *work = (char *)p->work;
-    void *z = work + pl.z_off;
     float *loss = (float *)(work + pl.loss_off);
     const float *cnt = eval ? nullptr : (const float *)node->src[3]->data;
     const forge_cuda_view hv = forge_cuda_view_of(h), lv = forge_cuda_view_of(labels);
@@ -342,20 +435,32 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
 
     for (int64_t t0 = 0; t0 < pl.N; t0 += pl.chunk) {
         const int64_t n = std::min(pl.chunk, pl.N - t0);
+        // the chunk's logits z (ldz apart) and where dz goes (in place but for plain cross-entropy;
+        // nowhere when no gradient is wanted)
+        const void *z = work + pl.z_off;
+        int64_t ldz = pl.V;
+        void *dz = !dH && !dW ? nullptr : work + pl.z_off;
         const void *hc = (const char *)h->data + t0 * (int64_t)h->nb[1];
-        if (!pl.h_direct) {
-            forge_cuda_launch_kernel(ce_copy_rows, (unsigned)n, 256, 0, p->stream, hv, t0, scratch_view(work + pl.hc_off, pl.ab, pl.C, n), 0, pl.C);
-            hc = work + pl.hc_off;
+        if (pl.h_direct && pl.logits) z = hc, ldz = pl.ldh;
+        else if (!pl.h_direct) {
+            void *dst = work + (pl.logits ? pl.z_off : pl.hc_off);
+            forge_cuda_launch_kernel(ce_copy_rows, (unsigned)n, 256, 0, p->stream, hv, t0, scratch_view(dst, pl.ab, h->ne[0], n), 0, h->ne[0]);
+            hc = dst;
         }
-        forge_cuda_gemm(p, n, pl.V, pl.C, hc, pl.ldh, 0, w->data, pl.ldw, 1, pl.ab, z, pl.V, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
+        if (pl.logits) dz = dH ? (char *)dH->data + (size_t)(t0 * pl.V) * es : nullptr;
+        else forge_cuda_gemm(p, n, pl.V, pl.C, hc, pl.ldh, 0, w->data, pl.ldw, 1, pl.ab, work + pl.z_off, pl.V, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
         switch (pl.ab) {
-        case FORGE_TYPE_BF16: launch_rows(n, (__nv_bfloat16 *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, lp, hit, p); break;
-        case FORGE_TYPE_F16: launch_rows(n, (__half *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, lp, hit, p); break;
-        default: launch_rows(n, (float *)z, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, lp, hit, p); break;
+        case FORGE_TYPE_BF16:
+            launch_rows(n, (const __nv_bfloat16 *)z, ldz, (__nv_bfloat16 *)dz, pl.V, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, lp, hit, p);
+            break;
+        case FORGE_TYPE_F16:
+            launch_rows(n, (const __half *)z, ldz, (__half *)dz, pl.V, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, lp, hit, p);
+            break;
+        default: launch_rows(n, (const float *)z, ldz, (float *)dz, pl.V, pl.V, lv, t0, cnt, node->op_f[0], node->op_i[1], loss, lp, hit, p); break;
         }
-        if (dH) {
+        if (dH && !pl.logits) {
             void *dst = pl.dh_direct ? (char *)dH->data + (size_t)(t0 * pl.C) * hes : work + pl.dh_off;
-            forge_cuda_gemm(p, n, pl.C, pl.V, z, pl.V, 0, w->data, pl.ldw, 0, pl.ab, dst, pl.C, pl.dh_direct ? dH->type : FORGE_TYPE_F32,
+            forge_cuda_gemm(p, n, pl.C, pl.V, dz, pl.V, 0, w->data, pl.ldw, 0, pl.ab, dst, pl.C, pl.dh_direct ? dH->type : FORGE_TYPE_F32,
                             1.0f, 0.0f, nullptr, FORGE_TYPE_F32);
             if (!pl.dh_direct) {
                 forge_cuda_launch_kernel(ce_copy_rows, (unsigned)n, 256, 0, p->stream, scratch_view(dst, FORGE_TYPE_F32, pl.C, n), 0, forge_cuda_view_of(dH), t0,
@@ -363,7 +468,7 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
             }
         }
         if (dW)
-            forge_cuda_gemm(p, pl.V, pl.C, n, z, pl.V, 1, hc, pl.ldh, 0, pl.ab, dW->data, pl.C, FORGE_TYPE_F32, 1.0f, t0 == 0 ? 0.0f : 1.0f,
+            forge_cuda_gemm(p, pl.V, pl.C, n, dz, pl.V, 1, hc, pl.ldh, 0, pl.ab, dW->data, pl.C, FORGE_TYPE_F32, 1.0f, t0 == 0 ? 0.0f : 1.0f,
                             nullptr, FORGE_TYPE_F32);
     }
     if (eval) return;

@@ -2,7 +2,8 @@
 // the full logits: loss, dH and dW for ignored tokens, count != targets, softcap on and off, chunk
 // sizes 1, 3, 4 and > N, BF16 h and W; finite differences for h and W; a frozen W gets no
 // gradient; bad labels are runtime errors naming the tensor, the token and the value; the eval
-// form's per-token log-probabilities and top-1 hits.
+// form's per-token log-probabilities and top-1 hits; and the plain form without an lm_head, whose
+// h holds the logits (V = C), F32 and BF16, with its finite differences.
 #include "test-util.h"
 
 #include <cstring>
@@ -17,6 +18,7 @@ struct Case {
     int chunk;
     bool train_w;
     forge_type type = FORGE_TYPE_F32; // of h and W
+    bool logits = false;              // no lm_head: h [V, T, B] holds the logits (C = V)
 };
 
 int64_t tokens(const Case &c) { return c.T * (c.B ? c.B : 1); }
@@ -53,7 +55,8 @@ Naive naive_ce(const Case &c, const std::vector<float> &h, const std::vector<flo
         double m = -INFINITY, sum = 0;
         for (int64_t v = 0; v < V; v++) {
             double s = 0;
-            for (int64_t k = 0; k < C; k++) s += (double)h[(size_t)(t * C + k)] * w[(size_t)(v * C + k)];
+            if (c.logits) s = h[(size_t)(t * C + v)];
+            for (int64_t k = 0; k < C && !c.logits; k++) s += (double)h[(size_t)(t * C + k)] * w[(size_t)(v * C + k)];
             if (c.type == FORGE_TYPE_BF16) s = bf16_round((float)s); // a bf16 lm_head gives bf16 logits
             z[(size_t)v] = c.cap > 0 ? c.cap * std::tanh(s / c.cap) : s;
             m = std::max(m, z[(size_t)v]);
@@ -72,7 +75,8 @@ Naive naive_ce(const Case &c, const std::vector<float> &h, const std::vector<flo
             double g = std::exp(z[(size_t)v] - lse) - (v == labels[(size_t)t] ? 1.0 : 0.0);
             if (c.cap > 0) g *= 1.0 - (z[(size_t)v] / c.cap) * (z[(size_t)v] / c.cap);
             g /= count;
-            for (int64_t k = 0; k < C; k++) {
+            if (c.logits) r.dh[(size_t)(t * C + v)] = (float)g;
+            for (int64_t k = 0; k < C && !c.logits; k++) {
                 r.dh[(size_t)(t * C + k)] += (float)(g * w[(size_t)(v * C + k)]);
                 dw[(size_t)(v * C + k)] += g * h[(size_t)(t * C + k)];
             }
@@ -92,11 +96,11 @@ Graph build(const Case &c) {
     Graph g;
     g.ctx = forge_ctx_new();
     g.h = c.B ? forge_tensor_new_3d(g.ctx, c.type, c.C, c.T, c.B) : forge_tensor_new_2d(g.ctx, c.type, c.C, c.T);
-    g.w = forge_tensor_new_2d(g.ctx, c.type, c.C, c.V);
+    g.w = c.logits ? nullptr : forge_tensor_new_2d(g.ctx, c.type, c.C, c.V);
     g.labels = c.B ? forge_tensor_new_2d(g.ctx, FORGE_TYPE_I32, c.T, c.B) : forge_tensor_new_1d(g.ctx, FORGE_TYPE_I32, c.T);
     g.count = forge_tensor_new_1d(g.ctx, FORGE_TYPE_F32, 1);
     forge_tensor_set_name(g.h, "h");
-    forge_tensor_set_name(g.w, "lm_head");
+    if (g.w) forge_tensor_set_name(g.w, "lm_head");
     forge_tensor_set_flags(forge_tensor_set_name(g.labels, "labels"), FORGE_FLAG_INPUT);
     forge_tensor_set_flags(forge_tensor_set_name(g.count, "count"), FORGE_FLAG_INPUT);
     g.loss = forge_cross_entropy(g.ctx, g.h, g.w, g.labels, g.count, c.cap, c.chunk);
@@ -109,7 +113,7 @@ Graph build(const Case &c) {
 std::vector<int32_t> fill_inputs(const Graph &G, const Case &c, uint64_t seed, int *targets) {
     Rng rng(seed);
     fill_random(G.h, rng);
-    fill_random(G.w, rng);
+    if (G.w) fill_random(G.w, rng);
     const std::vector<int32_t> labels = make_labels(c, rng);
     set_i32(G.labels, labels);
     *targets = 0;
@@ -122,14 +126,14 @@ std::vector<int32_t> fill_inputs(const Graph &G, const Case &c, uint64_t seed, i
 void test_values(const Case &c, uint64_t seed, bool backward) {
     Graph G = build(c);
     forge_tensor_set_flags(G.h, backward ? FORGE_FLAG_PARAM : FORGE_FLAG_INPUT);
-    forge_tensor_set_flags(G.w, backward && c.train_w ? FORGE_FLAG_PARAM : FORGE_FLAG_INPUT);
+    if (G.w) forge_tensor_set_flags(G.w, backward && c.train_w ? FORGE_FLAG_PARAM : FORGE_FLAG_INPUT);
     forge_graph *g = forge_graph_new(G.ctx);
     REQUIRE_OK(forge_graph_build_forward(g, G.loss));
     forge_tensor *gh = nullptr, *gw = nullptr;
     if (backward) {
         REQUIRE_OK(forge_graph_build_backward(g, G.loss));
         gh = forge_graph_grad(g, G.h);
-        gw = forge_graph_grad(g, G.w);
+        gw = G.w ? forge_graph_grad(g, G.w) : nullptr;
         CHECK(gh, "%s: h has no gradient", c.name);
         CHECK((gw != nullptr) == c.train_w, "%s: lm_head %s a gradient", c.name, gw ? "has" : "lacks");
     }
@@ -141,7 +145,7 @@ void test_values(const Case &c, uint64_t seed, bool backward) {
     set_f32(G.count, {count});
     REQUIRE_OK(forge_backend_compute(be, g));
 
-    const Naive ref = naive_ce(c, tensor_f32(G.h), tensor_f32(G.w), labels, count);
+    const Naive ref = naive_ce(c, tensor_f32(G.h), G.w ? tensor_f32(G.w) : std::vector<float>(), labels, count);
     const double e = max_err(tensor_f32(G.loss), {(float)ref.loss}, 1e-5, 1e-6);
     CHECK(e <= 1, "%s: loss %.7g, naive %.7g", c.name, tensor_f32(G.loss)[0], ref.loss);
     if (gh) {
@@ -181,10 +185,12 @@ void test_grad(const Case &c, uint64_t seed) {
     Graph G = build(c);
     GradCheckOpts o;
     o.max_elems = 96;
-    double err = grad_check(G.ctx, G.loss, {G.h, G.w}, [&] {
+    std::vector<forge_tensor *> wrt = {G.h};
+    if (G.w) wrt.push_back(G.w);
+    double err = grad_check(G.ctx, G.loss, wrt, [&] {
         Rng rng(seed);
         fill_random(G.h, rng);
-        fill_random(G.w, rng);
+        if (G.w) fill_random(G.w, rng);
         set_i32(G.labels, make_labels(c, rng));
         set_f32(G.count, {7.5f});
     }, o);
@@ -235,7 +241,7 @@ void test_labels() {
 void test_eval(const Case &c, uint64_t seed) {
     Graph G = build(c);
     forge_tensor_set_flags(G.h, FORGE_FLAG_INPUT);
-    forge_tensor_set_flags(G.w, FORGE_FLAG_INPUT);
+    if (G.w) forge_tensor_set_flags(G.w, FORGE_FLAG_INPUT);
     forge_tensor *lp = forge_cross_entropy_eval(G.ctx, G.h, G.w, G.labels, c.cap, c.chunk);
     REQUIRE_T(G.ctx, lp);
     forge_tensor *hit = forge_tensor_result(lp, 1);
@@ -250,7 +256,7 @@ void test_eval(const Case &c, uint64_t seed) {
     const std::vector<int32_t> labels = fill_inputs(G, c, seed, &targets);
     set_f32(G.count, {(float)targets});
     REQUIRE_OK(forge_backend_compute(be, g));
-    const Naive ref = naive_ce(c, tensor_f32(G.h), tensor_f32(G.w), labels, (float)targets);
+    const Naive ref = naive_ce(c, tensor_f32(G.h), G.w ? tensor_f32(G.w) : std::vector<float>(), labels, (float)targets);
     const std::vector<float> got = tensor_f32(lp), hits = tensor_f32(hit);
     std::vector<float> want(ref.logprob.begin(), ref.logprob.end());
     CHECK(max_err(got, want, 1e-5, 1e-5) <= 1, "%s: log-probabilities differ from the naive ones", c.name);
@@ -280,6 +286,8 @@ int main() {
         {"softcap chunk > N, W frozen", 16, 37, 9, 0, 3.0f, 64, false},
         {"bf16 h and W, softcap, chunk 4", 32, 50, 7, 2, 2.0f, 4, true, FORGE_TYPE_BF16},
         {"bf16, W frozen, chunk 3", 32, 50, 7, 1, 0.0f, 3, false, FORGE_TYPE_BF16},
+        {"logits f32, softcap, chunk 3", 41, 41, 5, 2, 2.0f, 3, false, FORGE_TYPE_F32, true},
+        {"logits bf16, chunk > N", 64, 64, 7, 1, 0.0f, 16, false, FORGE_TYPE_BF16, true},
     };
     uint64_t seed = 1;
     for (const Case &c : cases) {
@@ -290,6 +298,7 @@ int main() {
     }
     test_grad({"grad f32 chunk 3", 12, 17, 5, 2, 0.0f, 3, true}, 11);
     test_grad({"grad softcap chunk 2", 12, 17, 7, 0, 1.5f, 2, true}, 12);
+    test_grad({"grad logits softcap", 17, 17, 7, 0, 1.5f, 2, false, FORGE_TYPE_F32, true}, 13);
     test_labels();
     return test_finish("test-cross-entropy");
 }

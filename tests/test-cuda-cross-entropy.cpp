@@ -3,7 +3,9 @@
 // at the Qwen2.5 (V 151936, C 896) and Gemma2 (V 256000, C 2304, softcap 30) shapes, ignored
 // tokens (a whole chunk of them too), chunk sizes 1, odd and > N, V not a multiple of 4, a strided
 // h, frozen W, forward only, BF16 and F32; CROSS_ENTROPY_EVAL's log-probabilities (and its top-1
-// hits in F32); and a label out of range is a runtime error.
+// hits in F32); plain cross-entropy without an lm_head (h holds the logits) in F32 and BF16, rows
+// of one and of several rounds of the cluster kernel, V odd, strided, forward only and eval; and a
+// label out of range is a runtime error.
 #include "cuda-util.h"
 
 namespace {
@@ -19,6 +21,7 @@ struct CeCase {
     bool strided_h = false; // h is a view of the first C rows of a [C + 8, T, B] tensor
     int eval = 0;           // CROSS_ENTROPY_EVAL: 1 compares the log-probabilities, 2 also the
                             // top-1 hits (as lp + 100 hit; f32 only: bf16 logits can tie)
+    bool logits = false;    // no lm_head: h [C = V, T, B] holds the logits (w_scale scales h)
 };
 
 // Labels: ignored at t % 7 == 3 and on tokens 8..11 (a whole chunk when chunk divides 4 and 8).
@@ -42,7 +45,7 @@ ConfCase build(forge_ctx *ctx, const CeCase &c) {
         h = forge_tensor_new_3d(ctx, c.type, c.C, c.T, c.B);
         cc.params = {h};
     }
-    forge_tensor *w = forge_tensor_set_name(forge_tensor_new_2d(ctx, c.type, c.C, c.V), "lm_head");
+    forge_tensor *w = c.logits ? nullptr : forge_tensor_set_name(forge_tensor_new_2d(ctx, c.type, c.C, c.V), "lm_head");
     forge_tensor *labels = forge_tensor_set_name(forge_tensor_new_2d(ctx, FORGE_TYPE_I32, c.T, c.B), "labels");
     // the global target count: the harness fills float leafs in [-1, 1], so make a positive one
     forge_tensor *a = forge_tensor_new_1d(ctx, FORGE_TYPE_F32, 24);
@@ -53,9 +56,9 @@ ConfCase build(forge_ctx *ctx, const CeCase &c) {
     } else {
         cc.y = forge_cross_entropy(ctx, h, w, labels, count, c.cap, c.chunk);
     }
+    cc.scales[w ? w : cc.params[0]] = c.w_scale; // params[0]: h's leaf
     if (c.grads == 0) cc.params.clear();
     if (c.grads == 2) cc.params.push_back(w);
-    cc.scales[w] = c.w_scale;
     const int64_t V = c.V;
     cc.fill_int = [V](forge_tensor *t, Rng &rng) { fill_labels(t, rng, V); };
     return cc;
@@ -110,6 +113,13 @@ int main() {
         {"eval gemma2 V256000 C2304 softcap 30 N6 chunk 4 bf16 log-probs", 2304, 256000, 6, 1, 30.0f, 4, BF, 0, 0.5f, false, 1},
         {"eval V5003 C256 N37 softcap 10 chunk 8 f32 log-probs + top-1", 256, 5003, 37, 1, 10.0f, 8, F32, 0, 0.3f, false, 2},
         {"eval V1001 C128 N9 chunk 1 f32 log-probs + top-1", 128, 1001, 9, 1, 0, 1, F32, 0, 0.3f, false, 2},
+        {"logits V128256 N12 f32 dz", 128256, 128256, 6, 2, 0, 4, F32, 1, 8.0f, false, 0, true},
+        {"logits V151936 N7 softcap 30 bf16 dz", 151936, 151936, 7, 1, 30.0f, 4, BF, 1, 40.0f, false, 0, true},
+        {"logits V270000 N5 f32 dz (3 rounds)", 270000, 270000, 5, 1, 0, 4, F32, 1, 8.0f, false, 0, true},
+        {"logits V70001 N9 f32 dz (odd V, 2 rounds)", 70001, 70001, 9, 1, 0, 4, F32, 1, 8.0f, false, 0, true},
+        {"logits strided V5000 N17 chunk 5 bf16 dz", 5000, 5000, 17, 1, 0, 5, BF, 1, 8.0f, true, 0, true},
+        {"logits V128256 N12 f32 forward only", 128256, 128256, 12, 1, 0, 4, F32, 0, 8.0f, false, 0, true},
+        {"logits eval V5003 N37 softcap 10 f32 log-probs + top-1", 5003, 5003, 37, 1, 10.0f, 8, F32, 0, 8.0f, false, 2, true},
     };
     for (const CeCase &c : cases) conformance(c.name, [&c](forge_ctx *ctx) { return build(ctx, c); });
     bad_label();

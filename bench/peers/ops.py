@@ -16,7 +16,8 @@ way Hugging Face / PEFT models write it:
   lora_*        per projection: F.linear(x, W) + s * F.linear(F.linear(x, A), B) (PEFT)
   attention     SDPA (causal, GQA); Gemma's softcap: the eager matmul/tanh/mask/softmax math
   cross_entropy F.cross_entropy(softcap(F.linear(h, W).float()), labels), mean over tokens;
-                "fwd" under no_grad, "fwd+bwd" with dH
+                "fwd" under no_grad, "fwd+bwd" with dH; "logits": F.cross_entropy on given f32
+                logits [N, V], fwd+bwd with dz
   adamw         clip_grad_norm_(1.0) + AdamW(foreach).step() + zero the grads
                 (also AdamW(fused=True), reported as fused_us)
 Directions: fwd (inputs that train require grad, as in training), bwd (autograd backward alone,
@@ -211,6 +212,13 @@ def mk_cross_entropy(C, V, N, cap, grad):
     return make
 
 
+def mk_cross_entropy_logits(V, N):
+    def make():
+        z, labels = leaf_view(rand(N, V, dtype=torch.float32) * 8), torch.randint(0, V, (N,), device="cuda")
+        return Setup(lambda z, labels: F.cross_entropy(z, labels), (z, labels), [z])
+    return make
+
+
 ADAMW_PROJ = [(896, 896), (896, 128), (896, 128), (896, 896), (896, 4864), (896, 4864), (4864, 896)]
 
 
@@ -267,6 +275,7 @@ def make_cases():
     # issue 4's figures at 8192 tokens (bench-kernels has the same two)
     add_case("cross_entropy", "gemma2-2b 8192x2304 V256000 softcap30", ["fwd+bwd"], mk_cross_entropy(2304, 256000, 8192, 30.0, True))
     add_case("cross_entropy", "8192x4096 V128256", ["fwd+bwd"], mk_cross_entropy(4096, 128256, 8192, 0.0, True))
+    add_case("cross_entropy", "logits 8192x128256", ["fwd+bwd"], mk_cross_entropy_logits(128256, 8192), dtype="f32")
     add_case("adamw", "qwen2.5-0.5b lora r16 7x24", ["step"], mk_adamw(), dtype="f32")
 
 
