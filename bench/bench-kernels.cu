@@ -55,8 +55,8 @@
 // measured in the same run.
 //
 // Usage: bench-kernels [--json FILE] [--commit SHA] [--reps N] [--no-graph] [--list] [FILTER...]
-// FILTERs select kernels whose name contains one of them (bench-kernels rmsnorm rope). The
-// commit defaults to $FORGE_COMMIT. Without a CUDA device it says so and exits 0.
+// FILTERs select the cases whose "kernel shape" contains one of them (bench-kernels rmsnorm rope;
+// bench-kernels "cross_entropy logits"). The commit defaults to $FORGE_COMMIT. Without a CUDA device it says so and exits 0.
 #include "../forge-cuda/cuda.cuh"
 
 #include <dlfcn.h>
@@ -823,14 +823,14 @@ int main(int argc, char **argv) {
         else if (a == "--no-graph") g_graph = false;
         else if (a == "--list") list = true;
         else if (a.rfind("--", 0) == 0) {
-            std::fprintf(stderr, "usage: %s [--json FILE] [--commit SHA] [--reps N] [--no-graph] [--list] [KERNEL-FILTER...]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--json FILE] [--commit SHA] [--reps N] [--no-graph] [--list] [FILTER...]\n", argv[0]);
             return 2;
         } else filters.push_back(a);
     }
     std::vector<Case> cases;
     for (Case &c : make_cases()) {
         bool keep = filters.empty();
-        for (auto &f : filters) keep = keep || c.kernel.find(f) != std::string::npos;
+        for (auto &f : filters) keep = keep || (c.kernel + " " + c.shape).find(f) != std::string::npos;
         if (keep) cases.push_back(std::move(c));
     }
     if (list) {
