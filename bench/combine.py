@@ -4,7 +4,8 @@
 Rows join on (kernel, direction, shape). Columns: forge's time, PyTorch eager and torch.compile
 times, forge's speedup over each, forge's achieved GB/s (memory-bound kernels) or TFLOP/s
 (GEMM-bound ones) and its fraction of the matching ceiling measured in the same run (copy
-bandwidth or the 8192^3 bf16 GEMM), forge's speedup over the same computation as separate forge
+bandwidth or the 8192^3 bf16 GEMM; memory-bound rows add, in brackets, the copy kernel moving the
+same bytes over forge's time), forge's speedup over the same computation as separate forge
 nodes (where the bench has one), and the published Liger Kernel speedup over eager PyTorch for
 the shapes of Liger's table.
 
@@ -57,6 +58,8 @@ def table(forge, peers):
         else:
             rate, which = "-", c.get("ceiling", "")
         frac = f"{100 * c['fraction']:.0f}% {which}" if c.get("fraction") is not None else "-"
+        if c.get("copy_same_us") and us:
+            frac += f" ({100 * c['copy_same_us'] / us:.0f}% at size)"
         pub = PUBLISHED.get(key(c))
         out.append(f"| {c['kernel']} | {c['direction']} | {c['shape']} | {num(us)} | {num(eager)} | {num(comp)} | {ratio(eager, us)} | "
                    f"{ratio(comp, us)} | {rate} | {frac} | {ratio(c.get('unfused_us'), us)} | {f'{pub:.2f}x' if pub else ''} |")

@@ -6,10 +6,11 @@
 // chunk, on p->stream:
 //   1. z = h_c W^T [n, V] in W's type (forge_cuda_gemm, cuBLASLt: fp32 accumulation, one rounding;
 //      a bf16 lm_head gives bf16 logits, as in HF) into the scratch;
-//   2. ce_rows, a cluster of up to 8 blocks per token row, which holds the row in registers: it
-//      reads the row once, makes logsumexp(z) of the softcapped row (c tanh(z/c)) across the
-//      cluster, writes the token's loss term logsumexp(z) - z[label] and overwrites the row in
-//      place with dz = (softmax(z) - onehot(label)) softcap'(z) / count, in the same type;
+//   2. ce_rows, one block of 1024 threads per token row: pass 1 reads the row once (softcap
+//      c tanh(z/c), online max and sum of exp, 8- or 16-byte loads of 4 logits) and writes the
+//      token's loss term logsumexp(z) - z[label]; pass 2 reads it again (partly from L2: the
+//      rows in flight, 300-500 KB each, fill it) and overwrites it in place with
+//      dz = (softmax(z) - onehot(label)) softcap'(z) / count, in the same type;
 //   3. dH_c = dz W (forge_cuda_gemm, written straight into dH when its type allows);
 //   4. dW (F32) = dz^T h_c, beta = 0 for the first chunk and 1 after.
 // CROSS_ENTROPY_EVAL runs step 1 and, instead of 2-4, ce_eval_rows: one read of each row gives
@@ -19,26 +20,23 @@
 // ignored. The loss terms (one per token, 0 when ignored) are summed at the end by one block in a
 // fixed order, in double: no atomics, deterministic.
 // Cost: the three GEMMs (6 n V C flop per chunk) dominate and run at cuBLASLt speed; the logits
-// move 3 times per token (GEMM write, one read, dz write): 6V bytes for bf16, at memory
+// move 4 times per token (GEMM write, two reads, dz write): 8V bytes for bf16, at memory
 // bandwidth. Bf16 logits halve that traffic and the scratch against fp32 ones.
 // Without an lm_head (src1 NULL, plain cross-entropy) h holds the logits: ce_rows reads them
 // where they are (gathered by chunks into the scratch only when h's rows are not evenly strided)
-// and writes dz straight into dH, so the logits are read once and dz written once: 8V bytes per
-// token in F32, the least any kernel can move.
+// and writes dz straight into dH. (A kernel that holds a row in the registers of a cluster of
+// blocks, reading it once, measured no faster at 8192 x 128256 F32 and 5% slower in the step:
+// docs/performance.md.)
 // h is used in place when it has W's type and evenly strided rows; otherwise each chunk is first
 // gathered and converted to W's type (so a mixed-type h is rounded to W's type). W must have
 // contiguous rows (nb[0] = its element size), as on the CPU.
 #include "cuda.cuh"
 
 #include <climits>
-#include <cooperative_groups.h>
-
-namespace cg = cooperative_groups;
 
 namespace {
 
-constexpr int kRowThreads = 512; // threads of a row kernel's block
-constexpr int kMaxCluster = 8;   // blocks of a row's cluster (the portable maximum)
+constexpr int kRowThreads = 1024;
 
 size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -79,27 +77,18 @@ __device__ __forceinline__ void unpack2(uint32_t w, __half, float &a, float &b) 
     a = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))), b = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
 }
 
-// VEC logits as one load keeps them: 16 bytes of F32, 8 of a 16-bit type, or one element.
-template <typename T, int VEC> struct raw_vec_t { using type = T; };
-template <> struct raw_vec_t<float, 4> { using type = float4; };
-template <> struct raw_vec_t<__nv_bfloat16, 4> { using type = uint2; };
-template <> struct raw_vec_t<__half, 4> { using type = uint2; };
-template <typename T, int VEC> using raw_vec = typename raw_vec_t<T, VEC>::type;
-
 template <typename T, int VEC>
-__device__ __forceinline__ void unpack_vec(const raw_vec<T, VEC> &w, float (&v)[VEC]) {
+__device__ __forceinline__ void load_vec(const T *p, float (&v)[VEC]) {
     if constexpr (VEC == 4 && sizeof(T) == 4) {
-        v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
-    } else if constexpr (VEC == 4) {
+        const float4 f = *(const float4 *)p;
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else if constexpr (VEC == 4) { // two-byte types: one 8-byte load
+        const uint2 w = *(const uint2 *)p;
         unpack2(w.x, T{}, v[0], v[1]);
         unpack2(w.y, T{}, v[2], v[3]);
     } else {
-        v[0] = to_f32(w);
+        v[0] = to_f32(*p);
     }
-}
-template <typename T, int VEC>
-__device__ __forceinline__ void load_vec(const T *p, float (&v)[VEC]) {
-    unpack_vec<T, VEC>(*(const raw_vec<T, VEC> *)p, v);
 }
 // fp32 -> T, rounding to nearest even; pack2: two of them in one word (a in the low half).
 template <typename T> __device__ __forceinline__ T from_f32(float x);
@@ -125,87 +114,45 @@ __device__ __forceinline__ void store_vec(T *p, const float (&v)[VEC]) {
     }
 }
 
-// The cluster barrier in two halves: arrive (release: this thread's reads of the other blocks'
-// shared memory are done) and wait (acquire); a block may not exit before every block of its
-// cluster has arrived.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
-
-// Training rows: one cluster of CL blocks (the cluster's size, 1..8) per token row r of the chunk
-// at token t0; loss term into loss[t0 + r] and dz into row r of dz (NULL: the loss only). z and
-// dz may be the same memory (each thread rewrites only what it has read).
-// A row is cut into rounds of CL x kRowThreads x E elements, E = row_elems (128 bytes of registers
-// per thread when VEC = 4, else 16 elements); block b of the cluster takes the b-th slice of a round, each thread E
-// elements as E / VEC loads kRowThreads apart (coalesced). Pass 1 loads each round and folds it
-// into the thread's (max, sum of exp) of the softcapped values, the max first from the registers
-// (softcap is monotonic), so one exp per element. The block's pair goes to shared memory; after a
-// cluster barrier thread 0 of every block reads the CL pairs through distributed shared memory
-// and combines them in rank order, so all blocks hold the same logsumexp. Pass 2 writes dz from
-// the registers for the last round and reloads the others: a row of one round - V up to 131072
-// in F32, 262144 in 16-bit types with 8 blocks - is read once. Ignored rows read no logit and get
-// dz = 0. VEC = 4 needs V, the row strides and the pointers to be multiples of 4 elements.
-template <typename T, int VEC> __host__ __device__ constexpr int row_elems() { return VEC == 4 ? 128 / (int)sizeof(T) : 16; }
-
+// One block per token row r of the chunk starting at token t0: loss term into loss[t0 + r], and
+// row r of z (rows ldz apart) turned into dz in row r of dz (rows ldd apart; the same memory as z
+// in the lm_head op, each thread overwriting what it has just read; NULL: the loss only). VEC = 4
+// needs V, the row strides and the pointers to be multiples of 4 elements.
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kRowThreads, 2) ce_rows(const T *z, int64_t ldz, T *dz, int64_t ldd, int64_t V, forge_cuda_view labels,
-                                                          int64_t t0, const float *count, float cap, int ignore, float *loss, int *error) {
+__global__ void __launch_bounds__(kRowThreads) ce_rows(const T *z, int64_t ldz, T *dz, int64_t ldd, int64_t V, forge_cuda_view labels,
+                                                       int64_t t0, const float *count, float cap, int ignore, float *loss, int *error) {
     forge_cuda_prologue();
-    constexpr int E = row_elems<T, VEC>(), NV = E / VEC;
-    using Raw = raw_vec<T, VEC>;
-    __shared__ float red_m[kRowThreads / 32], red_s[kRowThreads / 32], lse_s;
-    __shared__ float2 part; // this block's (max, sum of exp), read by the whole cluster
-    const cg::cluster_group cluster = cg::this_cluster();
-    const int CL = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    __shared__ float red_m[32], red_s[32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t r = blockIdx.x / CL, t = t0 + r;
+    const int64_t r = blockIdx.x, t = t0 + r;
     const T *zr = z + r * ldz;
     T *dr = dz ? dz + r * ldd : nullptr;
     const int label = *(const int *)flat_ptr(labels, t);
     bool target = label != ignore;
     if (target && (label < 0 || label >= V)) {
-        if (rank == 0 && tid == 0) forge_cuda_fail(error, FORGE_CUDA_ERR_LABEL);
+        if (tid == 0) forge_cuda_fail(error, FORGE_CUDA_ERR_LABEL);
         target = false;
     }
-    const int nv = (int)V, round = CL * kRowThreads * E, rounds = (nv + round - 1) / round;
-    auto at = [&](int k, int j) { return k * round + (rank * NV + j) * kRowThreads * VEC + tid * VEC; }; // element of load j, round k
-    if (!target) { // the whole cluster returns here
+    constexpr int W = kRowThreads * VEC; // elements per sweep of the block
+    const int nv = (int)V;               // a row's index fits in 32 bits (its offset does not)
+    if (!target) {
         const float zero[VEC] = {};
-        for (int k = 0; dr && k < rounds; k++)
-            for (int j = 0; j < NV; j++)
-                if (at(k, j) < nv) store_vec<T, VEC>(dr + at(k, j), zero);
-        if (rank == 0 && tid == 0) loss[t] = 0.0f;
+        for (int c = tid * VEC; dr && c < nv; c += W) store_vec<T, VEC>(dr + c, zero);
+        if (tid == 0) loss[t] = 0.0f;
         return;
     }
-    const float zl = rank == 0 && tid == 0 ? softcap(to_f32(zr[label]), cap) : 0.0f; // read before any block's pass 2
+    const float zl = softcap(to_f32(zr[label]), cap); // read before pass 2 may overwrite the row
 
-    // pass 1
-    Raw buf[NV];
-    auto load = [&](int k) {
-#pragma unroll
-        for (int j = 0; j < NV; j++)
-            if (at(k, j) < nv) buf[j] = *(const Raw *)(zr + at(k, j));
-    };
+    // pass 1: max and sum of exp of the softcapped row
     float m = -INFINITY, s = 0.0f;
-    for (int k = 0; k < rounds; k++) {
-        load(k);
+    for (int c = tid * VEC; c < nv; c += W) {
+        float v[VEC];
+        load_vec<T, VEC>(zr + c, v);
         float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < NV; j++) {
-            if (at(k, j) >= nv) continue;
-            float v[VEC];
-            unpack_vec<T, VEC>(buf[j], v);
-            for (int i = 0; i < VEC; i++) mx = fmaxf(mx, v[i]);
-        }
-        const float mn = fmaxf(m, softcap(mx, cap));
-        if (mn == -INFINITY) continue;
+        for (int i = 0; i < VEC; i++) mx = fmaxf(mx, v[i] = softcap(v[i], cap));
+        const float mn = fmaxf(m, mx);
         s *= __expf(m - mn);
-#pragma unroll
-        for (int j = 0; j < NV; j++) {
-            if (at(k, j) >= nv) continue;
-            float v[VEC];
-            unpack_vec<T, VEC>(buf[j], v);
-            for (int i = 0; i < VEC; i++) s += __expf(softcap(v[i], cap) - mn);
-        }
+        for (int i = 0; i < VEC; i++) s += __expf(v[i] - mn);
         m = mn;
     }
     for (int o = 16; o; o >>= 1) lse_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
@@ -215,41 +162,24 @@ __global__ void __launch_bounds__(kRowThreads, 2) ce_rows(const T *z, int64_t ld
         m = lane < kRowThreads / 32 ? red_m[lane] : -INFINITY;
         s = lane < kRowThreads / 32 ? red_s[lane] : 0.0f;
         for (int o = 16; o; o >>= 1) lse_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-        if (lane == 0) part = make_float2(m, s);
+        if (lane == 0) red_m[0] = m + logf(s);
     }
-    cluster.sync(); // every block's pair is written
-    if (tid == 0) {
-        m = -INFINITY, s = 0.0f;
-        for (int q = 0; q < CL; q++) {
-            const float2 pq = *cluster.map_shared_rank(&part, q);
-            lse_combine(m, s, pq.x, pq.y);
-        }
-        lse_s = m + logf(s);
-    }
-    cluster_arrive(); // this block is done with the others' shared memory
     __syncthreads();
-    const float lse = lse_s, inv_count = 1.0f / *count;
-    if (rank == 0 && tid == 0) loss[t] = lse - zl;
+    const float lse = red_m[0], inv_count = 1.0f / *count;
+    if (tid == 0) loss[t] = lse - zl;
 
-    // pass 2: the last round is still in the registers
-    for (int k = rounds - 1; dr && k >= 0; k--) {
-        if (k < rounds - 1) load(k);
-#pragma unroll
-        for (int j = 0; j < NV; j++) {
-            const int c = at(k, j);
-            if (c >= nv) continue;
-            float v[VEC];
-            unpack_vec<T, VEC>(buf[j], v);
-            for (int i = 0; i < VEC; i++) {
-                const float x = softcap(v[i], cap);
-                float g = __expf(x - lse) - (c + i == label ? 1.0f : 0.0f);
-                if (cap > 0.0f) g *= 1.0f - (x / cap) * (x / cap);
-                v[i] = g * inv_count;
-            }
-            store_vec<T, VEC>(dr + c, v);
+    // pass 2: dz; each thread writes exactly the elements it has just read
+    for (int c = tid * VEC; dr && c < nv; c += W) {
+        float v[VEC];
+        load_vec<T, VEC>(zr + c, v);
+        for (int i = 0; i < VEC; i++) {
+            const float x = softcap(v[i], cap);
+            float g = __expf(x - lse) - (c + i == label ? 1.0f : 0.0f);
+            if (cap > 0.0f) g *= 1.0f - (x / cap) * (x / cap);
+            v[i] = g * inv_count;
         }
+        store_vec<T, VEC>(dr + c, v);
     }
-    cluster_wait();
 }
 
 // (best, index) <- the first maximum of the union of two sets: the larger value, the smaller
@@ -412,11 +342,8 @@ void launch_rows(int64_t n, const T *z, int64_t ldz, T *dz, int64_t ldd, int64_t
         forge_cuda_launch_kernel(k, (unsigned)n, kRowThreads, 0, p->stream, z, ldz, V, labels, t0, cap, ignore, lp, hit, p->error);
         return;
     }
-    const int64_t per_block = (int64_t)kRowThreads * (v4 ? row_elems<T, 4>() : row_elems<T, 1>());
-    const unsigned cl = (unsigned)std::min<int64_t>(kMaxCluster, (V + per_block - 1) / per_block);
     auto *k = v4 ? ce_rows<T, 4> : ce_rows<T, 1>;
-    forge_cuda_launch_cluster(k, (unsigned)(n * cl), kRowThreads, cl, 0, p->stream, z, ldz, dz, ldd, V, labels, t0, count, cap, ignore, loss,
-                              p->error);
+    forge_cuda_launch_kernel(k, (unsigned)n, kRowThreads, 0, p->stream, z, ldz, dz, ldd, V, labels, t0, count, cap, ignore, loss, p->error);
 }
 
 } // namespace

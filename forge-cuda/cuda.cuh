@@ -237,28 +237,19 @@ __device__ __forceinline__ void forge_cuda_prologue() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-// The same, with the grid in clusters of `cluster` blocks along x (sm_90; the kernel may then use
-// distributed shared memory and cluster barriers).
 template <typename... P, typename... A>
-void forge_cuda_launch_cluster(void (*kernel)(P...), dim3 grid, dim3 block, unsigned cluster, size_t smem, cudaStream_t stream, A &&...args) {
-    cudaLaunchAttribute attr[2]{};
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = cluster;
-    attr[1].val.clusterDim.y = attr[1].val.clusterDim.z = 1;
+void forge_cuda_launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A &&...args) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = cluster > 1 ? 2 : 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
     FORGE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
-}
-template <typename... P, typename... A>
-void forge_cuda_launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A &&...args) {
-    forge_cuda_launch_cluster(kernel, grid, block, 1, smem, stream, std::forward<A>(args)...);
 }
 
 // The side stream (forge_cuda_params::side), forked from p->stream: what is enqueued on the
