@@ -4,8 +4,10 @@
 //
 // One kernel, glu_kernel<V, BACK>, grid-stride 1-D over (row, 8-column vector) units, 256 threads,
 // up to 32 blocks per SM. A unit reads gate[f..f+8) and up[f..f+8) of its row (plus dy[f..f+8)
-// backward) with 128-bit loads, computes in fp32 with the CPU's formulas (expf / tanhf at full
-// precision) and writes y[f..f+8) (backward: dgate and dup) with 128-bit stores. When F is not a
+// backward) with 128-bit loads, computes in fp32 with the CPU's formulas (forge_cuda_glu_act:
+// through the fast exp, a few fp32 ulps from the CPU's) and writes y[f..f+8) (backward: dgate and
+// dup) with 128-bit stores. A unit's row is one division away from its index when the rows of
+// every tensor are evenly strided (dense), else three. When F is not a
 // multiple of 8 or a row is not dense and 16-byte aligned, units are single elements through the
 // byte strides. Traffic: forward reads 2F and writes F per row, backward reads 3F and writes 2F,
 // each once: the memory roofline; the arithmetic (one exp or tanh per element) hides under it.
@@ -42,7 +44,7 @@ rows_ref rows_of(const forge_tensor *t) {
 struct glu_args {
     rows_ref gu, dy, dst; // dy: backward only; dst contiguous ([F, ...] forward, [2F, ...] backward)
     int64_t F, ne1, ne2, rows;
-    bool swiglu;
+    bool swiglu, dense; // dense: row r of each tensor at data + r * nb[1]
     forge_type round; // forward: y is rounded to this type before it is stored as dst's (F32: not)
 };
 
@@ -52,8 +54,11 @@ template <int V, bool BACK> __global__ void __launch_bounds__(THREADS) glu_kerne
     for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n_units; u += (int64_t)gridDim.x * blockDim.x) {
         int64_t r, f, q, i[4] = {0, 0, 0, 0};
         forge_cuda_divmod(u, per_row, r, f);
-        forge_cuda_divmod(r, a.ne1, q, i[1]);
-        forge_cuda_divmod(q, a.ne2, i[3], i[2]);
+        if (a.dense) i[1] = r;
+        else {
+            forge_cuda_divmod(r, a.ne1, q, i[1]);
+            forge_cuda_divmod(q, a.ne2, i[3], i[2]);
+        }
         i[0] = f * V;
         auto at = [&](const rows_ref &t) { return t.data + i[0] * t.nb[0] + i[1] * t.nb[1] + i[2] * t.nb[2] + i[3] * t.nb[3]; };
         const char *gate = at(a.gu), *up = gate + a.F * a.gu.nb[0];
@@ -82,6 +87,9 @@ template <int V, bool BACK> __global__ void __launch_bounds__(THREADS) glu_kerne
 }
 
 // Whether rows of t can move 8 elements at a time at columns that are multiples of 8.
+// Whether row r of t (rows over dims 1..3) is at data + r * nb[1].
+bool rows_dense(const forge_tensor *t) { return !t || (t->nb[2] == t->nb[1] * t->ne[1] && t->nb[3] == t->nb[2] * t->ne[2]); }
+
 bool rows_vectorisable(const forge_tensor *t) {
     bool ok = t->nb[0] == forge_type_size(t->type) && (uintptr_t)t->data % 16 == 0;
     for (int i = 1; i < 4; i++) ok = ok && (t->ne[i] == 1 || t->nb[i] % 16 == 0);
@@ -102,14 +110,14 @@ void forge_cuda_glu(forge_tensor *node, const forge_cuda_params *p) {
     const bool back = node->op == FORGE_OP_GLU_BACK;
     const forge_tensor *gu = node->src[back ? 1 : 0], *dy = back ? node->src[0] : nullptr;
     glu_args a{rows_of(gu), rows_of(dy), rows_of(node), gu->ne[0] / 2, gu->ne[1], gu->ne[2], gu->ne[1] * gu->ne[2] * gu->ne[3],
-               node->op_i[0] == FORGE_GLU_SWIGLU, FORGE_TYPE_F32};
+               node->op_i[0] == FORGE_GLU_SWIGLU, rows_dense(gu) && rows_dense(dy) && rows_dense(node), FORGE_TYPE_F32};
     launch(a, back, a.F % VEC == 0 && rows_vectorisable(gu) && rows_vectorisable(node) && (!back || rows_vectorisable(dy)), p);
 }
 
 void forge_cuda_glu_matrix(const forge_cuda_params *p, forge_type gt, const void *gu, int64_t ldg, int64_t rows, int64_t F,
                            forge_glu_kind kind, forge_type ht, void *h) {
     const int64_t gs = (int64_t)forge_type_size(gt), hs = (int64_t)forge_type_size(ht);
-    glu_args a{{(char *)gu, gt, {gs, ldg * gs, 0, 0}}, {}, {(char *)h, ht, {hs, F * hs, 0, 0}}, F, rows, 1, rows, kind == FORGE_GLU_SWIGLU, gt};
+    glu_args a{{(char *)gu, gt, {gs, ldg * gs, 0, 0}}, {}, {(char *)h, ht, {hs, F * hs, 0, 0}}, F, rows, 1, rows, kind == FORGE_GLU_SWIGLU, true, gt};
     launch(a, false, F % VEC == 0 && ldg % VEC == 0 && (uintptr_t)gu % 16 == 0 && (uintptr_t)h % 16 == 0, p);
 }
 
