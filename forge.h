@@ -289,8 +289,8 @@ FORGE_API forge_tensor *forge_attention(forge_ctx *ctx, forge_tensor *q, forge_t
    divided by count (F32 [1], the global number of target tokens, so that accumulation over
    micro-batches is exact). z = h w^T, softcapped when softcap > 0. Chunks of `chunk` tokens at a
    time: the full logits never exist. Result F32 [1]; the gradient for h is made in the same pass.
-   w NULL: plain cross-entropy, h already holds the logits [V, N...] (any float type; chunk is
-   then only the rows a strided h is gathered by). */
+   w NULL: plain cross-entropy, h already holds the logits [V, N...] (any float type; chunk then
+   only bounds the rows a backend copies into scratch at a time). */
 FORGE_API forge_tensor *forge_cross_entropy(forge_ctx *ctx, forge_tensor *h, forge_tensor *w, forge_tensor *labels,
                                             forge_tensor *count, float softcap, int chunk);
 /* Evaluation through the lm_head, as forge_cross_entropy reads it but without a gradient: the

@@ -86,10 +86,10 @@ template <int V, bool BACK> __global__ void __launch_bounds__(THREADS) glu_kerne
     }
 }
 
-// Whether rows of t can move 8 elements at a time at columns that are multiples of 8.
 // Whether row r of t (rows over dims 1..3) is at data + r * nb[1].
 bool rows_dense(const forge_tensor *t) { return !t || (t->nb[2] == t->nb[1] * t->ne[1] && t->nb[3] == t->nb[2] * t->ne[2]); }
 
+// Whether rows of t can move 8 elements at a time at columns that are multiples of 8.
 bool rows_vectorisable(const forge_tensor *t) {
     bool ok = t->nb[0] == forge_type_size(t->type) && (uintptr_t)t->data % 16 == 0;
     for (int i = 1; i < 4; i++) ok = ok && (t->ne[i] == 1 || t->nb[i] % 16 == 0);
