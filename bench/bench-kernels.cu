@@ -47,7 +47,8 @@
 //                   GEMM of depth K + R: the same FLOPs counted, R/K more done)
 //   attention       fwd 2 B Hq D T (T+1) (causal)  bwd 2.5 x fwd
 //   cross_entropy   fwd 2 N C V                    fwd+bwd 4 N C V (loss and dH in one pass)
-//                   "logits": bytes 8 N V (F32 logits read once, dz written once)
+//                   "logits": bytes 8 N V, the least it can move (F32 logits read once, dz
+//                   written once; the kernel reads them twice, the second time partly from L2)
 // The fraction of ceiling compares GB/s with the copy bandwidth - a plain kernel copying 1 GiB,
 // 16 bytes per thread per step, grid-stride, four steps' loads in flight before their stores
 // (bytes read + written; a cudaMemcpyAsync of the same GiB is reported beside it, lower when
@@ -60,7 +61,8 @@
 //
 // Usage: bench-kernels [--json FILE] [--commit SHA] [--reps N] [--no-graph] [--list] [FILTER...]
 // FILTERs select the cases whose "kernel shape" contains one of them (bench-kernels rmsnorm rope;
-// bench-kernels "cross_entropy logits"). The commit defaults to $FORGE_COMMIT. Without a CUDA device it says so and exits 0.
+// bench-kernels "cross_entropy logits"). The commit defaults to $FORGE_COMMIT. Without a CUDA
+// device it says so and exits 0.
 #include "../forge-cuda/cuda.cuh"
 
 #include <dlfcn.h>
@@ -377,9 +379,10 @@ static Case cross_entropy_case(const std::string &shape, int64_t C, int64_t V, i
     return c;
 }
 
-// Plain cross-entropy from given F32 logits [V, N] (no lm_head): the loss and dz, as a memory-bound
-// kernel that reads the logits once and writes dz once (the least it can move). No unfused form:
-// forge has no separate softmax op; the peers (PyTorch eager and compiled) are its comparison.
+// Plain cross-entropy from given F32 logits [V, N] (no lm_head): the loss and dz, memory-bound,
+// its rate counted over the least it can move (the logits read once, dz written once). No
+// unfused form: forge has no separate softmax op; the peers (PyTorch eager and compiled) are its
+// comparison.
 static Case cross_entropy_logits_case(const std::string &shape, int64_t V, int64_t N) {
     Case c{"cross_entropy", shape};
     c.dtype = "f32";
