@@ -328,7 +328,7 @@ forge_cuda_view scratch_view(void *data, forge_type type, int64_t C, int64_t n) 
     return v;
 }
 
-// Whether n rows of V elements, rows ld apart from p, can be read 4 at a time.
+// Whether rows of V elements, ld apart from p (es bytes each), can be read 4 at a time.
 bool vec4_ok(const void *p, int64_t V, int64_t ld, size_t es) { return V % 4 == 0 && ld % 4 == 0 && (uintptr_t)p % (4 * es) == 0; }
 
 // The row kernel of a chunk of n rows of z (ldz apart): the loss and dz (rows ldd apart, or NULL)

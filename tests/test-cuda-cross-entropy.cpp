@@ -4,8 +4,8 @@
 // tokens (a whole chunk of them too), chunk sizes 1, odd and > N, V not a multiple of 4, a strided
 // h, frozen W, forward only, BF16 and F32; CROSS_ENTROPY_EVAL's log-probabilities (and its top-1
 // hits in F32); plain cross-entropy without an lm_head (h holds the logits) in F32 and BF16, rows
-// of one and of several rounds of the cluster kernel, V odd, strided, forward only and eval; and a
-// label out of range is a runtime error.
+// longer than Gemma2's vocabulary, V odd (single-element loads), strided, forward only and eval;
+// and a label out of range is a runtime error.
 #include "cuda-util.h"
 
 namespace {
@@ -115,8 +115,8 @@ int main() {
         {"eval V1001 C128 N9 chunk 1 f32 log-probs + top-1", 128, 1001, 9, 1, 0, 1, F32, 0, 0.3f, false, 2},
         {"logits V128256 N12 f32 dz", 128256, 128256, 6, 2, 0, 4, F32, 1, 8.0f, false, 0, true},
         {"logits V151936 N7 softcap 30 bf16 dz", 151936, 151936, 7, 1, 30.0f, 4, BF, 1, 40.0f, false, 0, true},
-        {"logits V270000 N5 f32 dz (3 rounds)", 270000, 270000, 5, 1, 0, 4, F32, 1, 8.0f, false, 0, true},
-        {"logits V70001 N9 f32 dz (odd V, 2 rounds)", 70001, 70001, 9, 1, 0, 4, F32, 1, 8.0f, false, 0, true},
+        {"logits V270000 N5 f32 dz (longer rows)", 270000, 270000, 5, 1, 0, 4, F32, 1, 8.0f, false, 0, true},
+        {"logits V70001 N9 f32 dz (odd V)", 70001, 70001, 9, 1, 0, 4, F32, 1, 8.0f, false, 0, true},
         {"logits strided V5000 N17 chunk 5 bf16 dz", 5000, 5000, 17, 1, 0, 5, BF, 1, 8.0f, true, 0, true},
         {"logits V128256 N12 f32 forward only", 128256, 128256, 12, 1, 0, 4, F32, 0, 8.0f, false, 0, true},
         {"logits eval V5003 N37 softcap 10 f32 log-probs + top-1", 5003, 5003, 37, 1, 10.0f, 8, F32, 0, 8.0f, false, 2, true},
