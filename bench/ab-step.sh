@@ -9,6 +9,8 @@
 # and pass it to the device tool (`carry: [".ab-old"]`, it is git-ignored).
 #   C     configurations (default: the four of bench/gpu-check.sh step)
 #   PROF  --profile to add the per-family profile; PAT the lines to show (default: ms/step)
+#   KERNELS  ./bench-kernels with these filters instead of ./bench-step (bk-new-1.json, ...;
+#            the whole table is shown)
 #   OUT   where the JSON goes (bs-new-1.json, bs-base-1.json, ...)
 set -u
 cd "$(dirname "$0")/.."
@@ -21,9 +23,14 @@ tar cf - --exclude=./build-gpu --exclude="./$old" . | tar xf - -C /tmp/ab-base
 (cd "$old" && find . -type f) | while read -r f; do cp "$old/$f" "/tmp/ab-base/$f"; done
 gen=; command -v ninja > /dev/null && gen="-G Ninja"
 (cd /tmp/ab-base && cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON -DFORGE_CUDA_ARCH=90a > /dev/null &&
-  cmake --build build-gpu --target bench-step > /tmp/ab-base-build.log 2>&1) || { tail -20 /tmp/ab-base-build.log; exit 1; }
+  cmake --build build-gpu --target "$([ -n "${KERNELS:-}" ] && echo bench-kernels || echo bench-step)" > /tmp/ab-base-build.log 2>&1) || { tail -20 /tmp/ab-base-build.log; exit 1; }
 C=${C:-"qwen2.5-0.5b:4x1024 qwen2.5-0.5b:1x512 qwen3-0.6b:4x1024 gemma2-2b:4x1024"}
+run() { # side (new, base), its tree, round
+  echo "== $1"
+  if [ -n "${KERNELS:-}" ]; then "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" $KERNELS 2>&1
+  else "$2"/build-gpu/bench-step --json "$OUT/bs-$1-$3.json" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"; fi
+}
 for r in 1 2; do
-  echo "== new"; build-gpu/bench-step --json "$OUT/bs-new-$r.json" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"
-  echo "== base"; /tmp/ab-base/build-gpu/bench-step --json "$OUT/bs-base-$r.json" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"
+  run new . $r
+  run base /tmp/ab-base $r
 done

@@ -8,27 +8,41 @@
 // aligned). Traffic: read C elements per token, write C: the copy roofline. An id outside
 // [0, V) records FORGE_CUDA_ERR_TOKEN_ID and the token is skipped.
 //
-// EMBEDDING_BACK, deterministic without float atomics, in three steps:
-//   1. a kernel turns the ids into sort keys (an id out of range records the error and becomes
-//      the key V, which sorts last and is skipped) with the token index as the value;
+// EMBEDDING_BACK, deterministic without float atomics, every row of the gradient written once:
+//   1. keys: the ids become sort keys with the token indices as values (an id out of range
+//      records the error and becomes the key V, which sorts last and is skipped); the same
+//      kernel clears the run table;
 //   2. CUB's stable radix sort (over the bits of V only) groups the tokens of each id, tokens of
-//      one id staying in order; cudaMemsetAsync zeroes the gradient;
-//   3. one block per (sorted position, 256-column tile) - blocks not at the start of an id's run
-//      exit at once - sums the dy rows of that id: 8 row lanes stride over the run, each lane
-//      holds 8 columns in registers, and the lanes are added in a fixed order into the id's row.
-// Every output element is written by exactly one thread after a fixed-order sum, so repeated
-// runs agree bit for bit. Traffic: the gradient's V*C*4 bytes written once (the memset and the
-// rows of the ids present) plus one read of dy; the sort moves 16 bytes per token.
-// Scratch: keys and values in and out (4 x 4 bytes per token) and CUB's temporary storage.
+//      one id staying in order;
+//   3. runs: each id present gets its run [start, end) of sorted positions in the run table;
+//   4. long runs (more than LONG = 16 tokens), summed by many threads: a block per (chunk of 256
+//      sorted positions, tile of 32 column vectors) finds the pieces of long runs in its chunk
+//      (thread t looks at position t) and sums each with 8 token lanes, added in a fixed order;
+//      a run inside the chunk is written to its gradient row, the piece of a run crossing the
+//      chunk's start or end to the chunk's head or tail partial row;
+//   5. rows: one pass over the whole gradient, grid-stride with one wave of blocks, 4 columns
+//      (one coalesced 16-byte store) per unit and 4 units per thread and step, their runs loaded
+//      together: zeros for an id absent; for a short run the sum of scale * dy over its tokens
+//      in token order; for a long run crossing chunks its partial rows in chunk order; a long
+//      run inside one chunk is skipped (step 4 wrote it).
+// Every element is written by one thread after a fixed-order sum, so repeated runs agree bit for
+// bit. Traffic: the gradient's V*C*4 bytes written once, dy read once, the run table (8 bytes per
+// id) cleared, filled and read, 16 bytes per token of the sort, and a long run's partial rows
+// (C*4 bytes per chunk it crosses) written and read. Scratch: keys and values in and out (16 bytes
+// per token), the run table, two partial rows per chunk and CUB's temporary storage.
 #include "cuda.cuh"
 
 #include <cub/device/device_radix_sort.cuh>
 
 namespace {
 
-constexpr int VEC = 8;
+constexpr int VEC = 8;      // EMBEDDING: columns per thread
+constexpr int BVEC = 4;     // EMBEDDING_BACK: columns per thread (one 16-byte store of the F32 gradient)
 constexpr int THREADS = 256;
-constexpr int SEG_COLS = 32, SEG_ROWS = 8; // EMBEDDING_BACK block: column-vector lanes x token lanes
+constexpr int SEG_COLS = 32, SEG_ROWS = 8; // long-run block: column-vector lanes x token lanes
+constexpr int CHUNK = SEG_COLS * SEG_ROWS; // sorted positions per long-run block, one per thread
+constexpr int LONG = 16;    // runs of more tokens are summed by the long-run blocks
+constexpr int ROW_UNROLL = 4; // EMBEDDING_BACK's row pass: units per thread and step
 
 // Rows of a tensor indexed by token n (n walks dims 1..3 in logical order): row n starts at
 // data + i1*nb1 + i2*nb2 + i3*nb3; elements nb0 apart.
@@ -46,11 +60,31 @@ __device__ inline const char *row_ptr(const rows_ref &r, int64_t n) {
     forge_cuda_divmod(q, r.ne2, i3, i2);
     return r.data + i1 * r.nb1 + i2 * r.nb2 + i3 * r.nb3;
 }
-// Whether rows of C elements (C % 8 == 0) can move 8 at a time with 16-byte accesses.
-bool rows_vectorisable(const forge_tensor *t, int64_t C) {
-    bool ok = C % VEC == 0 && t->nb[0] == forge_type_size(t->type) && (uintptr_t)t->data % 16 == 0;
-    for (int i = 1; i < 4; i++) ok = ok && (t->ne[i] == 1 || t->nb[i] % 16 == 0);
+// Whether rows of C elements can move vec at a time (C % vec == 0, dense rows whose starts are
+// aligned to vec elements, at most 16 bytes).
+bool rows_vectorisable(const forge_tensor *t, int64_t C, int vec) {
+    const size_t align = std::min<size_t>(16, vec * forge_type_size(t->type));
+    bool ok = C % vec == 0 && t->nb[0] == forge_type_size(t->type) && (uintptr_t)t->data % align == 0;
+    for (int i = 1; i < 4; i++) ok = ok && (t->ne[i] == 1 || t->nb[i] % align == 0);
     return ok;
+}
+// V = 1 or 4 consecutive elements of a float type, as fp32 (4: one 8- or 16-byte load).
+template <int V> __device__ inline void load_vec(forge_type t, const char *p, float *v) {
+    static_assert(V == 1 || V == 4, "1 or 4 elements");
+    if constexpr (V == 1) {
+        v[0] = forge_cuda_load(t, p);
+    } else if (t == FORGE_TYPE_F32) {
+        const float4 a = *(const float4 *)p;
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    } else {
+        const uint2 u = *(const uint2 *)p;
+        const uint32_t w[2] = {u.x, u.y};
+        forge_cuda_unpack16<2>(t, w, v);
+    }
+}
+template <int V> __device__ inline void store_vec(float *p, const float *v) {
+    if constexpr (V == 1) p[0] = v[0];
+    else *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
 }
 
 // The ids (I32, up to 3 dims, any strides), walked in logical order.
@@ -106,10 +140,12 @@ template <int V> __global__ void __launch_bounds__(THREADS) gather_kernel(gather
     }
 }
 
-// EMBEDDING_BACK step 1: sort keys (the id, or n_vocab when out of range) and token indices.
-__global__ void keys_kernel(ids_ref ids, int64_t n_tok, int64_t n_vocab, uint32_t *keys, int32_t *vals, int *error) {
+// EMBEDDING_BACK step 1: sort keys (the id, or n_vocab when out of range) and token indices;
+// thread n < n_vocab also clears run n.
+__global__ void keys_kernel(ids_ref ids, int64_t n_tok, int64_t n_vocab, uint32_t *keys, int32_t *vals, int2 *runs, int *error) {
     forge_cuda_prologue();
     const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n < n_vocab) runs[n] = make_int2(0, 0);
     if (n >= n_tok) return;
     const int32_t id = id_at(ids, n);
     const bool ok = id >= 0 && id < n_vocab;
@@ -118,49 +154,121 @@ __global__ void keys_kernel(ids_ref ids, int64_t n_tok, int64_t n_vocab, uint32_
     vals[n] = (int32_t)n;
 }
 
-struct scatter_args {
-    const uint32_t *keys; // sorted ids
+// Step 3: the first and last sorted position of each run write its start and end.
+__global__ void runs_kernel(const uint32_t *keys, int64_t n_tok, int64_t n_vocab, int2 *runs) {
+    forge_cuda_prologue();
+    const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= n_tok || keys[n] >= n_vocab) return;
+    const uint32_t key = keys[n];
+    if (n == 0 || keys[n - 1] != key) runs[key].x = (int)n;
+    if (n == n_tok - 1 || keys[n + 1] != key) runs[key].y = (int)n + 1;
+}
+
+struct back_args {
+    const uint32_t *keys; // sorted ids (n_vocab: out of range)
     const int32_t *toks;  // their token indices
+    const int2 *runs;     // [n_vocab]: each id's sorted positions [x, y) (x == y: absent)
+    float *partial;       // [C, 2 * chunks]: row 2j (2j + 1) sums chunk j's piece of the long run
+                          // crossing its start (its end only)
     int64_t n_tok, n_vocab, C;
     rows_ref dy;
     float scale;
     float *grad;          // [C, n_vocab]
 };
 
-// EMBEDDING_BACK step 3: block (sorted position i, column tile); only the first position of an
-// id's run works. Thread (cv, lane) sums columns cv*V.. over the run's tokens lane, lane + 8, ...
-template <int V> __global__ void __launch_bounds__(SEG_COLS *SEG_ROWS) scatter_kernel(scatter_args g) {
-    forge_cuda_prologue();
-    __shared__ float red[SEG_ROWS][SEG_COLS][V];
-    const int64_t i = blockIdx.x;
-    const uint32_t key = g.keys[i];
-    if (key >= g.n_vocab || (i > 0 && g.keys[i - 1] == key)) return;
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    const int64_t c0 = ((int64_t)blockIdx.y * SEG_COLS + tx) * V;
-    float acc[V] = {0};
-    if (c0 < g.C) {
-        for (int64_t k = i + ty; k < g.n_tok && g.keys[k] == key; k += SEG_ROWS) {
-            const char *src = row_ptr(g.dy, g.toks[k]) + c0 * g.dy.nb0;
-            float v[VEC];
-            if constexpr (V == VEC) forge_cuda_load8(g.dy.type, src, v);
-            else v[0] = forge_cuda_load(g.dy.type, src);
+// acc += scale * dy, columns c0..c0+V-1, over the tokens at sorted positions k0, k0 + step, ... < k1 in order.
+template <int V> __device__ inline void add_tokens(const back_args &g, int64_t k0, int64_t k1, int step, int64_t c0, float *acc) {
+#pragma unroll 8
+    for (int64_t k = k0; k < k1; k += step) {
+        float v[V];
+        load_vec<V>(g.dy.type, row_ptr(g.dy, g.toks[k]) + c0 * g.dy.nb0, v);
 #pragma unroll
-            for (int c = 0; c < V; c++) acc[c] += v[c] * g.scale;
+        for (int c = 0; c < V; c++) acc[c] += v[c] * g.scale;
+    }
+}
+
+// Step 4: block (chunk [a, b) of sorted positions, tile of SEG_COLS column vectors). A piece of a
+// long run starts at the run's first position or at a; the pieces are summed one after another,
+// token lane ty taking positions ty, ty + SEG_ROWS, ... of the piece.
+template <int V> __global__ void __launch_bounds__(CHUNK) long_kernel(back_args g) {
+    forge_cuda_prologue();
+    __shared__ int n_pieces, pieces[CHUNK / LONG + 2];
+    __shared__ float red[SEG_ROWS][SEG_COLS][V];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t a = (int64_t)blockIdx.x * CHUNK, b = std::min<int64_t>(a + CHUNK, g.n_tok), p = a + ty * SEG_COLS + tx;
+    if (tx == 0 && ty == 0) n_pieces = 0;
+    __syncthreads();
+    if (p < b && g.keys[p] < g.n_vocab) {
+        const int2 r = g.runs[g.keys[p]];
+        if (r.y - r.x > LONG && (p == a || p == r.x)) pieces[atomicAdd(&n_pieces, 1)] = (int)p; // in any order: each is summed alone
+    }
+    __syncthreads();
+    const int64_t c0 = ((int64_t)blockIdx.y * SEG_COLS + tx) * V;
+    for (int i = 0; i < n_pieces; i++) {
+        const int64_t p0 = pieces[i];
+        const uint32_t key = g.keys[p0];
+        const int2 r = g.runs[key];
+        float acc[V] = {};
+        if (c0 < g.C) add_tokens<V>(g, p0 + ty, std::min<int64_t>(r.y, b), SEG_ROWS, c0, acc);
+#pragma unroll
+        for (int c = 0; c < V; c++) red[ty][tx][c] = acc[c];
+        __syncthreads();
+        if (ty == 0 && c0 < g.C) {
+            for (int l = 1; l < SEG_ROWS; l++)
+#pragma unroll
+                for (int c = 0; c < V; c++) acc[c] += red[l][tx][c];
+            // a run inside the chunk: its gradient row; else the head (p0 == a) or tail partial row
+            float *dst = r.x >= a && r.y <= b ? g.grad + key * g.C : g.partial + (2 * (int64_t)blockIdx.x + (p0 > a)) * g.C;
+            store_vec<V>(dst + c0, acc);
+        }
+        __syncthreads();
+    }
+}
+
+// Step 5, columns c0..c0+V-1 of row v, whose run is r.
+template <int V> __device__ inline void row_unit(const back_args &g, int64_t v, int64_t c0, int2 r) {
+    float acc[V] = {};
+    if (r.y - r.x <= LONG) {
+        add_tokens<V>(g, r.x, r.y, 1, c0, acc);
+    } else {
+        if (r.x / CHUNK == (r.y - 1) / CHUNK) return; // inside one chunk: step 4 wrote the row
+#pragma unroll 8
+        for (int j = r.x / CHUNK; j <= (r.y - 1) / CHUNK; j++) {
+            float s[V];
+            load_vec<V>(FORGE_TYPE_F32, (const char *)(g.partial + (2 * (int64_t)j + (j * CHUNK < r.x)) * g.C + c0), s);
+#pragma unroll
+            for (int c = 0; c < V; c++) acc[c] += s[c];
         }
     }
+    store_vec<V>(g.grad + v * g.C + c0, acc);
+}
+
+// Step 5: grid-stride over the units (row v, column vector cv) of the whole gradient; a block
+// takes ROW_UNROLL * THREADS consecutive units a step, thread t units t, t + THREADS, ... (one
+// coalesced 16-byte store each), their runs loaded first.
+template <int V> __global__ void __launch_bounds__(THREADS) rows_kernel(back_args g) {
+    forge_cuda_prologue();
+    const int per_row = (int)(g.C / V), n_vocab = (int)g.n_vocab;
+    int v[ROW_UNROLL], cv[ROW_UNROLL];
+    const int64_t step = (int64_t)gridDim.x * ROW_UNROLL * THREADS;
+    const int dv = (int)(step / per_row), dcv = (int)(step % per_row);
 #pragma unroll
-    for (int c = 0; c < V; c++) red[ty][tx][c] = acc[c];
-    __syncthreads();
-    if (ty != 0 || c0 >= g.C) return;
-    float s[VEC];
-#pragma unroll
-    for (int c = 0; c < V; c++) {
-        s[c] = 0.0f;
-        for (int l = 0; l < SEG_ROWS; l++) s[c] += red[l][tx][c];
+    for (int i = 0; i < ROW_UNROLL; i++) {
+        const int64_t u = ((int64_t)blockIdx.x * ROW_UNROLL + i) * THREADS + threadIdx.x;
+        v[i] = (int)std::min<int64_t>(u / per_row, n_vocab), cv[i] = (int)(u % per_row);
     }
-    float *dst = g.grad + (int64_t)key * g.C + c0;
-    if constexpr (V == VEC) forge_cuda_store8(FORGE_TYPE_F32, (char *)dst, s);
-    else dst[0] = s[0];
+    while (v[0] < n_vocab) {
+        int2 r[ROW_UNROLL];
+#pragma unroll
+        for (int i = 0; i < ROW_UNROLL; i++)
+            if (v[i] < n_vocab) r[i] = g.runs[v[i]];
+#pragma unroll
+        for (int i = 0; i < ROW_UNROLL; i++) {
+            if (v[i] < n_vocab) row_unit<V>(g, v[i], (int64_t)cv[i] * V, r[i]);
+            v[i] += dv, cv[i] += dcv;
+            if (cv[i] >= per_row) v[i]++, cv[i] -= per_row;
+        }
+    }
 }
 
 int sort_end_bit(int64_t n_vocab) { // keys lie in [0, n_vocab]
@@ -169,33 +277,64 @@ int sort_end_bit(int64_t n_vocab) { // keys lie in [0, n_vocab]
     return b;
 }
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+int64_t n_chunks(int64_t n_tok) { return (n_tok + CHUNK - 1) / CHUNK; }
 
-// Scratch layout of EMBEDDING_BACK: keys in/out, values in/out, then CUB's temporary storage.
-size_t sort_temp_bytes(int64_t n_tok, int end_bit) {
-    size_t bytes = 0;
-    cub::DeviceRadixSort::SortPairs(nullptr, bytes, (const uint32_t *)nullptr, (uint32_t *)nullptr, (const int32_t *)nullptr,
-                                    (int32_t *)nullptr, (int)n_tok, 0, end_bit);
-    return bytes;
+// Scratch of EMBEDDING_BACK, each part 256-byte aligned: keys in / out and values in / out, the run
+// table, the partial rows, CUB's temporary storage (temp_bytes); bytes in all. base 0: sizes only.
+struct back_scratch {
+    uint32_t *keys_in, *keys;
+    int32_t *vals_in, *toks;
+    int2 *runs;
+    float *partial;
+    void *temp;
+    size_t temp_bytes, bytes;
+};
+back_scratch back_layout(void *base, int64_t n_tok, int64_t n_vocab, int64_t C) {
+    back_scratch s;
+    s.bytes = 0;
+    auto take = [&](size_t n) {
+        void *q = (void *)((uintptr_t)base + s.bytes);
+        s.bytes += align256(n);
+        return q;
+    };
+    s.keys_in = (uint32_t *)take((size_t)n_tok * 4);
+    s.keys = (uint32_t *)take((size_t)n_tok * 4);
+    s.vals_in = (int32_t *)take((size_t)n_tok * 4);
+    s.toks = (int32_t *)take((size_t)n_tok * 4);
+    s.runs = (int2 *)take((size_t)n_vocab * sizeof(int2));
+    s.partial = (float *)take((size_t)(2 * n_chunks(n_tok) * C) * 4);
+    s.temp_bytes = 0;
+    cub::DeviceRadixSort::SortPairs(nullptr, s.temp_bytes, (const uint32_t *)nullptr, (uint32_t *)nullptr, (const int32_t *)nullptr,
+                                    (int32_t *)nullptr, (int)n_tok, 0, sort_end_bit(n_vocab));
+    s.temp = take(s.temp_bytes);
+    return s;
+}
+
+template <int V> void back_launch(const back_args &g, const forge_cuda_params *p) {
+    const int64_t per_row = g.C / V;
+    const dim3 pieces((unsigned)n_chunks(g.n_tok), (unsigned)((per_row + SEG_COLS - 1) / SEG_COLS)), block(SEG_COLS, SEG_ROWS);
+    forge_cuda_launch_kernel(long_kernel<V>, pieces, block, 0, p->stream, g);
+    static int per_sm = 0; // resident blocks per SM of the row pass, asked once: one wave of them
+    if (!per_sm) FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rows_kernel<V>, THREADS, 0));
+    const int64_t steps = (g.n_vocab * per_row + ROW_UNROLL * THREADS - 1) / (ROW_UNROLL * THREADS);
+    const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>(steps, (int64_t)std::max(per_sm, 1) * p->sm_count));
+    forge_cuda_launch_kernel(rows_kernel<V>, grid, THREADS, 0, p->stream, g);
 }
 
 void embedding_back(forge_tensor *node, const forge_cuda_params *p) {
     const forge_tensor *dy = node->src[0], *ids = node->src[1];
     const int64_t C = node->ne[0], n_vocab = node->ne[1], n_tok = ids->ne[0] * ids->ne[1] * ids->ne[2];
-    const int end_bit = sort_end_bit(n_vocab);
-    const size_t arr = align256((size_t)n_tok * 4);
-    char *w = (char *)p->work;
-    uint32_t *keys_in = (uint32_t *)w, *keys = (uint32_t *)(w + arr);
-    int32_t *vals_in = (int32_t *)(w + 2 * arr), *toks = (int32_t *)(w + 3 * arr);
-    size_t temp = sort_temp_bytes(n_tok, end_bit);
-    forge_cuda_launch_kernel(keys_kernel, (unsigned)((n_tok + THREADS - 1) / THREADS), THREADS, 0, p->stream, ids_of(ids), n_tok, n_vocab, keys_in, vals_in, p->error);
-    FORGE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(w + 4 * arr, temp, keys_in, keys, vals_in, toks, (int)n_tok, 0, end_bit, p->stream));
-    FORGE_CUDA_CHECK(cudaMemsetAsync(node->data, 0, forge_tensor_nbytes(node), p->stream));
-    const scatter_args g{keys, toks, n_tok, n_vocab, C, rows_of(dy), node->op_f[0], (float *)node->data};
-    const bool vec = rows_vectorisable(dy, C);
-    const int V = vec ? VEC : 1;
-    const dim3 grid((unsigned)n_tok, (unsigned)((C / V + SEG_COLS - 1) / SEG_COLS)), block(SEG_COLS, SEG_ROWS);
-    if (vec) forge_cuda_launch_kernel(scatter_kernel<VEC>, grid, block, 0, p->stream, g);
-    else forge_cuda_launch_kernel(scatter_kernel<1>, grid, block, 0, p->stream, g);
+    const back_scratch s = back_layout(p->work, n_tok, n_vocab, C);
+    forge_cuda_launch_kernel(keys_kernel, (unsigned)((std::max(n_tok, n_vocab) + THREADS - 1) / THREADS), THREADS, 0, p->stream, ids_of(ids),
+                             n_tok, n_vocab, s.keys_in, s.vals_in, s.runs, p->error);
+    size_t temp = s.temp_bytes;
+    FORGE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.temp, temp, s.keys_in, s.keys, s.vals_in, s.toks, (int)n_tok, 0, sort_end_bit(n_vocab),
+                                                     p->stream));
+    forge_cuda_launch_kernel(runs_kernel, (unsigned)((n_tok + THREADS - 1) / THREADS), THREADS, 0, p->stream, (const uint32_t *)s.keys, n_tok,
+                             n_vocab, s.runs);
+    const back_args g{s.keys, s.toks, s.runs, s.partial, n_tok, n_vocab, C, rows_of(dy), node->op_f[0], (float *)node->data};
+    if (rows_vectorisable(dy, C, BVEC) && rows_vectorisable(node, C, BVEC)) back_launch<BVEC>(g, p);
+    else back_launch<1>(g, p);
 }
 
 void embedding_fwd(forge_tensor *node, const forge_cuda_params *p) {
@@ -203,7 +342,7 @@ void embedding_fwd(forge_tensor *node, const forge_cuda_params *p) {
     const int64_t C = table->ne[0], n_tok = ids->ne[0] * ids->ne[1] * ids->ne[2];
     const gather_args g{ids_of(ids), (const char *)table->data, table->type, (int64_t)table->nb[0], (int64_t)table->nb[1],
                         table->ne[1], C, n_tok, (char *)node->data, (int64_t)forge_type_size(node->type), node->op_f[0], p->error};
-    const bool vec = rows_vectorisable(table, C);
+    const bool vec = rows_vectorisable(table, C, VEC);
     const int64_t units = n_tok * (vec ? C / VEC : C);
     const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>((units + THREADS - 1) / THREADS, (int64_t)p->sm_count * 32));
     if (vec) forge_cuda_launch_kernel(gather_kernel<VEC>, grid, THREADS, 0, p->stream, g);
@@ -220,6 +359,5 @@ void forge_cuda_embedding(forge_tensor *node, const forge_cuda_params *p) {
 size_t forge_cuda_embedding_work(const forge_tensor *node) {
     if (node->op != FORGE_OP_EMBEDDING_BACK) return 0;
     const forge_tensor *ids = node->src[1];
-    const int64_t n_tok = ids->ne[0] * ids->ne[1] * ids->ne[2];
-    return 4 * align256((size_t)n_tok * 4) + sort_temp_bytes(n_tok, sort_end_bit(node->ne[1]));
+    return back_layout(nullptr, ids->ne[0] * ids->ne[1] * ids->ne[2], node->ne[1], node->ne[0]).bytes;
 }

@@ -52,18 +52,22 @@
 // that give each thread at most NV chunks (NV = 4: a bf16 row of 896 or 1024 is one warp, 2304 is
 // 3 warps, 4096 is 4 warps, a 128-wide head 4 lanes). Thread t of a group owns chunks t, t + T,
 // ...: it issues all of their 128-bit loads at once, keeps them in registers as loaded (4
-// registers per 16 bytes), sums x^2 (and g*x backward) in double; lane shuffles (and shared
-// memory across warps) give the row's sums, identical in every lane; r = 1 / sqrt(mean(x^2) +
-// eps) in double like the CPU; the output pass unpacks the registers again and leaves with
+// registers per 16 bytes), sums each chunk's x^2 (and g*x backward) with fp32 FMAs and adds the
+// chunk sums in double; lane shuffles (and shared memory across warps) give the row's sums,
+// identical in every lane; r = rsqrt(sum(x^2) / C + eps) in double (MUFU.RSQ64H and Newton
+// steps, no division); the output pass unpacks the registers again and leaves with
 // 128-bit stores, reading w' (L1 hits) only after the sums. Rows longer than T * NV chunks
 // (OVF: C > 16384 bf16, 8192 f32 or on the element path; half that with dw) read their later
 // chunks again (from L2) in the output pass.
 // Traffic: the forward reads x and writes y, the backward reads x and dy and writes dx, the fused
 // add reads a and b and writes h and y, the backward + add reads x, dy and g and writes dx and s -
 // each exactly once, the memory roofline; w (C elements) comes from L1/L2. Each thread has NV x
-// 16 bytes per source in flight: at 63 / 79 / 91 / 125 registers (bf16 forward / fused add /
+// 16 bytes per source in flight: at 63 / 79 / 88 / 103 registers (bf16 forward / fused add /
 // backward / backward + add, sm_90) that is 64 / 96 / 80 / 96 KB of loads in flight per SM, well
-// above what the H200's bandwidth-latency product asks (~30 KB per SM).
+// above what the H200's bandwidth-latency product asks (~30 KB per SM). What bounds them is
+// instructions: at 16384 x 896 the forward issues on two cycles of three (ncu, ~780 warp
+// instructions a row); fetching the next row ahead (twice the registers) was slower. Blocks are
+// one wave of resident blocks walking equal numbers of row tiles (not with dw: see plan_of).
 //
 // Backward: g = dy * w', x_hat = x * r, dx = r * (g - x_hat * m) with m = mean(g * x_hat), taken
 // as r * sum(g * x) / C from the same pass as sum(x^2). When the weight trains (res[1] != NULL),
@@ -166,6 +170,7 @@ struct rms_args {
     int64_t w_nb;
     bool w_vec;         // w dense and 16-byte aligned (V > 1)
     int64_t C, nch, rows, ne1, ne2; // nch = C / V
+    double inv_C;       // 1 / C
     int T, R;           // threads per row, rows per block
     float eps, offset;
     bool cast_before;
@@ -240,9 +245,11 @@ template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1)
     for (int64_t tile = blockIdx.x; tile * a.R < a.rows; tile += gridDim.x) {
         const int64_t r = tile * a.R + grp;
         const bool live = r < a.rows;
-        int64_t q, i1, i2, i3;
-        forge_cuda_divmod(live ? r : 0, a.ne1, q, i1);
-        forge_cuda_divmod(q, a.ne2, i3, i2);
+        int64_t q, i1 = live ? r : 0, i2 = 0, i3 = 0;
+        if (a.ne1 < a.rows) { // rows of a 3-d or 4-d tensor
+            forge_cuda_divmod(i1, a.ne1, q, i1);
+            forge_cuda_divmod(q, a.ne2, i3, i2);
+        }
         auto row = [&](const rows_t &s) { return s.data + i1 * s.nb[1] + i2 * s.nb[2] + i3 * s.nb[3]; };
         const char *xr = row(a.x), *dyr = BACK ? row(a.dy) : nullptr;
         char *dr = a.dst.data + r * C * a.dst.nb[0], *hr = ADD || BADD ? a.h.data + r * C * a.h.nb[0] : nullptr;
@@ -277,12 +284,15 @@ template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1)
                 store_chunk<V>(a.h, hr, lt + (int64_t)T * i, xv[i]);
             }
         double sums[NS] = {};
-        auto accumulate = [&](const float *x, const float *dy, const float *w) {
+        auto accumulate = [&](const float *x, const float *dy, const float *w) { // a chunk's sums in fp32, added in double
+            float c[NS] = {};
 #pragma unroll
             for (int e = 0; e < V; e++) {
-                sums[0] += (double)x[e] * x[e];
-                if constexpr (BACK) sums[NS - 1] += (double)(dy[e] * w[e]) * x[e];
+                c[0] = fmaf(x[e], x[e], c[0]);
+                if constexpr (BACK) c[NS - 1] = fmaf(dy[e] * w[e], x[e], c[NS - 1]);
             }
+#pragma unroll
+            for (int i = 0; i < NS; i++) sums[i] += (double)c[i];
         };
 #pragma unroll
         for (int i = 0; i < NV; i++) {
@@ -322,8 +332,8 @@ template <int V, int MODE, bool OVF> __global__ void __launch_bounds__(MAX_T, 1)
             if constexpr (BADD) opaque(gv[i]);
         }
         group_sum<NS>(sums, T, red);
-        const float rs = (float)(1.0 / sqrt(sums[0] / (double)C + (double)a.eps));
-        const float m = BACK ? (float)((double)rs * sums[NS - 1] / (double)C) : 0.0f;
+        const float rs = (float)rsqrt(sums[0] * a.inv_C + (double)a.eps); // MUFU.RSQ64H and Newton steps: no division
+        const float m = BACK ? (float)((double)rs * sums[NS - 1] * a.inv_C) : 0.0f;
         // w is read again after the sums (an L1 hit): tied to rs, its loads cannot be hoisted
         // above the sums, where their floats would double the registers of the row
         const char *w_out = a.w;
@@ -395,7 +405,8 @@ __global__ void __launch_bounds__(1024) dw_reduce_kernel(const double *part, int
 }
 
 // The launch shape: a function of V, the shape and the mode only (so the dw partition is fixed,
-// and a fused add + norm splits rows exactly like the norm alone).
+// and a fused add + norm splits rows exactly like the norm alone). Without dw, run() then cuts
+// the grid to one wave of resident blocks (rows are independent there).
 struct rms_plan {
     int T, R, threads, grid;
     int64_t slots; // dw partials
@@ -492,6 +503,7 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
     a.w_vec = V > 1 && w->nb[0] == forge_type_size(w->type) && (uintptr_t)w->data % 16 == 0;
     a.C = C;
     a.nch = C / V;
+    a.inv_C = 1.0 / (double)C;
     a.rows = rows;
     a.ne1 = x->ne[1];
     a.ne2 = x->ne[2];
@@ -507,7 +519,14 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
         auto kernel = V == 8 ? (ovf ? rmsnorm_kernel<8, M, true> : rmsnorm_kernel<8, M, false>)
                     : V == 4 ? (ovf ? rmsnorm_kernel<4, M, true> : rmsnorm_kernel<4, M, false>)
                              : (ovf ? rmsnorm_kernel<1, M, true> : rmsnorm_kernel<1, M, false>);
-        forge_cuda_launch_kernel(kernel, pl.grid, pl.threads, 0, p->stream, a);
+        int grid = pl.grid;
+        if (!is_dw(M)) { // one wave of resident blocks, each walking the same number of tiles
+            int per_sm = 0;
+            FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, pl.threads, 0));
+            const int64_t cap = (int64_t)std::max(per_sm, 1) * p->sm_count, per = (grid + cap - 1) / cap;
+            grid = (int)((grid + per - 1) / per);
+        }
+        forge_cuda_launch_kernel(kernel, grid, pl.threads, 0, p->stream, a);
     };
     switch (mode) {
     case RMS_FWD: launch(std::integral_constant<int, RMS_FWD>()); break;

@@ -6,8 +6,10 @@
 // step - all read on the device from the hyper tensor, so the captured CUDA graph is replayed
 // unchanged. After every run: {norm, coef}, every p, m, v and gradient, against the CPU (the
 // update is bit-exact up to the order of the norm's double sum) and between a node-by-node and
-// a captured CUDA run (bit for bit). Two sets of tensors: odd sizes around the 8192-element
-// chunk and the float4 tails, and 600 small tensors (more than one launch's 512).
+// a captured CUDA run (bit for bit). Three sets of tensors: odd sizes around the 4096-element
+// tile and the float4 tails; 600 small tensors (more than one launch's 512); and LoRA-shaped
+// tensors of ~950 tiles, more than either pass has blocks on any current GPU, so that every
+// block walks several tiles.
 #include "cuda-util.h"
 
 namespace {
@@ -116,9 +118,18 @@ void run_schedule(const char *name, const std::vector<std::vector<int64_t>> &sha
 int main() {
     FORGE_CUDA_TEST_REQUIRE_GPU();
     run_schedule("adamw odd sizes (1 .. 100003, 2-D)",
-                 {{1}, {3}, {7}, {1023}, {4097}, {8192}, {8193}, {65537}, {100003}, {77, 129}, {16, 4864}, {896, 48}});
+                 {{1}, {3}, {7}, {1023}, {4095}, {4096}, {4097}, {8192}, {8193}, {65537}, {100003}, {77, 129}, {16, 4864}, {896, 48}});
     std::vector<std::vector<int64_t>> many;
     for (int i = 0; i < 600; i++) many.push_back({1 + (i * 7) % 61});
     run_schedule("adamw 600 small tensors (two launches per pass)", many);
+    // Qwen2.5-0.5B's LoRA tensors at r = 16 (A: in x r, B: r x out), 10 of its 24 layers: 3.7M parameters
+    const int64_t proj[7][2] = {{896, 896}, {896, 128}, {896, 128}, {896, 896}, {896, 4864}, {896, 4864}, {4864, 896}};
+    std::vector<std::vector<int64_t>> lora;
+    for (int l = 0; l < 10; l++)
+        for (const auto &p : proj) {
+            lora.push_back({p[0], 16});
+            lora.push_back({16, p[1]});
+        }
+    run_schedule("adamw LoRA r16 x 10 layers (several tiles per block)", lora);
     return test_finish("test-cuda-adamw");
 }
