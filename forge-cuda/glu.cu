@@ -2,9 +2,10 @@
 // (y = act(gate) * up) and GLU_BACK (dgate = dy * up * act'(gate), dup = dy * act(gate)), with
 // act = silu (SwiGLU) or gelu_tanh (GeGLU); the backward recomputes the activation from gate.
 //
-// One kernel, glu_kernel<V, BACK>, grid-stride 1-D over (row, 8-column vector) units, 256 threads,
-// up to 32 blocks per SM. A unit reads gate[f..f+8) and up[f..f+8) of its row (plus dy[f..f+8)
-// backward) with 128-bit loads, computes in fp32 with the CPU's formulas (forge_cuda_glu_act:
+// One kernel, glu_kernel<V, BACK, KIND>, grid-stride 1-D over (row, 8-column vector) units, 256
+// threads, up to 32 blocks per SM (KIND: every tensor BF16 with SwiGLU or GeGLU known at compile
+// time, or read from the arguments). A unit reads gate[f..f+8) and up[f..f+8) of its row (plus
+// dy[f..f+8) backward) with 128-bit loads, computes in fp32 with the CPU's formulas (forge_cuda_glu_act:
 // through the fast exp, a few fp32 ulps from the CPU's) and writes y[f..f+8) (backward: dgate and
 // dup) with 128-bit stores. A unit's row is one division away from its index when the rows of
 // every tensor are evenly strided (dense), else three. When F is not a
@@ -14,6 +15,7 @@
 #include "cuda.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace {
 
@@ -48,8 +50,14 @@ struct glu_args {
     forge_type round; // forward: y is rounded to this type before it is stored as dst's (F32: not)
 };
 
-template <int V, bool BACK> __global__ void __launch_bounds__(THREADS) glu_kernel(glu_args a) {
+// KIND: GENERIC (types and activation read from a), or every tensor BF16 with SwiGLU or GeGLU known
+// at compile time (no type or activation branches per unit: the models' case).
+enum glu_kind_t { GENERIC, BF16_SWIGLU, BF16_GEGLU };
+
+template <int V, bool BACK, int KIND> __global__ void __launch_bounds__(THREADS) glu_kernel(glu_args a) {
     forge_cuda_prologue();
+    auto ty = [](forge_type t) { return KIND == GENERIC ? t : FORGE_TYPE_BF16; };
+    const bool swiglu = KIND == GENERIC ? a.swiglu : KIND == BF16_SWIGLU;
     const int64_t per_row = a.F / V, n_units = a.rows * per_row;
     for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n_units; u += (int64_t)gridDim.x * blockDim.x) {
         int64_t r, f, q, i[4] = {0, 0, 0, 0};
@@ -63,25 +71,25 @@ template <int V, bool BACK> __global__ void __launch_bounds__(THREADS) glu_kerne
         auto at = [&](const rows_ref &t) { return t.data + i[0] * t.nb[0] + i[1] * t.nb[1] + i[2] * t.nb[2] + i[3] * t.nb[3]; };
         const char *gate = at(a.gu), *up = gate + a.F * a.gu.nb[0];
         float g[V], v[V];
-        gload<V>(a.gu.type, gate, g);
-        gload<V>(a.gu.type, up, v);
+        gload<V>(ty(a.gu.type), gate, g);
+        gload<V>(ty(a.gu.type), up, v);
         if constexpr (!BACK) {
 #pragma unroll
-            for (int k = 0; k < V; k++) v[k] *= forge_cuda_glu_act(a.swiglu, g[k]).x;
-            forge_cuda_round<V>(a.round, v);
-            gstore<V>(a.dst.type, at(a.dst), v);
+            for (int k = 0; k < V; k++) v[k] *= forge_cuda_glu_act(swiglu, g[k]).x;
+            if (KIND == GENERIC) forge_cuda_round<V>(a.round, v); // BF16: the store rounds the same
+            gstore<V>(ty(a.dst.type), at(a.dst), v);
         } else {
             float d[V];
-            gload<V>(a.dy.type, at(a.dy), d);
+            gload<V>(ty(a.dy.type), at(a.dy), d);
 #pragma unroll
             for (int k = 0; k < V; k++) {
-                const float2 ag = forge_cuda_glu_act(a.swiglu, g[k]);
+                const float2 ag = forge_cuda_glu_act(swiglu, g[k]);
                 g[k] = d[k] * v[k] * ag.y; // dgate
                 v[k] = d[k] * ag.x;        // dup
             }
             char *dr = at(a.dst);
-            gstore<V>(a.dst.type, dr, g);
-            gstore<V>(a.dst.type, dr + a.F * a.dst.nb[0], v);
+            gstore<V>(ty(a.dst.type), dr, g);
+            gstore<V>(ty(a.dst.type), dr + a.F * a.dst.nb[0], v);
         }
     }
 }
@@ -99,8 +107,18 @@ bool rows_vectorisable(const forge_tensor *t) {
 void launch(const glu_args &a, bool back, bool vec, const forge_cuda_params *p) {
     const int64_t units = a.rows * (vec ? a.F / VEC : a.F);
     const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((units + THREADS - 1) / THREADS, (int64_t)p->sm_count * 32));
-    if (back) vec ? forge_cuda_launch_kernel(glu_kernel<VEC, true>, grid, THREADS, 0, p->stream, a) : forge_cuda_launch_kernel(glu_kernel<1, true>, grid, THREADS, 0, p->stream, a);
-    else vec ? forge_cuda_launch_kernel(glu_kernel<VEC, false>, grid, THREADS, 0, p->stream, a) : forge_cuda_launch_kernel(glu_kernel<1, false>, grid, THREADS, 0, p->stream, a);
+    const bool bf = vec && a.gu.type == FORGE_TYPE_BF16 && a.dst.type == FORGE_TYPE_BF16 && (!back || a.dy.type == FORGE_TYPE_BF16) &&
+                    (a.round == FORGE_TYPE_F32 || a.round == FORGE_TYPE_BF16);
+    auto go = [&](auto vk, auto kind) {
+        constexpr int V = decltype(vk)::value, K = decltype(kind)::value;
+        if (back) forge_cuda_launch_kernel(glu_kernel<V, true, K>, grid, THREADS, 0, p->stream, a);
+        else forge_cuda_launch_kernel(glu_kernel<V, false, K>, grid, THREADS, 0, p->stream, a);
+    };
+    using vec8 = std::integral_constant<int, VEC>;
+    if (!vec) go(std::integral_constant<int, 1>(), std::integral_constant<int, GENERIC>());
+    else if (!bf) go(vec8(), std::integral_constant<int, GENERIC>());
+    else if (a.swiglu) go(vec8(), std::integral_constant<int, BF16_SWIGLU>());
+    else go(vec8(), std::integral_constant<int, BF16_GEGLU>());
 }
 
 } // namespace
