@@ -64,12 +64,13 @@
 // Traffic: the forward reads x and writes y, the backward reads x and dy and writes dx, the fused
 // add reads a and b and writes h and y, the backward + add reads x, dy and g and writes dx and s -
 // each exactly once, the memory roofline; w (C elements) comes from L1/L2. Each thread has NV x
-// 16 bytes per source in flight: at 63 / 79 / 88 / 103 registers (bf16 forward / fused add /
-// backward / backward + add, sm_90) that is 64 / 96 / 80 / 96 KB of loads in flight per SM, well
-// above what the H200's bandwidth-latency product asks (~30 KB per SM). What bounds them is
-// instructions: at 16384 x 896 the general forward issued on two cycles of three (ncu, ~750 warp
-// instructions a row, 1120 backward); fetching the next row ahead (twice the registers) was slower. Blocks are
-// one wave of resident blocks walking equal numbers of row tiles (not with dw: see plan_of).
+// 16 bytes per source in flight: at 56 / 71 / 95 / 96 registers (the BF16 kernels: forward /
+// fused add / backward / backward + add, sm_90) that is 72 / 112 / 80 / 120 KB of loads in flight
+// per SM, well above what the H200's bandwidth-latency product asks (~30 KB per SM). What bounds
+// them is instructions: at 16384 x 896 the general forward issued on two cycles of three (ncu,
+// ~750 warp instructions a row, 1120 backward); fetching the next row ahead (twice the registers)
+// was slower. Blocks are one wave of resident blocks walking equal numbers of row tiles (not with
+// dw: see plan_of).
 //
 // Backward: g = dy * w', x_hat = x * r, dx = r * (g - x_hat * m) with m = mean(g * x_hat), taken
 // as r * sum(g * x) / C from the same pass as sum(x^2). When the weight trains (res[1] != NULL),
