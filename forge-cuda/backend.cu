@@ -24,7 +24,9 @@
 #include "cuda.cuh"
 
 #include <map>
+#include <mutex>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 namespace {
@@ -278,6 +280,20 @@ std::unordered_map<const forge_tensor *, int> forge_cuda_readers(const std::vect
 bool forge_cuda_one_reader(const std::unordered_map<const forge_tensor *, int> &readers, const forge_tensor *t) {
     auto it = readers.find(t);
     return it != readers.end() && it->second == 1 && !(t->flags & FORGE_FLAG_OUTPUT);
+}
+
+int forge_cuda_blocks_per_sm(const void *kernel, int threads) {
+    static std::mutex mu;
+    static std::map<std::tuple<const void *, int, int>, int> known; // (kernel, threads, device) -> blocks
+    int dev = 0;
+    FORGE_CUDA_CHECK(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(mu);
+    int &n = known[{kernel, threads, dev}];
+    if (n == 0) {
+        FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
+        n = std::max(n, 1);
+    }
+    return n;
 }
 
 // The rope units of a node list and their pairs (forge_cuda_fusions::rope_groups). Nodes that

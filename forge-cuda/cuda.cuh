@@ -241,6 +241,14 @@ __device__ __forceinline__ void forge_cuda_prologue() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// Resident blocks per SM (at least 1) of a kernel launched with `threads` threads a block and no
+// dynamic shared memory, on the current device: asked of the runtime once per kernel, block size
+// and device, then remembered (backend.cu), so that a grid of one wave costs no query per launch.
+int forge_cuda_blocks_per_sm(const void *kernel, int threads);
+template <typename... P> int forge_cuda_blocks_per_sm(void (*kernel)(P...), int threads) {
+    return forge_cuda_blocks_per_sm((const void *)kernel, threads);
+}
+
 template <typename... P, typename... A>
 void forge_cuda_launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A &&...args) {
     cudaLaunchAttribute attr{};

@@ -314,10 +314,8 @@ template <int V> void back_launch(const back_args &g, const forge_cuda_params *p
     const int64_t per_row = g.C / V;
     const dim3 pieces((unsigned)n_chunks(g.n_tok), (unsigned)((per_row + SEG_COLS - 1) / SEG_COLS)), block(SEG_COLS, SEG_ROWS);
     forge_cuda_launch_kernel(long_kernel<V>, pieces, block, 0, p->stream, g);
-    static int per_sm = 0; // resident blocks per SM of the row pass, asked once: one wave of them
-    if (!per_sm) FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rows_kernel<V>, THREADS, 0));
-    const int64_t steps = (g.n_vocab * per_row + ROW_UNROLL * THREADS - 1) / (ROW_UNROLL * THREADS);
-    const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>(steps, (int64_t)std::max(per_sm, 1) * p->sm_count));
+    const int64_t steps = (g.n_vocab * per_row + ROW_UNROLL * THREADS - 1) / (ROW_UNROLL * THREADS); // one wave of the row pass at most
+    const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>(steps, (int64_t)forge_cuda_blocks_per_sm(rows_kernel<V>, THREADS) * p->sm_count));
     forge_cuda_launch_kernel(rows_kernel<V>, grid, THREADS, 0, p->stream, g);
 }
 

@@ -457,9 +457,7 @@ void glu_da(const forge_cuda_params *p, const lora_dims &d, const char *gu, int6
     if (glu_da_fused(d, gu, ldg)) {
         const int mt = (int)(d.R + 15) / 16;
         void (*kernel)(glu_da_args) = mt == 1 ? glu_da_kernel<1> : mt == 2 ? glu_da_kernel<2> : mt == 3 ? glu_da_kernel<3> : glu_da_kernel<4>;
-        static int per_sm[4] = {}; // resident blocks per SM of each kernel, asked once
-        if (!per_sm[mt - 1]) FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[mt - 1], kernel, GD_THREADS, 0));
-        const int64_t per = glu_da_per_split(d, std::min<int64_t>(GD_MAX_BLOCKS, (int64_t)std::max(per_sm[mt - 1], 1) * p->sm_count));
+        const int64_t per = glu_da_per_split(d, std::min<int64_t>(GD_MAX_BLOCKS, (int64_t)forge_cuda_blocks_per_sm(kernel, GD_THREADS) * p->sm_count));
         const int64_t splits = (d.N + per - 1) / per;
         const glu_da_args a{(const __nv_bfloat16 *)gu, (const __nv_bfloat16 *)du, ldg, lddu, d.N, d.K, per, (int)d.R, d.glu == FORGE_GLU_SWIGLU, (float *)work};
         forge_cuda_launch_kernel(kernel, dim3((unsigned)((d.K + GD_COLS - 1) / GD_COLS), (unsigned)splits), GD_THREADS, 0, p->stream, a);

@@ -535,9 +535,7 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
                              : (ovf ? rmsnorm_kernel<1, M, true, false> : rmsnorm_kernel<1, M, false, false>);
         int grid = pl.grid;
         if (!is_dw(M)) { // one wave of resident blocks, each walking the same number of tiles
-            int per_sm = 0;
-            FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, pl.threads, 0));
-            const int64_t cap = (int64_t)std::max(per_sm, 1) * p->sm_count, per = (grid + cap - 1) / cap;
+            const int64_t cap = (int64_t)forge_cuda_blocks_per_sm(kernel, pl.threads) * p->sm_count, per = (grid + cap - 1) / cap;
             grid = (int)((grid + per - 1) / per);
         }
         forge_cuda_launch_kernel(kernel, grid, pl.threads, 0, p->stream, a);
