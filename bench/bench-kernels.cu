@@ -73,6 +73,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <functional>
 #include <map>
@@ -117,11 +118,36 @@ static void fill_device(void *p, forge_type t, int64_t n, uint64_t seed, float l
     CK(cudaGetLastError());
 }
 
+// n token ids with Zipf's law over [0, V): rank k (0-based) drawn with probability proportional
+// to 1 / (k + 1), the ranks mapped to ids by a fixed random permutation. At V = 151936 the most
+// frequent id takes ~8% of the tokens and the top 100 ~40%, as in English text.
+static std::vector<int32_t> zipf_ids(int64_t n, int64_t V, uint64_t seed) {
+    std::vector<double> cdf((size_t)V);
+    double sum = 0;
+    for (int64_t k = 0; k < V; k++) cdf[(size_t)k] = sum += 1.0 / (double)(k + 1);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    auto next = [&] { // splitmix64
+        uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    };
+    std::vector<int32_t> perm((size_t)V), ids((size_t)n);
+    for (int64_t k = 0; k < V; k++) perm[(size_t)k] = (int32_t)k;
+    for (int64_t k = V - 1; k > 0; k--) std::swap(perm[(size_t)k], perm[(size_t)(next() % (uint64_t)(k + 1))]);
+    for (auto &id : ids) {
+        const double u = (double)(next() >> 11) * (1.0 / 9007199254740992.0) * sum;
+        const size_t k = std::min<size_t>((size_t)(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin()), (size_t)V - 1);
+        id = perm[k];
+    }
+    return ids;
+}
+
 // ---- building a case's graph ----------------------------------------------------------------
 
 struct Fill {
-    enum Kind { RAND, IOTA, RANDINT, CONST, HOST } kind = RAND;
-    double a = 1.0;          // RAND: range [-a, a]; IOTA/RANDINT: the modulus; CONST: the value
+    enum Kind { RAND, IOTA, RANDINT, ZIPF, CONST, HOST } kind = RAND;
+    double a = 1.0;          // RAND: range [-a, a]; IOTA/RANDINT/ZIPF: the modulus; CONST: the value
     std::vector<float> host; // HOST: the values
 };
 
@@ -143,6 +169,13 @@ struct Bld {
     forge_tensor *ints(int64_t n, int64_t mod, bool iota) {
         forge_tensor *x = leaf(FORGE_TYPE_I32, {n}, FORGE_FLAG_INPUT);
         fills[x] = Fill{iota ? Fill::IOTA : Fill::RANDINT, (double)mod, {}};
+        return x;
+    }
+    // token ids drawn as text draws them: rank k with probability ~ 1 / (k + 1), ranks shuffled
+    // over [0, mod) (zipf_ids below)
+    forge_tensor *zipf(int64_t n, int64_t mod) {
+        forge_tensor *x = leaf(FORGE_TYPE_I32, {n}, FORGE_FLAG_INPUT);
+        fills[x] = Fill{Fill::ZIPF, (double)mod, {}};
         return x;
     }
     forge_tensor *constant(float v) {
@@ -266,12 +299,14 @@ static Case glu_case(forge_glu_kind kind, const std::string &shape, int64_t F, i
     return c;
 }
 
-static Case embedding_case(const std::string &shape, int64_t C, int64_t V, int64_t N, float scale) {
-    Case c{"embedding", shape};
+// zipf: ids drawn as text draws them (a few ids take most tokens: the backward's long runs),
+// else uniformly.
+static Case embedding_case(const std::string &shape, int64_t C, int64_t V, int64_t N, float scale, bool zipf = false) {
+    Case c{"embedding", shape + (zipf ? " zipf" : "")};
     c.grad = c.dirs3 = true;
     c.fwd_cost = 4.0 * N + 2.0 * N * C * 2;
     c.bwd_cost = 4.0 * N + 1.0 * N * C * 2 + 4.0 * V * C;
-    c.build = [=](Bld &b) { b.ys = {forge_embedding(b.ctx, b.train({C, V}), b.ints(N, V, false), scale)}; };
+    c.build = [=](Bld &b) { b.ys = {forge_embedding(b.ctx, b.train({C, V}), zipf ? b.zipf(N, V) : b.ints(N, V, false), scale)}; };
     return c;
 }
 
@@ -458,6 +493,10 @@ static std::vector<Case> make_cases() {
                                     m.gemma ? std::sqrt((float)m.H) : 1.0f));
     });
     cs.push_back(embedding_case("liger 8192 tok 32000x4096", 4096, 32000, 8192, 1.0f));
+    for (const Model &m : kModels)
+        if (!std::strcmp(m.name, "qwen2.5-0.5b") || !std::strcmp(m.name, "gemma2-2b"))
+            cs.push_back(embedding_case(fmt("%s 16384 tok %lldx%lld", m.name, (long long)m.V, (long long)m.H), m.H, m.V, 16384,
+                                        m.gemma ? std::sqrt((float)m.H) : 1.0f, true));
     each_model([&](const Model &m, int64_t N) {
         cs.push_back(linear_case(fmt("%s %lldx%lld->%lld", m.name, (long long)N, (long long)m.H, (long long)(2 * m.F)), m.H, 2 * m.F, N));
     });
@@ -645,8 +684,12 @@ static std::map<std::string, double> run_variant(const Case &c, bool unfused, st
         auto it = b.fills.find(t);
         Fill f = it != b.fills.end() ? it->second : Fill{};
         const int64_t n = forge_tensor_nelements(t);
-        if (t->type == FORGE_TYPE_I32 && f.kind != Fill::IOTA && f.kind != Fill::RANDINT) return fail("an I32 leaf without a fill rule");
-        if (f.kind == Fill::HOST) {
+        if (t->type == FORGE_TYPE_I32 && f.kind != Fill::IOTA && f.kind != Fill::RANDINT && f.kind != Fill::ZIPF)
+            return fail("an I32 leaf without a fill rule");
+        if (f.kind == Fill::ZIPF) {
+            const std::vector<int32_t> ids = zipf_ids(n, (int64_t)f.a, seed++);
+            CK(cudaMemcpy(t->data, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+        } else if (f.kind == Fill::HOST) {
             if (forge_tensor_set_f32(t, f.host.data(), n) != FORGE_OK) return fail("set");
         } else {
             float lo = f.kind == Fill::CONST ? (float)f.a : -(float)f.a, hi = (float)f.a;

@@ -8,7 +8,7 @@
 // stride 0. When every operand is either broadcast or has dense, 16-byte-aligned rows of a
 // multiple of 8 elements, each thread moves 8 elements per step with 128-bit loads and stores
 // (a flat range's last n % 8 elements go one by one); otherwise it walks element by element
-// through the byte strides. Grid-stride 1-D launch, 256 threads, up to 32 blocks per SM.
+// through the byte strides. 1-D launch, 256 threads, one unit per thread (forge_cuda_stream_grid).
 // Traffic: one read of each source and one write of the destination (the bandwidth roofline).
 // In-place use (dst == src0) is safe: every element is read before the same thread writes it.
 // ACC_VIEW copies (or zeroes) the base, then adds the region in a second map (in place, when the
@@ -163,9 +163,6 @@ bool collapse(const int64_t *ne, ew_shape &s, operand *ops[], int n_ops) {
     return vec;
 }
 
-int grid_for(int64_t units, const forge_cuda_params *p) {
-    return (int)std::max<int64_t>(1, std::min<int64_t>((units + THREADS - 1) / THREADS, (int64_t)p->sm_count * 32));
-}
 
 template <int OP>
 void map(const forge_cuda_params *p, const int64_t *ne, operand d, operand a, operand b, float c, bool serial = false) {
@@ -173,8 +170,8 @@ void map(const forge_cuda_params *p, const int64_t *ne, operand d, operand a, op
     operand *ops[3] = {&d, &a, &b};
     const bool vec = collapse(ne, s, ops, b.data ? 3 : 2) && !serial;
     if (serial) forge_cuda_launch_kernel(map_kernel<OP, 1>, 1, 1, 0, p->stream, s, d, a, b, c); // in logical order, one thread
-    else if (vec) forge_cuda_launch_kernel(map_kernel<OP, VEC>, grid_for(s.n / VEC + s.n % VEC, p), THREADS, 0, p->stream, s, d, a, b, c);
-    else forge_cuda_launch_kernel(map_kernel<OP, 1>, grid_for(s.n, p), THREADS, 0, p->stream, s, d, a, b, c);
+    else if (vec) forge_cuda_launch_kernel(map_kernel<OP, VEC>, forge_cuda_stream_grid(s.n / VEC + s.n % VEC, THREADS), THREADS, 0, p->stream, s, d, a, b, c);
+    else forge_cuda_launch_kernel(map_kernel<OP, 1>, forge_cuda_stream_grid(s.n, THREADS), THREADS, 0, p->stream, s, d, a, b, c);
 }
 
 // Whether the region (extents ne, byte strides nb, elements of es bytes) maps distinct indices to

@@ -2,10 +2,10 @@
 // token id, times a scale) and EMBEDDING_BACK (scatter-add of the output gradient into an F32
 // gradient of the whole table).
 //
-// EMBEDDING: grid-stride 1-D launch over (token, 8-column vector) pairs, 256 threads; each thread
-// reads its token's id (an L1 hit for the token's other vectors), checks it, and copies 8 columns
-// with a 128-bit load and store (element by element when rows are not dense and 16-byte
-// aligned). Traffic: read C elements per token, write C: the copy roofline. An id outside
+// EMBEDDING: 1-D launch over (token, 8-column vector) pairs, 256 threads, one pair per thread;
+// each thread reads its token's id (an L1 hit for the token's other vectors), checks it, and
+// copies 8 columns with a 128-bit load and store (element by element when rows are not dense and
+// 16-byte aligned). Traffic: read C elements per token, write C: the copy roofline. An id outside
 // [0, V) records FORGE_CUDA_ERR_TOKEN_ID and the token is skipped.
 //
 // EMBEDDING_BACK, deterministic without float atomics, every row of the gradient written once:
@@ -342,7 +342,7 @@ void embedding_fwd(forge_tensor *node, const forge_cuda_params *p) {
                         table->ne[1], C, n_tok, (char *)node->data, (int64_t)forge_type_size(node->type), node->op_f[0], p->error};
     const bool vec = rows_vectorisable(table, C, VEC);
     const int64_t units = n_tok * (vec ? C / VEC : C);
-    const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>((units + THREADS - 1) / THREADS, (int64_t)p->sm_count * 32));
+    const unsigned grid = forge_cuda_stream_grid(units, THREADS);
     if (vec) forge_cuda_launch_kernel(gather_kernel<VEC>, grid, THREADS, 0, p->stream, g);
     else forge_cuda_launch_kernel(gather_kernel<1>, grid, THREADS, 0, p->stream, g);
 }

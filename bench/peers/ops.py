@@ -160,9 +160,17 @@ def mk_glu(F_, N, gemma):
     return make
 
 
-def mk_embedding(C, V, N, scale):
+def zipf_ids(V, N):
+    """N token ids with Zipf's law over [0, V) (rank k with probability ~ 1 / (k + 1), ranks
+    shuffled over the ids), as bench-kernels' zipf cases draw them."""
+    w = 1.0 / torch.arange(1, V + 1, device="cuda", dtype=torch.float64)
+    return torch.randperm(V, device="cuda")[torch.multinomial(w, N, replacement=True)]
+
+
+def mk_embedding(C, V, N, scale, zipf=False):
     def make():
-        table, ids = rand(V, C, grad=True), torch.randint(0, V, (N,), device="cuda")
+        table = rand(V, C, grad=True)
+        ids = zipf_ids(V, N) if zipf else torch.randint(0, V, (N,), device="cuda")
         if scale == 1.0:
             return Setup(lambda t, i: F.embedding(i, t), (table, ids), [table])
         norm = torch.tensor(scale, dtype=torch.bfloat16, device="cuda")
@@ -255,6 +263,10 @@ def make_cases():
     each_model(lambda m, N: add_case("embedding", f"{m['name']} {N} tok {m['V']}x{m['H']}", DIRS3,
                                      mk_embedding(m["H"], m["V"], N, math.sqrt(m["H"]) if m["gemma"] else 1.0)))
     add_case("embedding", "liger 8192 tok 32000x4096", DIRS3, mk_embedding(4096, 32000, 8192, 1.0))
+    for m in MODELS:
+        if m["name"] in ("qwen2.5-0.5b", "gemma2-2b"):
+            add_case("embedding", f"{m['name']} 16384 tok {m['V']}x{m['H']} zipf", DIRS3,
+                     mk_embedding(m["H"], m["V"], 16384, math.sqrt(m["H"]) if m["gemma"] else 1.0, zipf=True))
     each_model(lambda m, N: add_case("linear", f"{m['name']} {N}x{m['H']}->{2 * m['F']}", DIRS3, mk_linear(m["H"], 2 * m["F"], N)))
 
     def qkv(m, N):
