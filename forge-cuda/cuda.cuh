@@ -241,16 +241,6 @@ __device__ __forceinline__ void forge_cuda_prologue() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-// Blocks for a streaming kernel over `units` units of work at `threads` threads a block: one
-// unit per thread. The streaming kernels (elementwise, GLU, the embedding gather) are written as
-// grid-stride loops, so any grid is correct; measured on the H200 (2-read-1-write bf16 streams
-// of 29-600 MB), one unit per thread ran 1-5% faster than one or four waves of resident blocks
-// walking the units grid-stride, and at or above the rate of a copy kernel.
-inline unsigned forge_cuda_stream_grid(int64_t units, int threads) {
-    const int64_t blocks = (units + threads - 1) / threads;
-    return (unsigned)(blocks < 1 ? 1 : blocks > INT32_MAX ? INT32_MAX : blocks);
-}
-
 // Resident blocks per SM (at least 1) of a kernel launched with `threads` threads a block and no
 // dynamic shared memory, on the current device: asked of the runtime once per kernel, block size
 // and device, then remembered (backend.cu), so that a grid of one wave costs no query per launch.
