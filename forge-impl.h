@@ -193,8 +193,10 @@ void forge_dist_set_error(const char *fmt, ...);
 //             op_i[4] = 1 (forge_lora_set_spare): W is a view of a leaf whose every row is followed
 //             by R spare elements of the leaf (row stride >= K + R, checked by the constructor);
 //             the op may overwrite them (scratch: CUDA puts scale * B there, block-diagonally, and
-//             runs one GEMM of depth K + R over [x | u]). The math above is unchanged; a backend
-//             may ignore the flag (the CPU does). LORA_BACK copies it and ignores it.
+//             runs one GEMM of depth K + R over [x | u]). op_i[4] = 2: W's M rows (row stride K)
+//             are followed by R spare rows of the leaf (CUDA puts A there, and the backward's dX
+//             is one GEMM of depth M + R over [dy | du]). The math above is unchanged; a backend
+//             may ignore the flag (the CPU does). LORA_BACK copies it.
 // LORA_BACK   src0 dy [M, ...], src1 x, src2 W, src3 A, src4 B, src5 u (the LORA's res[1]);
 //             same params. u is read, not recomputed. op_i[5] = 1 + forge_glu_kind, or 0: src1 is
 //             then gu [2K, ...] and x = GLU(gu) of that kind, in gu's type (what a GLU node of gu's

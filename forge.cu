@@ -670,14 +670,18 @@ forge_tensor *forge_lora_set_spare(forge_ctx *ctx, forge_tensor *lora) {
     forge_tensor *w = lora->src[1], *root = forge_view_root(w);
     const int64_t K = w->ne[0], M = w->ne[1], R = lora->src[2]->ne[1];
     const size_t es = forge_type_size(w->type), row = (size_t)(K + R) * es;
-    if (w->op != FORGE_OP_VIEW || !root || root->op != FORGE_OP_NONE || w->nb[0] != es || w->nb[1] < row ||
-        w->view_offs + (size_t)(M - 1) * w->nb[1] + row > forge_tensor_nbytes(root))
+    const bool of_leaf = w->op == FORGE_OP_VIEW && root && root->op == FORGE_OP_NONE && w->nb[0] == es && w->ne[2] == 1 && w->ne[3] == 1;
+    const size_t bytes = of_leaf ? forge_tensor_nbytes(root) : 0;
+    const bool cols = of_leaf && w->nb[1] >= row && w->view_offs + (size_t)(M - 1) * w->nb[1] + row <= bytes;
+    const bool rows = of_leaf && w->nb[1] == (size_t)K * es && w->view_offs + (size_t)(M + R) * w->nb[1] <= bytes;
+    if (!cols && !rows)
         OP_FAIL(ctx, FORGE_ERR_SHAPE,
-                "forge_lora_set_spare: W %s (row stride %zu bytes, a %s) has no %lld spare elements after each row: want a view of a leaf with "
-                "a row stride of at least K + R = %lld elements inside it, e.g. the first %lld columns of a [%lld, %lld] leaf",
-                forge_shape_str(w).c_str(), w->nb[1], w->op == FORGE_OP_VIEW ? "view" : "tensor that is not a view", (long long)R,
-                (long long)(K + R), (long long)K, (long long)(K + R), (long long)M);
-    lora->op_i[4] = 1;
+                "forge_lora_set_spare: W %s (row stride %zu bytes, a %s) has neither %lld spare elements after each row nor %lld spare rows "
+                "after its last: want a view of a leaf with a row stride of at least K + R = %lld elements inside it, e.g. the first %lld "
+                "columns of a [%lld, %lld] leaf, or the first %lld rows of a [%lld, %lld] leaf",
+                forge_shape_str(w).c_str(), w->nb[1], w->op == FORGE_OP_VIEW ? "view" : "tensor that is not a view", (long long)R, (long long)R,
+                (long long)(K + R), (long long)K, (long long)(K + R), (long long)M, (long long)M, (long long)K, (long long)(M + R));
+    lora->op_i[4] = cols ? 1 : 2;
     return lora;
 }
 

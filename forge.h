@@ -270,12 +270,16 @@ FORGE_API forge_tensor *forge_matmul(forge_ctx *ctx, forge_tensor *a, forge_tens
    rows i*r..i*r+r-1 of x A^T. block_rows may be NULL when n_blocks == 1. */
 FORGE_API forge_tensor *forge_lora(forge_ctx *ctx, forge_tensor *x, forge_tensor *w, forge_tensor *b,
                                    forge_tensor *a, forge_tensor *bm, float scale, int n_blocks, const int64_t *block_rows);
-/* Marks a forge_lora node: each row of its W is followed by R = n_blocks*r spare elements of W's
-   buffer that the op may overwrite (scratch). W must be a view of a leaf, with unit element
-   stride, a row stride of at least K + R elements and the spare elements inside the leaf - e.g.
-   the first K columns of a [K + R, M] leaf. A backend may then fold the low-rank term into the
-   base GEMM (one GEMM of depth K + R over [x | u] and [W | scale B]); the result is the same
-   LoRA linear. Returns lora, or NULL with the context's error when W does not qualify. */
+/* Marks a forge_lora node whose W has spare elements in its leaf that the op may overwrite
+   (scratch), R = n_blocks*r of them either after each row or as whole rows after the last. W
+   must be a view of a leaf with unit element stride and either a row stride of at least K + R
+   elements with the spare elements inside the leaf - e.g. the first K columns of a [K + R, M]
+   leaf - or a row stride of K elements and R more rows inside the leaf - e.g. the first M rows of
+   a [K, M + R] leaf. A backend may then fold the low-rank term into the base GEMMs: spare columns,
+   one GEMM of depth K + R over [x | u] and [W | scale B] (and the backward's du out of the dX
+   GEMM); spare rows, the backward's dX as one GEMM of depth M + R over [dy | du] and [W ; A]. The
+   result is the same LoRA linear. Returns lora, or NULL with the context's error when W does not
+   qualify. */
 FORGE_API forge_tensor *forge_lora_set_spare(forge_ctx *ctx, forge_tensor *lora);
 /* Exact causal attention: q [D, Hq, T, B], k and v [D, Hkv, T, B] (Hq a multiple of Hkv),
    doc_ids I32 [T, B] or NULL (a token attends only to earlier tokens with its document id),

@@ -44,7 +44,8 @@
 //                   (bwd: dX, dA + dX's low-rank term, du + dB; u = x A^T is the forward's
 //                   saved res[1], which the forward writes and LORA_BACK reads: not recomputed;
 //                   lora_mlp's W is the model's padded gate/up, so its forward is the folded
-//                   GEMM of depth K + R: the same FLOPs counted, R/K more done)
+//                   GEMM of depth K + R: the same FLOPs counted, R/K more done; lora_o's and
+//                   lora_down's W has spare rows, so their dX is one GEMM of depth M + R)
 //   attention       fwd 2 B Hq D T (T+1) (causal)  bwd 2.5 x fwd
 //   cross_entropy   fwd 2 N C V                    fwd+bwd 4 N C V (loss and dH in one pass)
 //                   "logits": bytes 8 N V, the least it can move (F32 logits read once, dz
@@ -323,10 +324,11 @@ static Case linear_case(const std::string &shape, int64_t K, int64_t M, int64_t 
 // block: linear(x, W_i) + scale * matmul(matmul(x, A_i^T), B_i^T). The fused graph has a
 // backward, so its LORA saves u (res[1], kept alive like every timed node's results): "fwd"
 // includes writing u, "bwd" (LORA_BACK) reads it instead of recomputing it. spare: W as the
-// model builds gate/up (models/model.cpp model_add_lora): the first K columns of a [K + R, M]
-// leaf, the LORA flagged by forge_lora_set_spare, so its forward is the folded one GEMM.
+// model builds it (models/model.cpp model_add_lora), the LORA flagged by forge_lora_set_spare:
+// 1 (gate/up) the first K columns of a [K + R, M] leaf, so its forward is the folded one GEMM;
+// 2 (o, down) the first M rows of a [K, M + R] leaf, so its backward's dX is one GEMM over [dy | du].
 static Case lora_case(const char *kernel, const std::string &shape, int64_t K, std::vector<int64_t> rows, int64_t r, int64_t N, float scale,
-                      bool spare = false) {
+                      int spare = 0) {
     Case c{kernel, shape};
     c.bound = GEMM;
     c.grad = c.dirs3 = true;
@@ -339,8 +341,8 @@ static Case lora_case(const char *kernel, const std::string &shape, int64_t K, s
         forge_tensor *x = b.train({K, N}), *w = b.weight({K, M}), *a = b.train({K, R}), *bm = b.train({r, M});
         if (spare) {
             const int64_t ne[2] = {K, M};
-            const size_t nb[2] = {2, (size_t)(K + R) * 2};
-            w = forge_view(b.ctx, b.weight({K + R, M}), 2, ne, nb, 0);
+            const size_t nb[2] = {2, (size_t)(spare == 1 ? K + R : K) * 2};
+            w = forge_view(b.ctx, spare == 1 ? b.weight({K + R, M}) : b.weight({K, M + R}), 2, ne, nb, 0);
         }
         forge_tensor *y = forge_lora(b.ctx, x, w, NULL, a, bm, scale, (int)rows.size(), rows.data());
         b.ys = {spare ? forge_lora_set_spare(b.ctx, y) : y};
@@ -507,9 +509,13 @@ static std::vector<Case> make_cases() {
     });
     cs.push_back(lora_case("lora_qkv", "liger 4x2048 4096->4096/1024/1024 r8", 4096, {4096, 1024, 1024}, 8, 8192, 2.0f));
     each_model([&](const Model &m, int64_t N) {
-        cs.push_back(lora_case("lora_mlp", fmt("%s %lldx%lld->2x%lld r16", m.name, (long long)N, (long long)m.H, (long long)m.F), m.H, {m.F, m.F}, 16, N, 2.0f, true));
+        cs.push_back(lora_case("lora_mlp", fmt("%s %lldx%lld->2x%lld r16", m.name, (long long)N, (long long)m.H, (long long)m.F), m.H, {m.F, m.F}, 16, N, 2.0f, 1));
     });
-    cs.push_back(lora_case("lora_mlp", "liger 4x2048 4096->2x14336 r16", 4096, {14336, 14336}, 16, 8192, 2.0f, true));
+    cs.push_back(lora_case("lora_mlp", "liger 4x2048 4096->2x14336 r16", 4096, {14336, 14336}, 16, 8192, 2.0f, 1));
+    each_model([&](const Model &m, int64_t N) {
+        cs.push_back(lora_case("lora_o", fmt("%s %lldx%lld->%lld r16", m.name, (long long)N, (long long)(m.Hq * m.D), (long long)m.H), m.Hq * m.D, {m.H}, 16, N, 2.0f, 2));
+        cs.push_back(lora_case("lora_down", fmt("%s %lldx%lld->%lld r16", m.name, (long long)N, (long long)m.F, (long long)m.H), m.F, {m.H}, 16, N, 2.0f, 2));
+    });
     each_model([&](const Model &m, int64_t N) {
         cs.push_back(lora_down_glu_case(fmt("%s %lldx%lld->%lld r16", m.name, (long long)N, (long long)m.F, (long long)m.H), m.F, m.H, 16, N,
                                         m.gemma ? FORGE_GLU_GEGLU_TANH : FORGE_GLU_SWIGLU));

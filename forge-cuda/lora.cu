@@ -187,9 +187,12 @@ struct prepped {
     const char *ac, *bd; // R x K and M x R, both of type d.T, dense
 };
 
+bool spare_rows(const forge_tensor *node, const lora_dims &d);
+char *spare_rows_ac(const lora_dims &d);
+
 prepped prep(const forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, char **scratch) {
     if (const forge_cuda_fusions::lora_prep *h = hoisted(node, p)) return {h->ac, h->bd};
-    char *ac = take(scratch, (size_t)(d.R * d.K * type_size(d.T)));
+    char *ac = spare_rows(node, d) ? spare_rows_ac(d) : take(scratch, (size_t)(d.R * d.K * type_size(d.T)));
     char *bd = take(scratch, (size_t)(d.M * d.R * type_size(d.T)));
     launch_prep(p, d, ac, bd, d.R, 1.0f);
     return {ac, bd};
@@ -239,6 +242,16 @@ bool folds(const forge_tensor *node, const lora_dims &d, int64_t *ldw) {
     *ldw = ld;
     return ok;
 }
+
+// Whether the node's W has R spare rows (forge_lora_set_spare, op_i[4] = 2: W [K, M] the first M
+// rows of a leaf with R more, row stride K) that hold Ac, so that [W ; Ac] is one (M + R) x K
+// operand of 16-bit type T: the model's o and down. The prep writes Ac there (not into scratch); the
+// backward's dX is then one GEMM of depth M + R over [dy | du] (see the backward).
+bool spare_rows(const forge_tensor *node, const lora_dims &d) {
+    int64_t ld = 0;
+    return node->op_i[4] == 2 && d.T != FORGE_TYPE_F32 && d.w->type == d.T && forge_rows_in_place(d.w, &ld) && ld == d.K;
+}
+char *spare_rows_ac(const lora_dims &d) { return (char *)d.w->data + d.M * d.K * type_size(d.T); }
 
 // xp (N rows of K + R 16-bit elements, dense) = [x | u]: x's rows ldx apart, u dense N x R.
 // V elements per access: uint4 (8 elements) when every row start is 16-byte aligned, else one.
@@ -490,6 +503,12 @@ void lora_grads(const forge_cuda_params *p, const lora_dims &d, const char *x, i
 // ---- the backward ---------------------------------------------------------------------------------
 //
 // Plain:  prep (Ac, Bd), du = scale dy Bd, dA and dB, dX = du Ac, dX = dy W + dX.
+// Spare rows (W's R spare rows hold Ac: spare_rows): prep, du, dA and dB as plain, then
+// dyp = [dy | du] (N x (M + R), scratch) and dX = dyp [W ; Ac], one GEMM of depth M + R: the
+// plain form's write of du Ac into dX and its read back as the base GEMM's C (2 N K elements:
+// 80 MB at Qwen2.5-0.5B's down, 4096 tokens) become a copy of dy (N M: 7 MB there). Precision:
+// dy W and du Ac are summed in the GEMM's fp32 accumulator and rounded once (the plain form
+// rounds du Ac, then the sum).
 // Folded (flagged; W has R spare columns per row, see folds): prep writes Ac and scale Bd into W's
 // spare columns as the forward does, then one GEMM G = dy [W | scale Bd] (N x (K + R), scratch)
 // gives dy W in its first K columns and du in its last R: the separate du GEMM and its read of dy
@@ -509,7 +528,8 @@ size_t backward_work(const forge_tensor *node, const lora_dims &d) {
     bytes += rank_work(d, d.T);
     if (dx)
         bytes += forge_cuda_gemm_rows_work(d.w, d.T) +
-                 (forge_cuda_gemm_out_type(dx->type, d.T) != dx->type ? align_up((size_t)(d.N * d.K) * sizeof(float)) : 0);
+                 (forge_cuda_gemm_out_type(dx->type, d.T) != dx->type ? align_up((size_t)(d.N * d.K) * sizeof(float)) : 0) +
+                 (spare_rows(node, d) ? align_up((size_t)(d.N * (d.M + d.R) * type_size(d.T))) : 0);
     return bytes;
 }
 
@@ -542,12 +562,18 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     const forge_cuda_params side = forge_cuda_fork_side(p); // dA, dB beside dX (which writes dX and scratch past du only)
     lora_grads(&side, d, x, ldx, glu_work, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
     if (!dx_t) return forge_cuda_join_side(p);
-    // dX = du Ac, then dX = dy W + dX
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
     const void *w = forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch);
     void *dx = ct == dx_t->type ? dx_t->data : take(&scratch, (size_t)(d.N * d.K) * sizeof(float));
-    forge_cuda_gemm(p, d.N, d.K, d.R, du, d.R, 0, pr.ac, d.K, 0, T, dx, d.K, ct, 1.0f, 0.0f, nullptr, T);
-    forge_cuda_gemm(p, d.N, d.K, d.M, dy, ldy, 0, w, ldw, 0, T, dx, d.K, ct, 1.0f, 1.0f, nullptr, T);
+    if (spare_rows(node, d)) { // dX = [dy | du] [W ; Ac]
+        const int64_t MR = d.M + d.R;
+        char *dyp = take(&scratch, (size_t)(d.N * MR * type_size(T)));
+        concat(p, dy, ldy, du, dyp, d.N, d.M, d.R);
+        forge_cuda_gemm(p, d.N, d.K, MR, dyp, MR, 0, w, d.K, 0, T, dx, d.K, ct, 1.0f, 0.0f, nullptr, T);
+    } else { // dX = du Ac, then dX = dy W + dX
+        forge_cuda_gemm(p, d.N, d.K, d.R, du, d.R, 0, pr.ac, d.K, 0, T, dx, d.K, ct, 1.0f, 0.0f, nullptr, T);
+        forge_cuda_gemm(p, d.N, d.K, d.M, dy, ldy, 0, w, ldw, 0, T, dx, d.K, ct, 1.0f, 1.0f, nullptr, T);
+    }
     if (dx != dx_t->data) forge_cuda_convert(p, forge_cuda_dense_view(dx, FORGE_TYPE_F32, dx_t->ne), dx_t->data, dx_t->type);
     forge_cuda_join_side(p);
 }
@@ -597,16 +623,19 @@ size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forg
         const lora_dims d = dims_of(t);
         if (!leaf(d.a) || !leaf(d.b)) continue;
         int64_t ldw = 0;
-        const bool fold = folds(t, d, &ldw);
-        // a LORA and its LORA_BACK: same A, B, operand type and form (the folded form's scale Bd lives in W)
+        const bool fold = folds(t, d, &ldw), rows = !fold && spare_rows(t, d);
+        // a LORA and its LORA_BACK: same A, B, operand type and form (the folded form's scale Bd
+        // lives in W's spare columns, the spare-rows form's Ac in W's spare rows)
         uint32_t scale_bits;
         std::memcpy(&scale_bits, &d.scale, sizeof scale_bits);
-        const std::vector<int64_t> key{(int64_t)(uintptr_t)d.a->data, (int64_t)(uintptr_t)d.b->data, (int64_t)d.T, fold,
-                                       fold ? (int64_t)(uintptr_t)d.w->data : 0, fold ? (int64_t)scale_bits : 0};
+        const std::vector<int64_t> key{(int64_t)(uintptr_t)d.a->data, (int64_t)(uintptr_t)d.b->data, (int64_t)d.T, fold + 2 * rows,
+                                       fold || rows ? (int64_t)(uintptr_t)d.w->data : 0, fold ? (int64_t)scale_bits : 0};
         auto it = by_key.find(key);
         if (it == by_key.end()) {
-            const size_t ac_bytes = align_up((size_t)(d.R * d.K * type_size(d.T))), bd_bytes = fold ? 0 : align_up((size_t)(d.M * d.R * type_size(d.T)));
-            char *ac = mem ? mem + bytes : nullptr, *bd = fold ? (char *)d.w->data + d.K * type_size(d.T) : mem ? mem + bytes + ac_bytes : nullptr;
+            const size_t ac_bytes = rows ? 0 : align_up((size_t)(d.R * d.K * type_size(d.T)));
+            const size_t bd_bytes = fold ? 0 : align_up((size_t)(d.M * d.R * type_size(d.T)));
+            char *ac = rows ? spare_rows_ac(d) : mem ? mem + bytes : nullptr;
+            char *bd = fold ? (char *)d.w->data + d.K * type_size(d.T) : mem ? mem + bytes + ac_bytes : nullptr;
             bytes += ac_bytes + bd_bytes;
             it = by_key.emplace(key, slots.size()).first;
             slots.push_back({job_of(d, ac, bd, fold ? ldw : d.R, fold ? d.scale : 1.0f), fold, {}});

@@ -63,18 +63,19 @@ static forge_tensor *lora_param(Model &m, int64_t ne0, int64_t ne1, const char *
 }
 
 // Re-creates the frozen leaf *w [K, M] as the first K columns of a leaf [K + spare, M] (the
-// same bytes per row plus `spare` elements that a LORA may use as scratch: forge_lora_set_spare)
-// and moves the sources that were to fill *w to the view; model_upload pads the rows.
-static void give_spare_columns(Model &m, forge_tensor **w, int64_t spare) {
+// same bytes per row plus `spare` elements that a LORA may use as scratch: forge_lora_set_spare),
+// or (rows) as the first M rows of a leaf [K, M + spare], and moves the sources that were to fill
+// *w to the view; model_upload zeroes the spare elements.
+static void give_spare(Model &m, forge_tensor **w, int64_t spare, bool rows) {
     forge_tensor *old = *w;
     const int64_t K = forge_tensor_ne(old, 0), M = forge_tensor_ne(old, 1);
     const forge_type type = forge_tensor_type(old);
     const size_t es = forge_type_size(type);
-    forge_tensor *leaf = forge_tensor_new_2d(m.ctx, type, K + spare, M);
+    forge_tensor *leaf = rows ? forge_tensor_new_2d(m.ctx, type, K, M + spare) : forge_tensor_new_2d(m.ctx, type, K + spare, M);
     if (!leaf) return;
     forge_tensor_set_name(leaf, (std::string(forge_tensor_name(old)) + ".padded").c_str());
     const int64_t ne[2] = {K, M};
-    const size_t nb[2] = {es, (size_t)(K + spare) * es};
+    const size_t nb[2] = {es, (size_t)(rows ? K : K + spare) * es};
     forge_tensor *v = forge_view(m.ctx, leaf, 2, ne, nb, 0);
     if (!v) return;
     forge_tensor_set_name(v, forge_tensor_name(old));
@@ -94,11 +95,13 @@ void model_add_lora(Model &m, const LoraConfig &lc) {
         const bool half = m.wtype == FORGE_TYPE_BF16 || m.wtype == FORGE_TYPE_F16;
         // the folded form (one GEMM over [x | u], the backward's du out of the dX GEMM) pays where
         // the unfolded one's pass over the output is the larger: gate/up, and q/k/v when its
-        // output is wider than its input (Qwen3, Gemma, Gemma2, Qwen2.5); not once the weight has
-        // memory (uploaded for generation before the adapter came)
-        auto pad = [&](forge_tensor **w, int64_t spare, int64_t *out) {
+        // output is wider than its input (Qwen3, Gemma, Gemma2, Qwen2.5); o and down get spare
+        // rows instead (the backward's dX as one GEMM over [dy | du], no pass over dX for the
+        // low-rank term: 80 MB at Qwen2.5's down, 4096 tokens); not once the weight has memory
+        // (uploaded for generation before the adapter came)
+        auto pad = [&](forge_tensor **w, int64_t spare, int64_t *out, bool rows = false) {
             if (!m.lora_spare || !half || (*w)->op != FORGE_OP_NONE || (*w)->data) return;
-            give_spare_columns(m, w, spare);
+            give_spare(m, w, spare, rows);
             if ((*w)->op == FORGE_OP_VIEW) *out = spare;
         };
         if (lc.q || lc.k || lc.v) {
@@ -110,6 +113,7 @@ void model_add_lora(Model &m, const LoraConfig &lc) {
         if (lc.o) {
             y.a_o = lora_param(m, c.n_head * D, r, "attn_output.lora_a", l);
             y.b_o = lora_param(m, r, H, "attn_output.lora_b", l);
+            pad(&y.wo, r, &y.wo_spare, true);
         }
         if (lc.gate || lc.up) {
             y.a_gu = lora_param(m, H, gu_blocks * r, "ffn_gate_up.lora_a", l);
@@ -119,6 +123,7 @@ void model_add_lora(Model &m, const LoraConfig &lc) {
         if (lc.down) {
             y.a_down = lora_param(m, c.ffn, r, "ffn_down.lora_a", l);
             y.b_down = lora_param(m, r, H, "ffn_down.lora_b", l);
+            pad(&y.wdown, r, &y.wdown_spare, true);
         }
     }
 }
@@ -151,7 +156,7 @@ static forge_tensor *upload_target(forge_tensor *t, int64_t *ld) {
         t->ne[2] != 1 || t->ne[3] != 1 || !forge_tensor_is_contiguous(root))
         return nullptr;
     *ld = (int64_t)(t->nb[1] / es);
-    return *ld >= t->ne[0] && forge_tensor_nelements(root) == *ld * t->ne[1] ? root : nullptr;
+    return *ld >= t->ne[0] && forge_tensor_ne(root, 0) == *ld && forge_tensor_nelements(root) >= *ld * t->ne[1] ? root : nullptr;
 }
 
 bool model_upload(Model &m, std::string *err) {
@@ -166,11 +171,11 @@ bool model_upload(Model &m, std::string *err) {
             return false;
         }
         if (!(dst = upload_target(t, &ld))) {
-            *err = std::string("weight ") + forge_tensor_name(t) + ": a view that is not the leading columns of a leaf's rows";
+            *err = std::string("weight ") + forge_tensor_name(t) + ": a view that is not the leading columns and rows of a leaf";
             return false;
         }
         const int64_t K = t->ne[0], total = forge_tensor_nelements(dst);
-        if (ld == K) staging.resize((size_t)total);
+        if (total == K * t->ne[1]) staging.resize((size_t)total);
         else staging.assign((size_t)total, 0.0f); // the spare elements of a padded weight: zeros
         int64_t row = 0, col = 0;                  // of the next source element in t
         for (const WeightSource &s : ts.second) {
@@ -195,9 +200,10 @@ static forge_tensor *input(forge_ctx *ctx, forge_type type, int64_t ne0, int64_t
 }
 
 // x W^T (+ bias) with the layer's LoRA when it has one.
-// spare: elements after each row of w (Layer::wgu_spare, wqkv_spare); when there are at least R of them (the
-// adapter's rank times its blocks), the LORA may use them (forge_lora_set_spare: on CUDA, one
-// GEMM of depth K + R).
+// spare: elements after each row of w (Layer::wgu_spare, wqkv_spare), or rows after its last
+// (wo_spare, wdown_spare); when there are at least R of them (the adapter's rank times its
+// blocks), the LORA may use them (forge_lora_set_spare: on CUDA, one GEMM of depth K + R, or the
+// backward's dX as one of depth M + R).
 static forge_tensor *project(Model &m, forge_tensor *x, forge_tensor *w, forge_tensor *b, forge_tensor *la, forge_tensor *lb, int blocks,
                              const int64_t *rows, int64_t spare = 0) {
     if (!la) return forge_linear(m.ctx, x, w, b);
@@ -244,13 +250,13 @@ forge_tensor *model_layer_out(Model &m, int l, forge_tensor *h, forge_tensor *at
     const ModelConfig &c = m.cfg;
     const Layer &y = m.layers[(size_t)l];
     const int64_t gu_rows[2] = {c.ffn, c.ffn}, one[3] = {c.n_head * c.head_dim, T, B};
-    forge_tensor *o = project(m, forge_reshape(ctx, attn, 3, one), y.wo, nullptr, y.a_o, y.b_o, 1, nullptr);
+    forge_tensor *o = project(m, forge_reshape(ctx, attn, 3, one), y.wo, nullptr, y.a_o, y.b_o, 1, nullptr, y.wo_spare);
     if (c.sandwich_norms) o = model_norm(m, o, y.post_attn_norm);
     h = forge_add(ctx, h, o);
     forge_tensor *x = model_norm(m, h, y.ffn_norm);
     forge_tensor *f = forge_glu(ctx, project(m, x, y.wgu, nullptr, y.a_gu, y.b_gu, 2, gu_rows, y.wgu_spare), c.act);
     if (f && l < m.recompute_layers) forge_tensor_set_flags(f, FORGE_FLAG_RECOMPUTE);
-    f = project(m, f, y.wdown, nullptr, y.a_down, y.b_down, 1, nullptr);
+    f = project(m, f, y.wdown, nullptr, y.a_down, y.b_down, 1, nullptr, y.wdown_spare);
     if (c.sandwich_norms) f = model_norm(m, f, y.post_ffn_norm);
     return forge_add(ctx, h, f);
 }

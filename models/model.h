@@ -61,7 +61,9 @@ struct Layer {
     // 16-bit wgu the first columns of a [hidden + R, 2 ffn] leaf (and wqkv of a [hidden + R, rows]
     // one when its output is wider than its input), so that its LORA folds the low-rank term into
     // the base GEMM on CUDA (forge_lora_set_spare); model_upload fills the spare ones with 0.
-    int64_t wgu_spare = 0, wqkv_spare = 0;
+    // wo_spare, wdown_spare: spare rows after the last of wo and wdown (the first rows of a
+    // [in, out + R] leaf), so that their LORA_BACK makes dX in one GEMM of depth out + R.
+    int64_t wgu_spare = 0, wqkv_spare = 0, wo_spare = 0, wdown_spare = 0;
     // LoRA (NULL when the projection carries none): A [in, blocks*r], B [r, out]
     forge_tensor *a_qkv, *b_qkv, *a_o, *b_o, *a_gu, *b_gu, *a_down, *b_down;
 };
@@ -75,7 +77,8 @@ struct Model {
     int64_t recompute_layers = 0;       // the backward recomputes the GLU output of layers [0, this)
                                         // instead of keeping it (ffn x tokens activations per layer)
     bool lora_spare = true;             // model_add_lora pads 16-bit gate/up and wide q/k/v weights
-                                        // (Layer::wgu_spare, wqkv_spare); false keeps them plain (the
+                                        // with spare columns and o and down with spare rows
+                                        // (Layer::*_spare); false keeps them plain (the
                                         // unfolded LORA everywhere)
     forge_tensor *tok_embd = nullptr, *output_norm = nullptr, *lm_head = nullptr;
     std::vector<Layer> layers;
@@ -88,9 +91,10 @@ struct Model {
 void model_create(Model &m, forge_ctx *ctx, const ModelConfig &cfg, forge_type wtype);
 // Adds LoRA A/B (F32, PARAM) to the chosen projections; A gets PEFT's kaiming-uniform
 // initialisation from seed once allocated, B zeros (see model_init_lora). With m.lora_spare and
-// a 16-bit model, gate/up's weight becomes a view with R = 2 r spare elements per row, and q/k/v's
-// one with R = 3 r when its rows outnumber hidden (its sources follow it): call it before
-// allocating, and fill weights through model_upload.
+// a 16-bit model, gate/up's weight becomes a view with R = 2 r spare elements per row, q/k/v's
+// one with R = 3 r when its rows outnumber hidden, and o's and down's views of their first rows
+// with r spare rows after them (the sources follow them): call it before allocating, and fill
+// weights through model_upload.
 void model_add_lora(Model &m, const LoraConfig &lc);
 // Uploads every weight from its sources (after forge_backend_alloc_graph). Errors name the tensor.
 bool model_upload(Model &m, std::string *err);

@@ -9,7 +9,8 @@
 // forward-only graph (no u result) giving bitwise the training graph's y. Then the folded
 // forward of a LORA whose W has R spare elements per row (forge_lora_set_spare, the model's
 // gate/up): Qwen2.5 and Gemma2 gate/up shapes, shapes off its 16-byte copy path, F16, biases, and
-// its saved u / forward-only agreement. Graphs run by the backend make the casts of A and B for
+// its saved u / forward-only agreement; then a W with R spare rows (the model's o and down: the
+// backward's dX as one GEMM over [dy | du]). Graphs run by the backend make the casts of A and B for
 // all their LoRAs in one kernel at the start (A and B leaves); the own-prep cases compute A and B
 // in the graph, so each node runs its own prep, folded and not. Last, the down projection of a
 // GLU output marked for recompute, whose backward makes x again from gate/up.
@@ -25,21 +26,23 @@ struct LoraShape {
     int64_t T, B;
 };
 
-// W [K, M] of type wt: a plain leaf, or (spare) the first K columns of a leaf [K + R, M], the
-// model's padded gate/up, whose LORA is then flagged (forge_lora_set_spare: on CUDA, the folded
-// forward, one GEMM of depth K + R). The harness fills the whole leaf, spare elements included.
-forge_tensor *weight_of(forge_ctx *ctx, forge_type wt, int64_t K, int64_t M, int64_t R, bool spare) {
+// W [K, M] of type wt: a plain leaf (spare 0), the first K columns of a leaf [K + R, M] (1: the
+// model's padded gate/up; on CUDA the folded forward, one GEMM of depth K + R) or the first M
+// rows of a leaf [K, M + R] (2: the model's o and down; on CUDA the backward's dX as one GEMM of
+// depth M + R), whose LORA is then flagged (forge_lora_set_spare). The harness fills the whole
+// leaf, spare elements included.
+forge_tensor *weight_of(forge_ctx *ctx, forge_type wt, int64_t K, int64_t M, int64_t R, int spare) {
     if (!spare) return forge_tensor_new_2d(ctx, wt, K, M);
-    forge_tensor *wp = forge_tensor_new_2d(ctx, wt, K + R, M);
+    forge_tensor *wp = spare == 1 ? forge_tensor_new_2d(ctx, wt, K + R, M) : forge_tensor_new_2d(ctx, wt, K, M + R);
     const int64_t ne[2] = {K, M};
-    const size_t es = forge_type_size(wt), nb[2] = {es, (size_t)(K + R) * es};
+    const size_t es = forge_type_size(wt), nb[2] = {es, (size_t)(spare == 1 ? K + R : K) * es};
     return forge_view(ctx, wp, 2, ne, nb, 0);
 }
 
 // x [K, T, B] (xt), W [K, M] (wt; spare: see weight_of), A F32 [K, r * blocks], B F32 [r, M],
 // bias [M] (bt or none). own_prep: the LORA reads A and B through a SCALE by 1 (computed in the
 // graph, so its prep is not hoisted).
-void lora_case(const char *name, forge_type xt, forge_type wt, int bt, const LoraShape &s, float scale = 2.0f, bool spare = false,
+void lora_case(const char *name, forge_type xt, forge_type wt, int bt, const LoraShape &s, float scale = 2.0f, int spare = 0,
                bool own_prep = false) {
     conformance(name, [=](forge_ctx *ctx) {
         ConfCase c;
@@ -65,7 +68,7 @@ void lora_case(const char *name, forge_type xt, forge_type wt, int bt, const Lor
 // The saved u of one LORA: built with a backward on the CPU and on CUDA (conf_setup), u compared
 // like an output; then a forward-only CUDA graph of the same case, which must have no u and
 // give bitwise the same y.
-void saved_u_case(const char *name, forge_type xt, forge_type wt, const LoraShape &s, float scale = 2.0f, bool spare = false) {
+void saved_u_case(const char *name, forge_type xt, forge_type wt, const LoraShape &s, float scale = 2.0f, int spare = 0) {
     int64_t M = 0;
     for (int64_t rows : s.blocks) M += rows;
     const int nb = (int)s.blocks.size();
@@ -123,16 +126,17 @@ void saved_u_case(const char *name, forge_type xt, forge_type wt, const LoraShap
 // FORGE_FLAG_RECOMPUTE, so LORA_BACK makes x again from gu (op_i[5]): in bf16 by its fused kernel
 // (token splits and slabs partly filled, ranks padded), else ~8 MB of rows at a time (several
 // chunks at T = 1000); gu's gradient checks dX through GLU_BACK, A's the recomputed x.
-void glu_x_case(const char *name, forge_type t, forge_glu_kind kind, int64_t F, int64_t M, int64_t r, int64_t T) {
+void glu_x_case(const char *name, forge_type t, forge_glu_kind kind, int64_t F, int64_t M, int64_t r, int64_t T, int spare = 0) {
     conformance(name, [=](forge_ctx *ctx) {
         ConfCase c;
-        forge_tensor *gu = forge_tensor_new_2d(ctx, t, 2 * F, T), *w = forge_tensor_new_2d(ctx, t, F, M);
+        forge_tensor *gu = forge_tensor_new_2d(ctx, t, 2 * F, T), *w = weight_of(ctx, t, F, M, r, spare);
         forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, F, r), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, r, M);
         forge_tensor *x = forge_glu(ctx, gu, kind);
         forge_tensor_set_flags(x, FORGE_FLAG_RECOMPUTE);
         c.y = forge_lora(ctx, x, w, nullptr, a, b, 2.0f, 1, &M);
+        if (spare) c.y = forge_lora_set_spare(ctx, c.y);
         c.params = {gu, a, b};
-        c.scales[w] = c.scales[a] = 1.0f / std::sqrt((float)F);
+        c.scales[forge_view_root(w)] = c.scales[a] = 1.0f / std::sqrt((float)F);
         c.scales[b] = 0.5f / std::sqrt((float)r);
         return c;
     });
@@ -190,7 +194,7 @@ int main() {
     // the folded forward (W with R spare elements per row, the model's gate/up): Qwen2.5-0.5B and
     // Gemma2-2B gate/up, then shapes off the 16-byte path (K, R or ld not multiples of 8), F16, a
     // bias, and flagged LORAs the CUDA backend runs unfolded (F32; mixed x/W types)
-    const bool kSpare = true;
+    const int kSpare = 1, kRows = 2;
     lora_case("spare lora bf16 qwen2.5 gate/up 896->[4864,4864] r16 x 512", BF16, BF16, kNone, {896, 16, {4864, 4864}, 512, 1}, 2.0f, kSpare);
     lora_case("spare lora bf16 gemma2 gate/up 2304->[9216,9216] r16 x 256", BF16, BF16, kNone, {2304, 16, {9216, 9216}, 256, 1}, 2.0f, kSpare);
     lora_case("spare lora bf16 77->[40,40] r5 x 13 x 3 + bf16 bias", BF16, BF16, BF16, {77, 5, {40, 40}, 13, 3}, 2.0f, kSpare);
@@ -202,6 +206,19 @@ int main() {
     saved_u_case("saved u, spare bf16 qwen2.5 gate/up x 512", BF16, BF16, {896, 16, {4864, 4864}, 512, 1}, 2.0f, kSpare);
     saved_u_case("saved u, spare bf16 77->[40,40] r5", BF16, BF16, {77, 5, {40, 40}, 13, 3}, 2.0f, kSpare);
 
+    // spare rows (W's R spare rows hold A: the backward's dX as one GEMM over [dy | du], the
+    // model's o and down): Qwen2.5-0.5B o and down, Gemma2-2B down, shapes off the copy's 16-byte
+    // path, F16, a bias, one row, the flagged F32 and mixed-type LORAs that CUDA runs plain
+    lora_case("spare rows lora bf16 qwen2.5 o 896->896 r16 x 512", BF16, BF16, kNone, o, 2.0f, kRows);
+    lora_case("spare rows lora bf16 qwen2.5 down 4864->896 r16 x 256", BF16, BF16, kNone, down, 2.0f, kRows);
+    lora_case("spare rows lora bf16 gemma2 down 9216->2304 r16 x 128", BF16, BF16, kNone, {9216, 16, {2304}, 128, 1}, 2.0f, kRows);
+    lora_case("spare rows lora bf16 77->40 r5 x 13 x 3 + bf16 bias", BF16, BF16, BF16, {77, 5, {40}, 13, 3}, 2.0f, kRows);
+    lora_case("spare rows lora bf16 one row 4864->896 r16 + f32 bias", BF16, BF16, F32, {4864, 16, {896}, 1, 1}, 2.0f, kRows);
+    lora_case("spare rows lora f16 200->150 r4 x 33 + f16 bias", F16, F16, F16, {200, 4, {150}, 33, 1}, 2.0f, kRows);
+    lora_case("spare rows lora f32 (plain) 77->33 r5", F32, F32, kNone, {77, 5, {33}, 13, 3}, 2.0f, kRows);
+    lora_case("spare rows lora bf16 x, f32 W (plain) 128->96 r8", BF16, F32, kNone, {128, 8, {96}, 300, 1}, 0.5f, kRows);
+    saved_u_case("saved u, spare rows bf16 qwen2.5 down x 256", BF16, BF16, down, 2.0f, kRows);
+
     // x = GLU(gu), made again by the LoRA backward: Qwen2.5-0.5B and Gemma2-2B down, F off the
     // 8-wide path in F32
     glu_x_case("recomputed swiglu x: lora bf16 qwen2.5 down 4864->896 r16 x 1000", BF16, FORGE_GLU_SWIGLU, 4864, 896, 16, 1000);
@@ -210,11 +227,13 @@ int main() {
     glu_x_case("recomputed geglu x: lora bf16 qwen2.5 down r48 x 300", BF16, FORGE_GLU_GEGLU_TANH, 4864, 896, 48, 300);
     glu_x_case("recomputed swiglu x: lora bf16 2050->77 r5 x 1000 (GEMM path)", BF16, FORGE_GLU_SWIGLU, 2050, 77, 5, 1000);
     glu_x_case("recomputed swiglu x: lora f32 2050->77 r5 x 1000", F32, FORGE_GLU_SWIGLU, 2050, 77, 5, 1000);
+    glu_x_case("recomputed swiglu x, spare rows: lora bf16 qwen2.5 down r16 x 1000", BF16, FORGE_GLU_SWIGLU, 4864, 896, 16, 1000, kRows);
 
     // A and B computed in the graph: each LORA and LORA_BACK runs its own prep
     const bool kOwnPrep = true;
     lora_case("own prep lora bf16 qwen2.5 q/k/v + f32 bias", BF16, BF16, F32, qkv, 2.0f, false, kOwnPrep);
     lora_case("own prep spare lora bf16 qwen2.5 gate/up x 512", BF16, BF16, kNone, {896, 16, {4864, 4864}, 512, 1}, 2.0f, kSpare, kOwnPrep);
+    lora_case("own prep spare rows lora bf16 qwen2.5 down x 256", BF16, BF16, kNone, down, 2.0f, kRows, kOwnPrep);
     lora_case("own prep lora f32 77->[33,9,9] r5", F32, F32, kNone, odd, 2.0f, false, kOwnPrep);
     return test_finish("test-cuda-lora");
 }

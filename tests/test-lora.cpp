@@ -285,9 +285,9 @@ void check_saved_u(forge_type type) {
 }
 
 // forge_lora_set_spare on the CPU, which ignores the flag: the same LORA, forward and backward
-// (gradients of x, A, B and the bias), on W as a plain leaf and on W as the first K columns of a
-// [K + R, M] leaf whose spare elements hold NaN (so reading one would show) gives bitwise the
-// same y and gradients. LORA_BACK copies the flag.
+// (gradients of x, A, B and the bias), on W as a plain leaf, as the first K columns of a
+// [K + R, M] leaf and as the first M rows of a [K, M + R] leaf, whose spare elements hold NaN (so
+// reading one would show), gives bitwise the same y and gradients. LORA_BACK copies the flag.
 void check_spare(forge_type type, int64_t K, int64_t r, std::vector<int64_t> blocks, int64_t T) {
     int64_t M = 0;
     for (int64_t rows : blocks) M += rows;
@@ -299,17 +299,17 @@ void check_spare(forge_type type, int64_t K, int64_t r, std::vector<int64_t> blo
     const std::vector<float> vx = rounded(random_vec(rng, K * T), round), vw = rounded(random_vec(rng, K * M, 0.3f), round);
     const std::vector<float> va = random_vec(rng, K * R, 0.3f), vb = random_vec(rng, r * M), vbias = random_vec(rng, M);
     const std::vector<float> vc = random_vec(rng, M * T);
-    std::vector<float> vwp((size_t)((K + R) * M), NAN);
+    std::vector<float> vwp((size_t)((K + R) * M), NAN), vwr((size_t)(K * (M + R)), NAN); // spare columns, spare rows
     for (int64_t m = 0; m < M; m++)
-        for (int64_t k = 0; k < K; k++) vwp[(size_t)(m * (K + R) + k)] = vw[(size_t)(m * K + k)];
+        for (int64_t k = 0; k < K; k++) vwp[(size_t)(m * (K + R) + k)] = vwr[(size_t)(m * K + k)] = vw[(size_t)(m * K + k)];
     std::vector<std::vector<float>> ref;
-    for (int spare = 0; spare < 2; spare++) {
+    for (int spare = 0; spare < 3; spare++) { // none, columns (op_i[4] = 1), rows (2)
         forge_ctx *ctx = forge_ctx_new();
         forge_tensor *x = forge_tensor_new_2d(ctx, type, K, T), *w, *wp = nullptr;
         if (spare) {
-            wp = forge_tensor_new_2d(ctx, type, K + R, M);
+            wp = spare == 1 ? forge_tensor_new_2d(ctx, type, K + R, M) : forge_tensor_new_2d(ctx, type, K, M + R);
             const int64_t ne[2] = {K, M};
-            const size_t es = forge_type_size(type), nbytes[2] = {es, (size_t)(K + R) * es};
+            const size_t es = forge_type_size(type), nbytes[2] = {es, (size_t)(spare == 1 ? K + R : K) * es};
             w = forge_view(ctx, wp, 2, ne, nbytes, 0);
         } else {
             w = forge_tensor_new_2d(ctx, type, K, M);
@@ -319,7 +319,7 @@ void check_spare(forge_type type, int64_t K, int64_t r, std::vector<int64_t> blo
         for (forge_tensor *p : {x, a, b, bias}) forge_tensor_set_flags(p, FORGE_FLAG_PARAM);
         forge_tensor_set_flags(c, FORGE_FLAG_INPUT);
         forge_tensor *y = forge_lora(ctx, x, w, bias, a, b, 0.75f, nb, blocks.data());
-        if (spare) CHECK(forge_lora_set_spare(ctx, y) == y && y && y->op_i[4] == 1, "set_spare marks the LORA: %s", forge_ctx_error(ctx));
+        if (spare) CHECK(forge_lora_set_spare(ctx, y) == y && y && y->op_i[4] == spare, "set_spare marks the LORA (%d): %s", spare, forge_ctx_error(ctx));
         forge_tensor *loss = forge_sum(ctx, forge_mul(ctx, forge_cast(ctx, y, FORGE_TYPE_F32), c));
         REQUIRE_T(ctx, loss);
         forge_tensor_set_flags(loss, FORGE_FLAG_LOSS);
@@ -330,7 +330,7 @@ void check_spare(forge_type type, int64_t K, int64_t r, std::vector<int64_t> blo
         forge_backend *be = forge_backend_cpu_new(0);
         REQUIRE_OK(forge_backend_alloc_graph(be, g));
         set_f32(x, vx); set_f32(a, va); set_f32(b, vb); set_f32(bias, vbias); set_f32(c, vc);
-        set_f32(spare ? wp : w, spare ? vwp : vw);
+        set_f32(spare ? wp : w, spare == 1 ? vwp : spare == 2 ? vwr : vw);
         REQUIRE_OK(forge_backend_compute(be, g));
         for (const forge_tensor *t : g->nodes)
             if (t->op == FORGE_OP_LORA_BACK) CHECK(t->op_i[4] == spare, "LORA_BACK copies the flag (%d)", t->op_i[4]);
@@ -339,15 +339,16 @@ void check_spare(forge_type type, int64_t K, int64_t r, std::vector<int64_t> blo
         if (!spare) ref = got;
         else
             for (size_t i = 0; i < got.size(); i++)
-                CHECK(got[i] == ref[i], "spare %s K=%lld r=%lld, %d block(s): %s differs from the plain W's", bf16 ? "bf16" : "f32",
+                CHECK(got[i] == ref[i], "spare %s %s K=%lld r=%lld, %d block(s): %s differs from the plain W's", spare == 1 ? "columns" : "rows",
+                      bf16 ? "bf16" : "f32",
                       (long long)K, (long long)r, nb, i == 0 ? "y" : i == 1 ? "dX" : i == 2 ? "dA" : i == 3 ? "dB" : "dbias");
         forge_backend_free(be);
         forge_ctx_free(ctx);
     }
 }
 
-// forge_lora_set_spare refuses a W without R spare elements after each row inside a leaf, with
-// a message that says so; NULL propagates without a new error.
+// forge_lora_set_spare refuses a W without R spare elements after each row, or R spare rows
+// after its last, inside a leaf, with a message that says so; NULL propagates without a new error.
 void check_spare_refused() {
     forge_ctx *ctx = forge_ctx_new();
     const int64_t K = 8, M = 6, r = 4; // R = 4: rows of at least 12
@@ -379,6 +380,15 @@ void check_spare_refused() {
     CHECK(forge_lora_set_spare(ctx, nullptr) == nullptr && forge_ctx_status(ctx) == FORGE_OK, "NULL propagates quietly");
     forge_tensor *y = forge_lora(ctx, x, view_of(forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, K + r, M)), nullptr, a, b, 1.0f, 1, nullptr);
     CHECK(forge_lora_set_spare(ctx, y) == y && y->op_i[4] == 1, "a W with exactly R spare elements is accepted: %s",
+          forge_ctx_error(ctx) ? forge_ctx_error(ctx) : "");
+    auto rows_of = [&](int64_t rows) { // W = the first M rows of a [K, rows] leaf
+        const int64_t ne[2] = {K, M};
+        const size_t nb[2] = {es, (size_t)K * es};
+        return forge_view(ctx, forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, K, rows), 2, ne, nb, 0);
+    };
+    refused(rows_of(M + r - 1), "a W with 3 spare rows", "4 spare rows");
+    y = forge_lora(ctx, x, rows_of(M + r), nullptr, a, b, 1.0f, 1, nullptr);
+    CHECK(forge_lora_set_spare(ctx, y) == y && y->op_i[4] == 2, "a W with exactly R spare rows is accepted (flag 2): %s",
           forge_ctx_error(ctx) ? forge_ctx_error(ctx) : "");
     forge_ctx_free(ctx);
 }
@@ -431,11 +441,19 @@ void check_model_spare() {
                       y0.wqkv->nb[1] == (size_t)(c.hidden + Rq) * 2,
                   "bf16 q/k/v (%lld rows > hidden %lld): a view of a padded leaf %s", (long long)rows, (long long)c.hidden,
                   qroot ? forge_shape_str(qroot).c_str() : "?");
-            CHECK(y0.wo->op == FORGE_OP_NONE && y0.wdown->op == FORGE_OP_NONE, "o and down stay plain");
+            for (const forge_tensor *w : {y0.wo, y0.wdown}) {
+                const forge_tensor *r0 = forge_view_root(const_cast<forge_tensor *>(w));
+                CHECK(w->op == FORGE_OP_VIEW && r0 && r0->op == FORGE_OP_NONE && r0->ne[0] == w->ne[0] && r0->ne[1] == w->ne[1] + lc.r &&
+                          w->nb[1] == (size_t)w->ne[0] * 2,
+                      "bf16 %s: the first %lld rows of a padded leaf %s", w == y0.wo ? "o" : "down", (long long)w->ne[1],
+                      r0 ? forge_shape_str(r0).c_str() : "?");
+            }
+            CHECK(y0.wo_spare == lc.r && y0.wdown_spare == lc.r, "o and down: r spare rows");
             int moved = 0;
             for (auto &ts : m.sources)
-                moved += (ts.first == y0.wgu) + (ts.first == y0.wqkv), moved -= 10 * (ts.first == wgu0 || ts.first == wqkv0);
-            CHECK(moved == 2, "gate/up's and q/k/v's sources follow the views");
+                moved += (ts.first == y0.wgu) + (ts.first == y0.wqkv) + (ts.first == y0.wo) + (ts.first == y0.wdown),
+                    moved -= 10 * (ts.first == wgu0 || ts.first == wqkv0);
+            CHECK(moved == 4, "gate/up's, q/k/v's, o's and down's sources follow the views");
         } else {
             CHECK(y0.wgu_spare == 0 && y0.wgu == wgu0 && y0.wqkv_spare == 0 && y0.wqkv == wqkv0, "lora_spare off: the weights stay plain leafs");
         }
@@ -446,14 +464,19 @@ void check_model_spare() {
         forge_graph *g = forge_graph_new(ctx);
         REQUIRE_OK(forge_graph_build_forward(g, mg.loss));
         REQUIRE_OK(forge_graph_build_backward(g, mg.loss));
-        int flagged = 0, loras = 0, on_gu = 0;
+        int flagged = 0, loras = 0, on_gu = 0, rows = 0, on_od = 0;
         for (const forge_tensor *t : g->nodes) {
             if (t->op != FORGE_OP_LORA) continue;
-            loras++, flagged += t->op_i[4] == 1;
-            for (const Layer &y : m.layers) on_gu += t->op_i[4] == 1 && (t->src[1] == y.wgu || t->src[1] == y.wqkv);
+            loras++, flagged += t->op_i[4] == 1, rows += t->op_i[4] == 2;
+            for (const Layer &y : m.layers) {
+                on_gu += t->op_i[4] == 1 && (t->src[1] == y.wgu || t->src[1] == y.wqkv);
+                on_od += t->op_i[4] == 2 && (t->src[1] == y.wo || t->src[1] == y.wdown);
+            }
         }
         CHECK(loras == 8 && flagged == (spare ? 4 : 0) && on_gu == flagged, "%d of %d LORA nodes flagged, %d on gate/up or q/k/v (want %d)",
               flagged, loras, on_gu, spare ? 4 : 0);
+        CHECK(rows == (spare ? 4 : 0) && on_od == rows, "%d LORA nodes flagged for spare rows, %d on o or down (want %d)", rows, on_od,
+              spare ? 4 : 0);
         forge_backend *be = forge_backend_cpu_new(0);
         REQUIRE_OK(forge_backend_alloc_graph(be, g));
         CHECK(model_upload(m, &err), "model_upload: %s", err.c_str());
@@ -464,6 +487,11 @@ void check_model_spare() {
                 for (int64_t k = 0; k < c.hidden + R; k++)
                     bad += got[(size_t)(mm * (c.hidden + R) + k)] != (k < c.hidden ? bf16_round(src[(size_t)(mm * c.hidden + k)]) : 0.0f);
             CHECK(bad == 0, "the padded gate/up holds the source rows and zeros (%zu elements differ)", bad);
+            const std::vector<float> gd = tensor_f32(forge_view_root(y0.wdown)), &sd = host[8]; // layer 0's 7th: down
+            bad = 0;
+            for (size_t i = 0; i < gd.size(); i++) bad += gd[i] != (i < sd.size() ? bf16_round(sd[i]) : 0.0f);
+            CHECK(bad == 0 && gd.size() == sd.size() + (size_t)(lc.r * c.ffn),
+                  "the padded down holds the source rows and zero rows after them (%zu elements differ)", bad);
         }
         model_init_lora(m, 5);
         std::vector<forge_tensor *> lora;
