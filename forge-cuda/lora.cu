@@ -58,8 +58,7 @@
 // are each followed by R spare elements of its leaf; x and W of one 16-bit type T). The model
 // does it for gate/up, and for q/k/v where M > K (models/model.cpp: W [K, M] = the first K
 // columns of a [K + R, M] leaf; measured on the H200, b2a8cb2: Gemma2-2B 99.7 -> 99.0 ms, Qwen3-0.6B
-// 35.6 -> 35.4 ms per step); o and down stay on the path above, where it does not pay (y narrower
-// than x):
+// 35.6 -> 35.4 ms per step); not for o and down, where it does not pay (y narrower than x):
 //     prep      Ac (R x K, as above) and W's spare columns = scale * Bd (rounded to T): W' = [W | s Bd]
 //     u         u = x Ac^T (res[1] or scratch, as above)
 //     copy      X' = [x | u] (N rows of K + R, T, scratch; 16-byte accesses when rows align)
@@ -76,6 +75,14 @@
 // G = dy W' gives dy W and du side by side (see "the backward" below). Measured against the plain
 // backward on the H200 in the same run (bench-kernels lora_mlp, Qwen2.5-0.5B gate/up): 179 -> 155 us
 // at 4096 tokens, 583 -> 505 us at 16384; the whole Qwen2.5-0.5B step 31.3 -> 30.8 ms.
+//
+// The spare-rows form (op_i[4] = 2: W's M rows followed by R spare rows of its leaf; the model's
+// o and down): the prep writes Ac into those rows, so [W ; Ac] is one (M + R) x K operand. The
+// forward is one GEMM x [W ; Ac]^T = [x W^T | u] and one of depth R for the low-rank term (see
+// lora_forward_rows); the backward, where dX is more than twice as wide as dy (down), makes dX
+// in one GEMM of depth M + R over [dy | du] (rows_backward). Measured on the H200, A/B in one
+// call: Qwen2.5-0.5B 4 x 1024 26.81-26.99 -> 26.37-26.51 ms per step, Gemma2-2B 98.78-99.22 ->
+// 97.21-97.84 ms.
 #include "cuda.cuh"
 
 #include <algorithm>
@@ -252,6 +259,12 @@ bool spare_rows(const forge_tensor *node, const lora_dims &d) {
     return node->op_i[4] == 2 && d.T != FORGE_TYPE_F32 && d.w->type == d.T && forge_rows_in_place(d.w, &ld) && ld == d.K;
 }
 char *spare_rows_ac(const lora_dims &d) { return (char *)d.w->data + d.M * d.K * type_size(d.T); }
+// The backward's dX over [dy | du] saves the plain form's pass over dX (2 N K) for a copy of dy
+// (2 N M): it pays where dX is the wider, by more than twice (down). Measured on the H200
+// (bench-kernels lora_o, lora_down; the new form against the plain one in one call): Qwen2.5-0.5B
+// down 92.9 -> 85.6 us at 4096 tokens, 346.5 -> 280.0 at 16384; o (K = M) 39.0 -> 37.6 at 4096
+// but 89.8 -> 98.4 at 16384, Gemma2-2B o (K < M) 302.6 -> 315.0 at 16384.
+bool rows_backward(const forge_tensor *node, const lora_dims &d) { return spare_rows(node, d) && d.K > 2 * d.M; }
 
 // xp (N rows of K + R 16-bit elements, dense) = [x | u]: x's rows ldx apart, u dense N x R.
 // V elements per access: uint4 (8 elements) when every row start is 16-byte aligned, else one.
@@ -314,7 +327,10 @@ void lora_forward_folded(forge_tensor *node, const forge_cuda_params *p, const l
 // y = Y' + scale u Bd^T + bias (one GEMM of depth R, C read from Y') and u is copied into res[1].
 // Against the plain forward, the separate u GEMM (a second read of x: 40 MB at Qwen2.5-0.5B's
 // down, 4096 tokens) and the side stream go; the numerics are the plain forward's (the base
-// term rounded to T before the low-rank term is added; u rounded to T).
+// term rounded to T before the low-rank term is added; u rounded to T). Measured on the H200
+// (bench-kernels, against the plain forward in one call): down 78.2 -> 64.5 us at Qwen2.5-0.5B,
+// 4096 tokens (261.2 -> 213.8 at 16384), 258.8 -> 242.7 at Gemma2-2B; o 27.7 -> 28.1 at
+// Qwen2.5-0.5B, 141.9 -> 125.0 at Qwen3-0.6B's 16384 tokens.
 void lora_forward_rows(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d) {
     const forge_tensor *bias_t = node->n_src > 4 ? node->src[4] : nullptr;
     const forge_type T = d.T;
@@ -534,7 +550,8 @@ void lora_grads(const forge_cuda_params *p, const lora_dims &d, const char *x, i
 // ---- the backward ---------------------------------------------------------------------------------
 //
 // Plain:  prep (Ac, Bd), du = scale dy Bd, dA and dB, dX = du Ac, dX = dy W + dX.
-// Spare rows (W's R spare rows hold Ac: spare_rows): prep, du, dA and dB as plain, then
+// Spare rows (W's R spare rows hold Ac: spare_rows) and dX more than twice as wide as dy
+// (rows_backward): prep, du, dA and dB as plain, then
 // dyp = [dy | du] (N x (M + R), scratch) and dX = dyp [W ; Ac], one GEMM of depth M + R: the
 // plain form's write of du Ac into dX and its read back as the base GEMM's C (2 N K elements:
 // 80 MB at Qwen2.5-0.5B's down, 4096 tokens) become a copy of dy (N M: 7 MB there). Precision:
@@ -560,7 +577,7 @@ size_t backward_work(const forge_tensor *node, const lora_dims &d) {
     if (dx)
         bytes += forge_cuda_gemm_rows_work(d.w, d.T) +
                  (forge_cuda_gemm_out_type(dx->type, d.T) != dx->type ? align_up((size_t)(d.N * d.K) * sizeof(float)) : 0) +
-                 (spare_rows(node, d) ? align_up((size_t)(d.N * (d.M + d.R) * type_size(d.T))) : 0);
+                 (rows_backward(node, d) ? align_up((size_t)(d.N * (d.M + d.R) * type_size(d.T))) : 0);
     return bytes;
 }
 
@@ -596,7 +613,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
     const void *w = forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch);
     void *dx = ct == dx_t->type ? dx_t->data : take(&scratch, (size_t)(d.N * d.K) * sizeof(float));
-    if (spare_rows(node, d)) { // dX = [dy | du] [W ; Ac]
+    if (rows_backward(node, d)) { // dX = [dy | du] [W ; Ac]
         const int64_t MR = d.M + d.R;
         char *dyp = take(&scratch, (size_t)(d.N * MR * type_size(T)));
         concat(p, dy, ldy, du, dyp, d.N, d.M, d.R);

@@ -206,15 +206,17 @@ int main() {
     saved_u_case("saved u, spare bf16 qwen2.5 gate/up x 512", BF16, BF16, {896, 16, {4864, 4864}, 512, 1}, 2.0f, kSpare);
     saved_u_case("saved u, spare bf16 77->[40,40] r5", BF16, BF16, {77, 5, {40, 40}, 13, 3}, 2.0f, kSpare);
 
-    // spare rows (W's R spare rows hold A: the backward's dX as one GEMM over [dy | du], the
-    // model's o and down): Qwen2.5-0.5B o and down, Gemma2-2B down, shapes off the copy's 16-byte
+    // spare rows (W's R spare rows hold A, the model's o and down: the forward's base product and
+    // u from one GEMM, and where dX is more than twice as wide as dy the backward's dX as one GEMM
+    // over [dy | du]): Qwen2.5-0.5B o and down, Gemma2-2B down, shapes off the copy's 16-byte
     // path, F16, a bias, one row, the flagged F32 and mixed-type LORAs that CUDA runs plain
     lora_case("spare rows lora bf16 qwen2.5 o 896->896 r16 x 512", BF16, BF16, kNone, o, 2.0f, kRows);
     lora_case("spare rows lora bf16 qwen2.5 down 4864->896 r16 x 256", BF16, BF16, kNone, down, 2.0f, kRows);
     lora_case("spare rows lora bf16 gemma2 down 9216->2304 r16 x 128", BF16, BF16, kNone, {9216, 16, {2304}, 128, 1}, 2.0f, kRows);
-    lora_case("spare rows lora bf16 77->40 r5 x 13 x 3 + bf16 bias", BF16, BF16, BF16, {77, 5, {40}, 13, 3}, 2.0f, kRows);
+    lora_case("spare rows lora bf16 200->40 r5 x 13 x 3 + bf16 bias", BF16, BF16, BF16, {200, 5, {40}, 13, 3}, 2.0f, kRows);
+    lora_case("spare rows lora bf16 77->40 r5 x 13 (plain backward: K < 2 M)", BF16, BF16, kNone, {77, 5, {40}, 13, 1}, 2.0f, kRows);
     lora_case("spare rows lora bf16 one row 4864->896 r16 + f32 bias", BF16, BF16, F32, {4864, 16, {896}, 1, 1}, 2.0f, kRows);
-    lora_case("spare rows lora f16 200->150 r4 x 33 + f16 bias", F16, F16, F16, {200, 4, {150}, 33, 1}, 2.0f, kRows);
+    lora_case("spare rows lora f16 200->50 r4 x 33 + f16 bias", F16, F16, F16, {200, 4, {50}, 33, 1}, 2.0f, kRows);
     lora_case("spare rows lora f32 (plain) 77->33 r5", F32, F32, kNone, {77, 5, {33}, 13, 3}, 2.0f, kRows);
     lora_case("spare rows lora bf16 x, f32 W (plain) 128->96 r8", BF16, F32, kNone, {128, 8, {96}, 300, 1}, 0.5f, kRows);
     saved_u_case("saved u, spare rows bf16 qwen2.5 down x 256", BF16, BF16, down, 2.0f, kRows);
