@@ -324,57 +324,13 @@ void lora_forward_folded(forge_tensor *node, const forge_cuda_params *p, const l
 
 // The spare-rows forward (W's R spare rows hold Ac; x and the output in T): one GEMM
 // Y' = x [W ; Ac]^T gives the base product and u side by side (N x (M + R), scratch), then
-// y = Y' + scale u Bd^T + bias and u copied into res[1]: lora_lowrank_add_kernel when rows are
-// 16-byte vectors and R <= 64 (the models), else a GEMM of depth R with C read from Y' and a copy.
+// y = Y' + scale u Bd^T + bias (one GEMM of depth R, C read from Y') and u is copied into res[1].
 // Against the plain forward, the separate u GEMM (a second read of x: 40 MB at Qwen2.5-0.5B's
 // down, 4096 tokens) and the side stream go; the numerics are the plain forward's (the base
 // term rounded to T before the low-rank term is added; u rounded to T). Measured on the H200
 // (bench-kernels, against the plain forward in one call): down 78.2 -> 64.5 us at Qwen2.5-0.5B,
 // 4096 tokens (261.2 -> 213.8 at 16384), 258.8 -> 242.7 at Gemma2-2B; o 27.7 -> 28.1 at
 // Qwen2.5-0.5B, 141.9 -> 125.0 at Qwen3-0.6B's 16384 tokens.
-// The spare-rows forward's second step in one kernel: y[n][m] = Y'[n][m] + scale sum_j u[n][j]
-// Bd[m][j] (+ bias[m]), u[n] = Y'[n][M..M+R), rounded to T once, and u copied into uo (when not
-// NULL). A block owns 32 rows and 64 columns: Bd's 64 rows and u's 32 rows in shared memory (fp32,
-// rows padded by one word against bank conflicts), each thread 8 columns of one row (16-byte
-// loads and stores of Y' and y). Traffic: Y' read once, y written once (2 N M T-elements, 15 MB
-// at Qwen2.5-0.5B, 4096 tokens); the R FMAs per element hide under it. In the GEMM form (a GEMM
-// of depth R with C read from Y', then a copy of u) this was two launches of a few microseconds
-// each, about the time of o's whole base GEMM at Qwen2.5-0.5B.
-constexpr int LR_ROWS = 32, LR_COLS = 64, LR_MAX_R = 64;
-__global__ void __launch_bounds__(256) lora_lowrank_add_kernel(const char *yu, int64_t N, int64_t M, int R, const char *bd, float scale,
-                                                               const char *bias, forge_type t, char *y, char *uo) {
-    forge_cuda_prologue();
-    __shared__ float bs[LR_COLS * (LR_MAX_R + 1)], us[LR_ROWS * (LR_MAX_R + 1)];
-    const int64_t c0 = (int64_t)blockIdx.x * LR_COLS, r0 = (int64_t)blockIdx.y * LR_ROWS, MR = M + R, ts = type_size(t);
-    const int S = R + 1;
-    for (int i = threadIdx.x; i < LR_COLS * R; i += blockDim.x) {
-        const int64_t m = c0 + i / R;
-        bs[(i / R) * S + i % R] = m < M ? forge_cuda_load(t, bd + (m * R + i % R) * ts) : 0.0f;
-    }
-    for (int i = threadIdx.x; i < LR_ROWS * R; i += blockDim.x) {
-        const int64_t n = r0 + i / R;
-        if (n >= N) continue;
-        const char *src = yu + (n * MR + M + i % R) * ts;
-        us[(i / R) * S + i % R] = forge_cuda_load(t, src);
-        if (uo && blockIdx.x == 0) *(uint16_t *)(uo + (n * R + i % R) * ts) = *(const uint16_t *)src;
-    }
-    __syncthreads();
-    const int r = threadIdx.x / 8, g = threadIdx.x % 8;
-    const int64_t n = r0 + r, m0 = c0 + g * 8;
-    if (n >= N || m0 >= M) return;
-    float acc[8] = {};
-    for (int j = 0; j < R; j++) {
-        const float uj = us[r * S + j];
-#pragma unroll
-        for (int k = 0; k < 8; k++) acc[k] += uj * bs[(g * 8 + k) * S + j];
-    }
-    float v[8];
-    forge_cuda_load8(t, yu + (n * MR + m0) * ts, v);
-#pragma unroll
-    for (int k = 0; k < 8; k++) v[k] += scale * acc[k] + (bias ? forge_cuda_load(t, bias + (m0 + k) * ts) : 0.0f);
-    forge_cuda_store8(t, y + (n * M + m0) * ts, v);
-}
-
 void lora_forward_rows(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d) {
     const forge_tensor *bias_t = node->n_src > 4 ? node->src[4] : nullptr;
     const forge_type T = d.T;
@@ -387,15 +343,8 @@ void lora_forward_rows(forge_tensor *node, const forge_cuda_params *p, const lor
     char *yu = take(&scratch, (size_t)(d.N * MR * ts));
     forge_cuda_gemm(p, d.N, MR, d.K, x, ldx, 0, d.w->data, d.K, 1, T, yu, MR, T, 1.0f, 0.0f, nullptr, T); // [x W^T | u]
     const char *u = yu + d.M * ts;
-    forge_tensor *u_t = output(node, 1);
-    if (d.M % 8 == 0 && d.R % 8 == 0 && d.R <= LR_MAX_R && (uintptr_t)node->data % 16 == 0) { // 16-byte rows of Y' and y
-        const dim3 grid((unsigned)((d.M + LR_COLS - 1) / LR_COLS), (unsigned)((d.N + LR_ROWS - 1) / LR_ROWS));
-        forge_cuda_launch_kernel(lora_lowrank_add_kernel, grid, 256, 0, p->stream, (const char *)yu, d.N, d.M, (int)d.R, (const char *)pr.bd,
-                                 d.scale, (const char *)bias, T, (char *)node->data, u_t ? (char *)u_t->data : (char *)nullptr);
-        return;
-    }
     forge_cuda_gemm_into(p, d.N, d.M, d.R, u, MR, 0, pr.bd, d.R, 1, T, yu, MR, node->data, d.M, T, d.scale, 1.0f, bias, T);
-    if (u_t) {
+    if (forge_tensor *u_t = output(node, 1)) {
         const forge_cuda_view uv{(char *)u, T, {d.R, d.N, 1, 1}, {ts, MR * ts, d.N * MR * ts, d.N * MR * ts}};
         forge_cuda_convert(p, uv, u_t->data, u_t->type);
     }
