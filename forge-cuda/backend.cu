@@ -43,6 +43,7 @@ constexpr work_fn kWorks[FORGE_FAMILY_COUNT] = {
     forge_cuda_collective_work,
 };
 constexpr size_t kLtWorkspace = 32u << 20; // cuBLASLt's recommendation for Hopper
+constexpr size_t kSideLtWorkspace = 8u << 20; // skinny GEMMs (LoRA's dB: outputs of a few hundred KB, split over the tokens)
 
 const char *device_error_name(int code) {
     switch (code) {
@@ -74,8 +75,10 @@ struct CudaBackend final : forge_backend {
         forge_cuda_comm_free(comm);
         if (params.lt) cublasLtDestroy(params.lt);
         if (params.fork) cudaEventDestroy(params.fork);
-        if (params.join) cudaEventDestroy(params.join);
-        if (params.side) cudaStreamDestroy(params.side);
+        for (int i = 0; i < FORGE_CUDA_SIDES; i++) {
+            if (params.join[i]) cudaEventDestroy(params.join[i]);
+            if (params.side[i]) cudaStreamDestroy(params.side[i]);
+        }
         if (stream) cudaStreamDestroy(stream);
         if (host_error) cudaFreeHost(host_error);
     }
@@ -85,19 +88,26 @@ struct CudaBackend final : forge_backend {
         name = "cuda:" + std::to_string(dev);
         if (cudaSetDevice(dev) != cudaSuccess) return false;
         if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
-            cudaStreamCreateWithFlags(&params.side, cudaStreamNonBlocking) != cudaSuccess ||
-            cudaEventCreateWithFlags(&params.fork, cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&params.join, cudaEventDisableTiming) != cudaSuccess)
+            cudaEventCreateWithFlags(&params.fork, cudaEventDisableTiming) != cudaSuccess)
             return false;
+        for (int i = 0; i < FORGE_CUDA_SIDES; i++)
+            if (cudaStreamCreateWithFlags(&params.side[i], cudaStreamNonBlocking) != cudaSuccess ||
+                cudaEventCreateWithFlags(&params.join[i], cudaEventDisableTiming) != cudaSuccess)
+                return false;
         if (cublasLtCreate(&params.lt) != CUBLAS_STATUS_SUCCESS) return false;
         if (cudaMallocHost(&host_error, sizeof(int)) != cudaSuccess) return false;
         params.stream = stream;
         cudaDeviceGetAttribute(&params.sm_count, cudaDevAttrMultiProcessorCount, dev);
         params.lt_workspace_size = kLtWorkspace;
         params.lt_workspace = backend_alloc(kLtWorkspace);
-        params.side_lt_workspace = backend_alloc(kLtWorkspace);
+        bool ok = params.lt_workspace != nullptr;
+        for (int i = 0; i < FORGE_CUDA_SIDES; i++) { // the first side stream's GEMMs are LoRA's u, dA and dB; the others' dB only
+            params.side_lt_workspace_size[i] = i ? kSideLtWorkspace : kLtWorkspace;
+            params.side_lt_workspace[i] = backend_alloc(params.side_lt_workspace_size[i]);
+            ok = ok && params.side_lt_workspace[i] != nullptr;
+        }
         params.error = (int *)backend_alloc(256);
-        return params.lt_workspace && params.side_lt_workspace && params.error;
+        return ok && params.error;
     }
 
     void *backend_alloc(size_t bytes) {

@@ -26,6 +26,8 @@
 struct forge_cuda_comm; // collective.cu: the communicator, the comm stream and its events
 struct forge_cuda_fusions;
 
+constexpr int FORGE_CUDA_SIDES = 4; // side streams (forge_cuda_fork_side)
+
 struct forge_cuda_params {
     cudaStream_t stream;
     cublasLtHandle_t lt;
@@ -35,9 +37,13 @@ struct forge_cuda_params {
     size_t work_size;
     int *error;             // device word: kernels set a nonzero FORGE_CUDA_ERR_* code on bad data
     int sm_count;
-    cudaStream_t side;       // a second stream for work of a node that can overlap its main GEMMs (LoRA's dA and dB):
-    cudaEvent_t fork, join;  // forked from and joined back into `stream` with these events (legal inside a capture)
-    void *side_lt_workspace; // its own cuBLASLt workspace (lt_workspace_size bytes)
+    // FORGE_CUDA_SIDES more streams for work of a node that can overlap its main GEMMs and each
+    // other (LoRA's u; its dA and each block's dB), forked from and joined back into `stream`
+    // with these events (legal inside a capture), each with its own cuBLASLt workspace
+    cudaStream_t side[FORGE_CUDA_SIDES];
+    cudaEvent_t fork, join[FORGE_CUDA_SIDES];
+    void *side_lt_workspace[FORGE_CUDA_SIDES];
+    size_t side_lt_workspace_size[FORGE_CUDA_SIDES];
     forge_cuda_comm *comm;  // ALLREDUCE's communicator and stream (NULL: none attached)
     const forge_cuda_fusions *fusions; // set by forge_cuda_launch_nodes while it runs a graph (NULL: none)
 };
@@ -264,22 +270,24 @@ void forge_cuda_launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_
     FORGE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
 }
 
-// The side stream (forge_cuda_params::side), forked from p->stream: what is enqueued on the
-// returned params (side stream, its own cuBLASLt workspace) runs after everything p->stream holds
-// so far, beside what p->stream gets next, until forge_cuda_join_side makes p->stream wait for
-// it. Inside a capture the fork and the join are graph edges. A node that forks joins before it
-// returns, and makes sure neither stream writes what the other reads in between.
-inline forge_cuda_params forge_cuda_fork_side(const forge_cuda_params *p) {
+// Side stream i (forge_cuda_params::side[i], i < FORGE_CUDA_SIDES), forked from p->stream: what
+// is enqueued on the returned params (that stream, its own cuBLASLt workspace) runs after
+// everything p->stream holds so far, beside what p->stream and the other side streams get next,
+// until forge_cuda_join_side(p, i) makes p->stream wait for it. Inside a capture the fork and
+// the join are graph edges. A node that forks joins before it returns, and makes sure no two
+// streams write what another reads in between.
+inline forge_cuda_params forge_cuda_fork_side(const forge_cuda_params *p, int i = 0) {
     forge_cuda_params side = *p;
-    side.stream = p->side;
-    side.lt_workspace = p->side_lt_workspace;
+    side.stream = p->side[i];
+    side.lt_workspace = p->side_lt_workspace[i];
+    side.lt_workspace_size = p->side_lt_workspace_size[i];
     FORGE_CUDA_CHECK(cudaEventRecord(p->fork, p->stream));
-    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->side, p->fork, 0));
+    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->side[i], p->fork, 0));
     return side;
 }
-inline void forge_cuda_join_side(const forge_cuda_params *p) {
-    FORGE_CUDA_CHECK(cudaEventRecord(p->join, p->side));
-    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->join, 0));
+inline void forge_cuda_join_side(const forge_cuda_params *p, int i = 0) {
+    FORGE_CUDA_CHECK(cudaEventRecord(p->join[i], p->side[i]));
+    FORGE_CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->join[i], 0));
 }
 
 #define FORGE_CUDA_FAMILY(name)                                                 \

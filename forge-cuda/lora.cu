@@ -536,15 +536,23 @@ void glu_da(const forge_cuda_params *p, const lora_dims &d, const char *gu, int6
 }
 
 // dA (R x K) = du^T x and dB (M x r) = scale dy^T u (one GEMM per block), each written (beta 0)
-// or added (beta 1) to out, on the stream of p. x = GLU(gu) (d.glu >= 0): x holds gu's rows (of
-// gu's type) and glu_da makes dA, with `work` its scratch.
+// or added (beta 1) to out, forked from p's stream: dA on side stream 0, block i's dB on side
+// stream 1 + i, so that these skinny GEMMs (a few microseconds each, on a few dozen SMs) run
+// beside each other and beside what p's stream gets next; join_grads joins them. x = GLU(gu)
+// (d.glu >= 0): x holds gu's rows (of gu's type) and glu_da makes dA, with `work` its scratch.
 void lora_grads(const forge_cuda_params *p, const lora_dims &d, const char *x, int64_t ldx, char *work, const char *du, int64_t lddu,
                 const char *dy, int64_t ldy, const char *u, int64_t ldu, float *dA, float *dB, float beta) {
-    if (d.glu < 0) forge_cuda_gemm(p, d.R, d.K, d.N, du, lddu, 1, x, ldx, 0, d.T, dA, d.K, FORGE_TYPE_F32, 1.0f, beta, nullptr, d.T);
-    else glu_da(p, d, x, ldx, work, du, lddu, dA, beta);
-    for (int i = 0; i < d.blocks.n; i++)
-        forge_cuda_gemm(p, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(d.T), ldy, 1, u + i * d.r * type_size(d.T),
+    const forge_cuda_params sa = forge_cuda_fork_side(p, 0);
+    if (d.glu < 0) forge_cuda_gemm(&sa, d.R, d.K, d.N, du, lddu, 1, x, ldx, 0, d.T, dA, d.K, FORGE_TYPE_F32, 1.0f, beta, nullptr, d.T);
+    else glu_da(&sa, d, x, ldx, work, du, lddu, dA, beta);
+    for (int i = 0; i < d.blocks.n; i++) {
+        const forge_cuda_params sb = forge_cuda_fork_side(p, 1 + i);
+        forge_cuda_gemm(&sb, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(d.T), ldy, 1, u + i * d.r * type_size(d.T),
                         ldu, 0, d.T, dB + d.start[i] * d.r, d.r, FORGE_TYPE_F32, d.scale, beta, nullptr, d.T);
+    }
+}
+void join_grads(const forge_cuda_params *p, const lora_dims &d) {
+    for (int i = 0; i <= d.blocks.n; i++) forge_cuda_join_side(p, i);
 }
 
 // ---- the backward ---------------------------------------------------------------------------------
@@ -598,18 +606,16 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
         char *g = take(&scratch, (size_t)(d.N * KR * type_size(T)));
         forge_cuda_gemm(p, d.N, KR, d.M, dy, ldy, 0, d.w->data, ldw, 0, T, g, KR, T, 1.0f, 0.0f, nullptr, T); // [dy W | du]
         const char *du = g + d.K * type_size(T);
-        const forge_cuda_params side = forge_cuda_fork_side(p); // dA, dB beside dX (which reads G and writes dX only)
-        lora_grads(&side, d, x, ldx, glu_work, du, KR, dy, ldy, u, ldu, dA, dB, beta);
+        lora_grads(p, d, x, ldx, glu_work, du, KR, dy, ldy, u, ldu, dA, dB, beta); // beside dX (which reads G and writes dX only)
         forge_cuda_gemm_into(p, d.N, d.K, d.R, du, KR, 0, ac, d.K, 0, T, g, KR, dx_t->data, d.K, T, 1.0f, 1.0f, nullptr, T);
-        forge_cuda_join_side(p);
+        join_grads(p, d);
         return;
     }
     const prepped pr = prep(node, p, d, &scratch);
     char *du = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
     forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T); // du = scale dy Bd
-    const forge_cuda_params side = forge_cuda_fork_side(p); // dA, dB beside dX (which writes dX and scratch past du only)
-    lora_grads(&side, d, x, ldx, glu_work, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
-    if (!dx_t) return forge_cuda_join_side(p);
+    lora_grads(p, d, x, ldx, glu_work, du, d.R, dy, ldy, u, ldu, dA, dB, beta); // beside dX (which writes dX and scratch past du only)
+    if (!dx_t) return join_grads(p, d);
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
     const void *w = forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch);
     void *dx = ct == dx_t->type ? dx_t->data : take(&scratch, (size_t)(d.N * d.K) * sizeof(float));
@@ -623,7 +629,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
         forge_cuda_gemm(p, d.N, d.K, d.M, dy, ldy, 0, w, ldw, 0, T, dx, d.K, ct, 1.0f, 1.0f, nullptr, T);
     }
     if (dx != dx_t->data) forge_cuda_convert(p, forge_cuda_dense_view(dx, FORGE_TYPE_F32, dx_t->ne), dx_t->data, dx_t->type);
-    forge_cuda_join_side(p);
+    join_grads(p, d);
 }
 
 } // namespace
