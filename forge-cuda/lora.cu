@@ -17,12 +17,15 @@
 //               y = x W^T + bias                (the base GEMM, bias in the epilogue)
 //               y = y + scale * u Bd^T          (depth R, beta = 1)
 //     backward  u = src5 (the forward's res[1]: read, not recomputed), du = scale * dy Bd
-//               dA = du^T x                     (F32 out, R x K; side stream)
-//               dB_blk = scale * dy_blk^T u_blk (F32 out, one GEMM per block; side stream)
+//               dA = du^T x                     (F32 out, R x K; side stream 0)
+//               dB_blk = scale * dy_blk^T u_blk (F32 out, one GEMM per block; side stream 1 + blk)
 //               dX = du Ac, then dX = dy W + dX (beta = 1)
-// The side stream (forge_cuda_fork_side / join_side, cuda.cuh) overlaps a node's skinny GEMMs
-// with its base GEMMs: measured on the H200, the backward's dA and dB took Qwen2.5-0.5B 4 x 1024
-// from 29.4 to 28.9 ms and 1 x 512 from 9.1 to 8.7 ms; the forward's u another 0.16 ms at 1 x 512.
+// The side streams (forge_cuda_fork_side / join_side, cuda.cuh) overlap a node's skinny GEMMs
+// with its base GEMMs and with each other: measured on the H200, the backward's dA and dB on one
+// side stream took Qwen2.5-0.5B 4 x 1024 from 29.4 to 28.9 ms and 1 x 512 from 9.1 to 8.7 ms, the
+// forward's u another 0.16 ms at 1 x 512; dA and each block's dB on streams of their own (each a
+// few microseconds on a few dozen SMs, so they fit beside each other) 25.95-25.98 -> 25.27-25.28
+// ms at 4 x 1024 and 7.33-7.38 -> 7.07-7.12 ms at 1 x 512 (A/B in one call, 257020d).
 // u is stored unscaled in x's type (the contract; T in every model whose x and W share a type).
 // When T differs (mixed x/W types) the forward rounds u to x's type first and reads that back as
 // T, so a forward computes the same y whether or not u is saved, and the backward sees that u.
