@@ -23,7 +23,10 @@
 // instead of one node over the q+k heads of the fused qkv tensor), that graph is timed too and
 // the ratio printed. (The unfused LoRA's dX contributions, two per projection, accumulate
 // straight into x's persistent gradient, which is not timed, so its time leaves out the sums a
-// real graph does: the ratio errs in the unfused version's favour.)
+// real graph does: the ratio errs in the unfused version's favour.) LoRA cases also time their
+// base GEMM alone - forge_linear(x, W) on the same W, its backward dX only, W frozen - in the
+// same run ("base us", base_us in the JSON): issue 3 bounds the fused forward by 1.15x of it
+// and the backward (dX, dA, dB) by 1.25x of its dX GEMM.
 //
 // Bytes (memory-bound kernels; es = bytes per element, N tokens, each tensor read or written
 // once - the fewest bytes the op must move):
@@ -196,7 +199,7 @@ struct Case {
     bool dirs3 = false;        // report fwd, bwd and fwd+bwd (else only fwd_dir)
     const char *fwd_dir = "fwd";
     double fwd_cost = 0, bwd_cost = 0; // bytes (MEM) or FLOPs (GEMM)
-    std::function<void(Bld &)> build, unfused;
+    std::function<void(Bld &)> build, unfused, base; // base: the GEMM the op adds to (LoRA: its base linear), timed alone
     bool split = false;        // no unfused builder: "unfused" is build's graph launched node by node (no launch-time fusion)
     bool unfused_forward = false; // the unfused graph has no backward: its ys are all it computes (cross_entropy's bare GEMMs)
     // adamw: appends the node to time after the backward (it is the only timed node)
@@ -347,6 +350,7 @@ static Case lora_case(const char *kernel, const std::string &shape, int64_t K, s
         forge_tensor *y = forge_lora(b.ctx, x, w, NULL, a, bm, scale, (int)rows.size(), rows.data());
         b.ys = {spare ? forge_lora_set_spare(b.ctx, y) : y};
     };
+    c.base = [=](Bld &b) { b.ys = {forge_linear(b.ctx, b.train({K, N}), b.weight({K, M}), NULL)}; };
     c.unfused = [=](Bld &b) {
         forge_tensor *x = b.train({K, N});
         for (int64_t m : rows) {
@@ -608,18 +612,21 @@ static std::set<const forge_tensor *> ancestors(const std::vector<forge_tensor *
     return seen;
 }
 
-// Builds one variant of a case (fused or unfused), runs it once, then times each direction's
-// nodes. Returns direction -> microseconds; *err says what failed.
-static std::map<std::string, double> run_variant(const Case &c, bool unfused, std::string *err, size_t *scratch = nullptr) {
+enum Variant { FUSED, UNFUSED, BASE };
+
+// Builds one variant of a case (fused, unfused or its base GEMM alone), runs it once, then times
+// each direction's nodes. Returns direction -> microseconds; *err says what failed.
+static std::map<std::string, double> run_variant(const Case &c, Variant v, std::string *err, size_t *scratch = nullptr) {
     std::map<std::string, double> us;
     forge_ctx *ctx = forge_ctx_new();
     forge_backend *be = forge_backend_cuda_new(0);
     Bld b;
     b.ctx = ctx;
+    const bool unfused = v == UNFUSED;
     const bool grad = c.grad && !(unfused && c.unfused_forward);
     b.grad = grad;
     const bool split = unfused && !c.unfused; // the fused graph, its nodes launched one by one
-    (unfused && c.unfused ? c.unfused : c.build)(b);
+    (v == BASE ? c.base : unfused && c.unfused ? c.unfused : c.build)(b);
     forge_graph *g = forge_graph_new(ctx);
     std::vector<forge_tensor *> rs; // the random r of loss = sum(y * r)
     size_t n_fwd = 0;
@@ -816,6 +823,7 @@ struct Row {
     const Case *c;
     std::string dir, error;
     double us = NAN, unfused_us = NAN, copy_us = NAN; // copy_us: the copy kernel moving the same bytes (MEM)
+    double base_us = NAN;                              // the case's base GEMM alone (Case::base)
     size_t scratch = 0; // the scratch the backend sized for the case's graph (its largest node's)
     double rate() const { return c->bound == MEM ? c->cost(dir) / us / 1e3 : c->cost(dir) / us / 1e6; } // GB/s or TFLOP/s
     double frac(const Ceilings &k) const { return rate() / (c->bound == MEM ? k.copy_gbps : k.gemm_tflops); }
@@ -824,9 +832,10 @@ struct Row {
 static std::string num(double v, const char *f) { return std::isfinite(v) ? fmt(f, v) : std::string("-"); }
 
 static void print_row(const Row &r, const Ceilings &k) {
-    std::printf("%-14s %-8s %-44s %-5s %10s %9s %-6s %6s %8s %10s %7s %s\n", r.c->kernel.c_str(), r.dir.c_str(), r.c->shape.c_str(), r.c->dtype.c_str(),
+    std::printf("%-14s %-8s %-44s %-5s %10s %9s %-6s %6s %8s %10s %7s %8s %s\n", r.c->kernel.c_str(), r.dir.c_str(), r.c->shape.c_str(), r.c->dtype.c_str(),
                 num(r.us, "%.1f").c_str(), num(r.rate(), "%.1f").c_str(), r.c->bound == MEM ? "GB/s" : "TF/s", num(100 * r.frac(k), "%.0f%%").c_str(),
-                num(100 * r.copy_us / r.us, "%.0f%%").c_str(), num(r.unfused_us, "%.1f").c_str(), num(r.unfused_us / r.us, "%.2fx").c_str(), r.error.c_str());
+                num(100 * r.copy_us / r.us, "%.0f%%").c_str(), num(r.unfused_us, "%.1f").c_str(), num(r.unfused_us / r.us, "%.2fx").c_str(),
+                num(r.us / r.base_us, "%.2fx").c_str(), r.error.c_str());
     std::fflush(stdout);
 }
 
@@ -875,10 +884,11 @@ static bool write_json(const char *path, const std::vector<Row> &rows, const Cei
         const Row &r = rows[i];
         const bool mem = r.c->bound == MEM;
         std::fprintf(f, "    {\"kernel\": %s, \"direction\": %s, \"shape\": %s, \"dtype\": %s, \"us\": %s, \"%s\": %s, \"%s\": %.6g, \"fraction\": %s, "
-                        "\"ceiling\": \"%s\", \"unfused_us\": %s, \"copy_same_us\": %s, \"scratch_bytes\": %zu%s}%s\n",
+                        "\"ceiling\": \"%s\", \"unfused_us\": %s, \"copy_same_us\": %s, \"base_us\": %s, \"scratch_bytes\": %zu%s}%s\n",
                      jstr(r.c->kernel).c_str(), jstr(r.dir).c_str(), jstr(r.c->shape).c_str(), jstr(r.c->dtype).c_str(), jnum(r.us, "%.3f").c_str(),
                      mem ? "gbps" : "tflops", jnum(r.rate(), "%.2f").c_str(), mem ? "bytes" : "flops", r.c->cost(r.dir), jnum(r.frac(k), "%.4f").c_str(),
-                     mem ? "copy" : "gemm", jnum(r.unfused_us, "%.3f").c_str(), jnum(r.copy_us, "%.3f").c_str(), r.scratch, r.error.empty() ? "" : (", \"error\": " + jstr(r.error)).c_str(),
+                     mem ? "copy" : "gemm", jnum(r.unfused_us, "%.3f").c_str(), jnum(r.copy_us, "%.3f").c_str(), jnum(r.base_us, "%.3f").c_str(), r.scratch,
+                     r.error.empty() ? "" : (", \"error\": " + jstr(r.error)).c_str(),
                      i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
@@ -927,19 +937,22 @@ int main(int argc, char **argv) {
                 "(8192^3 bf16, forge_cuda_gemm)\n",
                 prop.name, prop.l2CacheSize >> 20, k.copy_gbps, k.memcpy_gbps, k.gemm_tflops);
     std::printf("median of %d repeats, L2 flushed before each, %s\n\n", g_reps, g_graph ? "nodes replayed as a CUDA graph" : "nodes launched directly");
-    std::printf("%-14s %-8s %-44s %-5s %10s %9s %-6s %6s %8s %10s %7s %s\n", "kernel", "dir", "shape", "dtype", "us", "rate", "", "%ceil", "%c@size",
-                "unfused us", "speedup", "");
+    std::printf("%-14s %-8s %-44s %-5s %10s %9s %-6s %6s %8s %10s %7s %8s %s\n", "kernel", "dir", "shape", "dtype", "us", "rate", "", "%ceil", "%c@size",
+                "unfused us", "speedup", "vs base", "");
     std::vector<Row> rows;
     for (const Case &c : cases) {
-        std::string err, uerr;
+        std::string err, uerr, berr;
         size_t scratch = 0;
-        std::map<std::string, double> t = run_variant(c, false, &err, &scratch), u;
-        if (c.unfused || c.split) u = run_variant(c, true, &uerr);
+        std::map<std::string, double> t = run_variant(c, FUSED, &err, &scratch), u, bt;
+        if (c.unfused || c.split) u = run_variant(c, UNFUSED, &uerr);
+        if (c.base) bt = run_variant(c, BASE, &berr);
         for (auto &d : c.dirs()) {
             Row r{&c, d, err};
             r.scratch = scratch;
             if (t.count(d)) r.us = t[d];
             if (u.count(d)) r.unfused_us = u[d];
+            if (bt.count(d)) r.base_us = bt[d];
+            if (!berr.empty()) r.error += (r.error.empty() ? "" : "; ") + std::string("base: ") + berr;
             if (c.bound == MEM && std::isfinite(r.us)) r.copy_us = copy_at_size(c.cost(d));
             if (!uerr.empty()) r.error += (r.error.empty() ? "" : "; ") + std::string("unfused: ") + uerr;
             print_row(r, k);

@@ -6,7 +6,7 @@ times, forge's speedup over each, forge's achieved GB/s (memory-bound kernels) o
 (GEMM-bound ones) and its fraction of the matching ceiling measured in the same run (copy
 bandwidth or the 8192^3 bf16 GEMM; memory-bound rows add, in brackets, the copy kernel moving the
 same bytes over forge's time), forge's speedup over the same computation as separate forge
-nodes (where the bench has one), and the published Liger Kernel speedup over eager PyTorch for
+nodes (where the bench has one), forge's time over its base GEMM alone (LoRA), and the published Liger Kernel speedup over eager PyTorch for
 the shapes of Liger's table.
 
 Usage: python3 bench/combine.py FORGE.json [PEERS.json] [-o OUT.md]
@@ -46,8 +46,9 @@ def table(forge, peers):
     if peers:
         out.append(f"peers: torch {peers.get('torch', '?')} (CUDA {peers.get('cuda', '?')}) on {peers.get('gpu', '?')}, {peers.get('date', '?')}")
     out.append("")
-    out.append("| kernel | dir | shape | forge us | eager us | compile us | vs eager | vs compile | forge rate | % of ceiling | vs unfused forge | Liger vs eager (published) |")
-    out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    out.append("| kernel | dir | shape | forge us | eager us | compile us | vs eager | vs compile | forge rate | % of ceiling | vs unfused forge | "
+               "of its base GEMM | Liger vs eager (published) |")
+    out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in forge.get("cases", []):
         p = peer.get(key(c), {})
         us, eager, comp = c.get("us"), p.get("eager_us"), p.get("compile_us")
@@ -62,7 +63,8 @@ def table(forge, peers):
             frac += f" ({100 * c['copy_same_us'] / us:.0f}% at size)"
         pub = PUBLISHED.get(key(c))
         out.append(f"| {c['kernel']} | {c['direction']} | {c['shape']} | {num(us)} | {num(eager)} | {num(comp)} | {ratio(eager, us)} | "
-                   f"{ratio(comp, us)} | {rate} | {frac} | {ratio(c.get('unfused_us'), us)} | {f'{pub:.2f}x' if pub else ''} |")
+                   f"{ratio(comp, us)} | {rate} | {frac} | {ratio(c.get('unfused_us'), us)} | {ratio(us, c.get('base_us'))} | "
+                   f"{f'{pub:.2f}x' if pub else ''} |")
     notes = [f"forge {' / '.join(key(c))}: {c['error']}" for c in forge.get("cases", []) if c.get("error")]
     notes += [f"peers {' / '.join(key(c))}: {'; '.join(c['errors'])}" for c in peer.values() if c.get("errors")]
     if notes:
