@@ -13,6 +13,10 @@
 #            the whole table is shown)
 #   OUT   where the JSON goes (bs-new-1.json, bs-base-1.json, ...)
 set -u
+# A reader that stops early (`bench/gpu-check.sh ... | head`) must not end the run: without this
+# the script and the stage writing to the closed pipe die of SIGPIPE and the later stages never
+# run (a device call lost its step and HF stages that way). Output then goes on to $OUT only.
+trap '' PIPE
 cd "$(dirname "$0")/.."
 old=${OLD:-.ab-old}
 OUT=${OUT:-/tmp/forge-out}

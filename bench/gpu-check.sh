@@ -16,6 +16,10 @@
 # (eager,liger,compile; Liger's wheel is carried in .whl/), NO_RC skips the --recompute run, and
 # LANE suffixes the stepvs files so that lanes can run side by side, one per GPU.
 set -uo pipefail
+# A reader that stops early (`bench/gpu-check.sh ... | head`) must not end the run: without this
+# the script and the stage writing to the closed pipe die of SIGPIPE and the later stages never
+# run (a device call lost its step and HF stages that way). Output then goes on to $OUT only.
+trap '' PIPE
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/forge-out}
 mkdir -p "$OUT"
