@@ -99,7 +99,7 @@ static std::string fmt(const char *f, ...) {
 
 // ---- device fill --------------------------------------------------------------------------
 
-__device__ inline uint64_t mix64(uint64_t z) {
+__host__ __device__ inline uint64_t mix64(uint64_t z) {
     z += 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -129,13 +129,8 @@ static std::vector<int32_t> zipf_ids(int64_t n, int64_t V, uint64_t seed) {
     std::vector<double> cdf((size_t)V);
     double sum = 0;
     for (int64_t k = 0; k < V; k++) cdf[(size_t)k] = sum += 1.0 / (double)(k + 1);
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-    auto next = [&] { // splitmix64
-        uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    };
+    uint64_t i = 0;
+    auto next = [&] { return mix64(seed * 0x2545f4914f6cdd1dull + i++); }; // fill_kernel's hash of (seed, i)
     std::vector<int32_t> perm((size_t)V), ids((size_t)n);
     for (int64_t k = 0; k < V; k++) perm[(size_t)k] = (int32_t)k;
     for (int64_t k = V - 1; k > 0; k--) std::swap(perm[(size_t)k], perm[(size_t)(next() % (uint64_t)(k + 1))]);

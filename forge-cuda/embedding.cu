@@ -353,8 +353,7 @@ void embedding_fwd(forge_tensor *node, const forge_cuda_params *p) {
     const bool vec = rows_vectorisable(table, C, VEC);
     const int64_t units = n_tok * (vec ? C / VEC : C);
     const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>((units + THREADS - 1) / THREADS, (int64_t)p->sm_count * 32));
-    const bool ids_dense = (int64_t)ids->nb[0] == 4 && (int64_t)ids->nb[1] == 4 * ids->ne[0] && (int64_t)ids->nb[2] == 4 * ids->ne[0] * ids->ne[1];
-    const bool bf = vec && table->type == FORGE_TYPE_BF16 && ids_dense;
+    const bool bf = vec && table->type == FORGE_TYPE_BF16 && forge_tensor_is_contiguous(ids);
     if (bf) forge_cuda_launch_kernel(gather_kernel<VEC, true>, grid, THREADS, 0, p->stream, g);
     else if (vec) forge_cuda_launch_kernel(gather_kernel<VEC, false>, grid, THREADS, 0, p->stream, g);
     else forge_cuda_launch_kernel(gather_kernel<1, false>, grid, THREADS, 0, p->stream, g);

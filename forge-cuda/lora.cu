@@ -197,8 +197,21 @@ struct prepped {
     const char *ac, *bd; // R x K and M x R, both of type d.T, dense
 };
 
-bool spare_rows(const forge_tensor *node, const lora_dims &d);
-char *spare_rows_ac(const lora_dims &d);
+// Whether the node's W has R spare rows (forge_lora_set_spare, op_i[4] = 2: W [K, M] the first M
+// rows of a leaf with R more, row stride K) that hold Ac, so that [W ; Ac] is one (M + R) x K
+// operand of 16-bit type T: the model's o and down. The prep writes Ac there (not into scratch); the
+// backward's dX is then one GEMM of depth M + R over [dy | du] (see the backward).
+bool spare_rows(const forge_tensor *node, const lora_dims &d) {
+    int64_t ld = 0;
+    return node->op_i[4] == 2 && d.T != FORGE_TYPE_F32 && d.w->type == d.T && forge_rows_in_place(d.w, &ld) && ld == d.K;
+}
+char *spare_rows_ac(const lora_dims &d) { return (char *)d.w->data + d.M * d.K * type_size(d.T); }
+// The backward's dX over [dy | du] saves the plain form's pass over dX (2 N K) for a copy of dy
+// (2 N M): it pays where dX is the wider, by more than twice (down). Measured on the H200
+// (bench-kernels lora_o, lora_down; the new form against the plain one in one call): Qwen2.5-0.5B
+// down 92.9 -> 85.6 us at 4096 tokens, 346.5 -> 280.0 at 16384; o (K = M) 39.0 -> 37.6 at 4096
+// but 89.8 -> 98.4 at 16384, Gemma2-2B o (K < M) 302.6 -> 315.0 at 16384.
+bool rows_backward(const forge_tensor *node, const lora_dims &d) { return spare_rows(node, d) && d.K > 2 * d.M; }
 
 prepped prep(const forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, char **scratch) {
     if (const forge_cuda_fusions::lora_prep *h = hoisted(node, p)) return {h->ac, h->bd};
@@ -253,21 +266,6 @@ bool folds(const forge_tensor *node, const lora_dims &d, int64_t *ldw) {
     return ok;
 }
 
-// Whether the node's W has R spare rows (forge_lora_set_spare, op_i[4] = 2: W [K, M] the first M
-// rows of a leaf with R more, row stride K) that hold Ac, so that [W ; Ac] is one (M + R) x K
-// operand of 16-bit type T: the model's o and down. The prep writes Ac there (not into scratch); the
-// backward's dX is then one GEMM of depth M + R over [dy | du] (see the backward).
-bool spare_rows(const forge_tensor *node, const lora_dims &d) {
-    int64_t ld = 0;
-    return node->op_i[4] == 2 && d.T != FORGE_TYPE_F32 && d.w->type == d.T && forge_rows_in_place(d.w, &ld) && ld == d.K;
-}
-char *spare_rows_ac(const lora_dims &d) { return (char *)d.w->data + d.M * d.K * type_size(d.T); }
-// The backward's dX over [dy | du] saves the plain form's pass over dX (2 N K) for a copy of dy
-// (2 N M): it pays where dX is the wider, by more than twice (down). Measured on the H200
-// (bench-kernels lora_o, lora_down; the new form against the plain one in one call): Qwen2.5-0.5B
-// down 92.9 -> 85.6 us at 4096 tokens, 346.5 -> 280.0 at 16384; o (K = M) 39.0 -> 37.6 at 4096
-// but 89.8 -> 98.4 at 16384, Gemma2-2B o (K < M) 302.6 -> 315.0 at 16384.
-bool rows_backward(const forge_tensor *node, const lora_dims &d) { return spare_rows(node, d) && d.K > 2 * d.M; }
 
 // xp (N rows of K + R 16-bit elements, dense) = [x | u]: x's rows ldx apart, u dense N x R.
 // V elements per access: uint4 (8 elements) when every row start is 16-byte aligned, else one.
