@@ -26,7 +26,9 @@
 // real graph does: the ratio errs in the unfused version's favour.) LoRA cases also time their
 // base GEMM alone - forge_linear(x, W) on the same W, its backward dX only, W frozen - in the
 // same run ("base us", base_us in the JSON): issue 3 bounds the fused forward by 1.15x of it
-// and the backward (dX, dA, dB) by 1.25x of its dX GEMM.
+// and the backward (dX, dA, dB) by 1.25x of its dX GEMM. LoRA nodes are timed as a step runs
+// them: with the casts of A and B made beforehand by the one prep kernel a step launches for all
+// its projections (forge_cuda_lora_plan_preps); that kernel is timed apart ("prep", prep_us).
 //
 // Bytes (memory-bound kernels; es = bytes per element, N tokens, each tensor read or written
 // once - the fewest bytes the op must move):
@@ -46,7 +48,8 @@
 //   lora (R = blocks r)  fwd 2 N (K M + K R + r M)  bwd 2 N (M K + 2 K R + 2 r M)
 //                   (bwd: dX, dA + dX's low-rank term, du + dB; u = x A^T is the forward's
 //                   saved res[1], which the forward writes and LORA_BACK reads: not recomputed;
-//                   lora_mlp's W is the model's padded gate/up, so its forward is the folded
+//                   lora_mlp's and lora_qkv's W is the model's padded gate/up and q/k/v
+//                   (q/k/v: where its output is wider than its input), so its forward is the folded
 //                   GEMM of depth K + R: the same FLOPs counted, R/K more done; lora_o's and
 //                   lora_down's W has spare rows, so their dX is one GEMM of depth M + R)
 //   attention       fwd 2 B Hq D T (T+1) (causal)  bwd 2.5 x fwd
@@ -501,12 +504,14 @@ static std::vector<Case> make_cases() {
     each_model([&](const Model &m, int64_t N) {
         cs.push_back(linear_case(fmt("%s %lldx%lld->%lld", m.name, (long long)N, (long long)m.H, (long long)(2 * m.F)), m.H, 2 * m.F, N));
     });
+    // q/k/v with W in spare columns where its output is wider than its input, as models/model.cpp
+    // builds it (every model here; not the Liger shape)
     each_model([&](const Model &m, int64_t N) {
         const int64_t q = m.Hq * m.D, kv = m.Hkv * m.D;
         cs.push_back(lora_case("lora_qkv", fmt("%s %lldx%lld->%lld/%lld/%lld r16", m.name, (long long)N, (long long)m.H, (long long)q, (long long)kv, (long long)kv),
-                               m.H, {q, kv, kv}, 16, N, 2.0f));
+                               m.H, {q, kv, kv}, 16, N, 2.0f, q + 2 * kv > m.H ? 1 : 0));
     });
-    cs.push_back(lora_case("lora_qkv", "liger 4x2048 4096->4096/1024/1024 r8", 4096, {4096, 1024, 1024}, 8, 8192, 2.0f));
+    cs.push_back(lora_case("lora_qkv", "liger 4x2048 4096->4096/1024/1024 r8", 4096, {4096, 1024, 1024}, 8, 8192, 2.0f, 1));
     each_model([&](const Model &m, int64_t N) {
         cs.push_back(lora_case("lora_mlp", fmt("%s %lldx%lld->2x%lld r16", m.name, (long long)N, (long long)m.H, (long long)m.F), m.H, {m.F, m.F}, 16, N, 2.0f, 1));
     });
@@ -707,10 +712,16 @@ static std::map<std::string, double> run_variant(const Case &c, Variant v, std::
     CK(cudaStreamSynchronize(p->stream));
     if (forge_backend_compute(be, g) != FORGE_OK) return fail("compute");
 
+    // A step runs the preps of all its LoRA projections (A cast, B laid out) as one kernel at its
+    // start (forge_cuda_lora_plan_preps), not one per node: the timed nodes use the hoisted preps
+    // that the run above made, and that kernel is timed on its own (us["prep"]).
+    const forge_cuda_fusions *hoisted = forge_cuda_backend_fusions(be, g);
     auto time_set = [&](const std::vector<forge_tensor *> &nodes) {
         std::string e;
+        forge_cuda_fusions fu = forge_cuda_find_fusions(nodes);
+        if (hoisted) fu.preps = hoisted->preps;
         double t = time_us(p->stream, [&] {
-            if (!split) forge_cuda_launch_nodes(nodes, p);
+            if (!split) forge_cuda_launch_nodes(nodes, p, &fu);
             else for (forge_tensor *n : nodes) forge_cuda_launch_node(n, p);
         }, &e);
         int code = 0;
@@ -720,6 +731,10 @@ static std::map<std::string, double> run_variant(const Case &c, Variant v, std::
         return e.empty() ? t : NAN;
     };
     std::vector<std::string> dirs = c.dirs();
+    if (hoisted && hoisted->n_prep_jobs) {
+        std::string e;
+        us["prep"] = time_us(p->stream, [&] { forge_cuda_lora_run_preps(*hoisted, p); }, &e);
+    }
     us[dirs[0]] = time_set(fwd);
     if (c.dirs3) {
         us["bwd"] = time_set(bwd);
@@ -819,6 +834,7 @@ struct Row {
     std::string dir, error;
     double us = NAN, unfused_us = NAN, copy_us = NAN; // copy_us: the copy kernel moving the same bytes (MEM)
     double base_us = NAN;                              // the case's base GEMM alone (Case::base)
+    double prep_us = NAN; // the hoisted LoRA prep kernel alone: once per step for all projections, not in us
     size_t scratch = 0; // the scratch the backend sized for the case's graph (its largest node's)
     double rate() const { return c->bound == MEM ? c->cost(dir) / us / 1e3 : c->cost(dir) / us / 1e6; } // GB/s or TFLOP/s
     double frac(const Ceilings &k) const { return rate() / (c->bound == MEM ? k.copy_gbps : k.gemm_tflops); }
@@ -830,7 +846,8 @@ static void print_row(const Row &r, const Ceilings &k) {
     std::printf("%-14s %-8s %-44s %-5s %10s %9s %-6s %6s %8s %10s %7s %8s %s\n", r.c->kernel.c_str(), r.dir.c_str(), r.c->shape.c_str(), r.c->dtype.c_str(),
                 num(r.us, "%.1f").c_str(), num(r.rate(), "%.1f").c_str(), r.c->bound == MEM ? "GB/s" : "TF/s", num(100 * r.frac(k), "%.0f%%").c_str(),
                 num(100 * r.copy_us / r.us, "%.0f%%").c_str(), num(r.unfused_us, "%.1f").c_str(), num(r.unfused_us / r.us, "%.2fx").c_str(),
-                num(r.us / r.base_us, "%.2fx").c_str(), r.error.c_str());
+                num(r.us / r.base_us, "%.2fx").c_str(),
+                (std::isfinite(r.prep_us) && r.dir == r.c->dirs()[0] ? fmt("prep %.1f us, once per step ", r.prep_us) : std::string()).append(r.error).c_str());
     std::fflush(stdout);
 }
 
@@ -879,10 +896,10 @@ static bool write_json(const char *path, const std::vector<Row> &rows, const Cei
         const Row &r = rows[i];
         const bool mem = r.c->bound == MEM;
         std::fprintf(f, "    {\"kernel\": %s, \"direction\": %s, \"shape\": %s, \"dtype\": %s, \"us\": %s, \"%s\": %s, \"%s\": %.6g, \"fraction\": %s, "
-                        "\"ceiling\": \"%s\", \"unfused_us\": %s, \"copy_same_us\": %s, \"base_us\": %s, \"scratch_bytes\": %zu%s}%s\n",
+                        "\"ceiling\": \"%s\", \"unfused_us\": %s, \"copy_same_us\": %s, \"base_us\": %s, \"prep_us\": %s, \"scratch_bytes\": %zu%s}%s\n",
                      jstr(r.c->kernel).c_str(), jstr(r.dir).c_str(), jstr(r.c->shape).c_str(), jstr(r.c->dtype).c_str(), jnum(r.us, "%.3f").c_str(),
                      mem ? "gbps" : "tflops", jnum(r.rate(), "%.2f").c_str(), mem ? "bytes" : "flops", r.c->cost(r.dir), jnum(r.frac(k), "%.4f").c_str(),
-                     mem ? "copy" : "gemm", jnum(r.unfused_us, "%.3f").c_str(), jnum(r.copy_us, "%.3f").c_str(), jnum(r.base_us, "%.3f").c_str(), r.scratch,
+                     mem ? "copy" : "gemm", jnum(r.unfused_us, "%.3f").c_str(), jnum(r.copy_us, "%.3f").c_str(), jnum(r.base_us, "%.3f").c_str(), jnum(r.prep_us, "%.3f").c_str(), r.scratch,
                      r.error.empty() ? "" : (", \"error\": " + jstr(r.error)).c_str(),
                      i + 1 < rows.size() ? "," : "");
     }
@@ -947,6 +964,7 @@ int main(int argc, char **argv) {
             if (t.count(d)) r.us = t[d];
             if (u.count(d)) r.unfused_us = u[d];
             if (bt.count(d)) r.base_us = bt[d];
+            if (t.count("prep")) r.prep_us = t["prep"];
             if (!berr.empty()) r.error += (r.error.empty() ? "" : "; ") + std::string("base: ") + berr;
             if (c.bound == MEM && std::isfinite(r.us)) r.copy_us = copy_at_size(c.cost(d));
             if (!uerr.empty()) r.error += (r.error.empty() ? "" : "; ") + std::string("unfused: ") + uerr;
