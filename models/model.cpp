@@ -46,7 +46,9 @@ void model_create(Model &m, forge_ctx *ctx, const ModelConfig &c, forge_type wty
         Layer &y = m.layers[(size_t)l];
         y.attn_norm = weight(m, FORGE_TYPE_F32, H, 0, "attn_norm.weight", l);
         y.wqkv = weight(m, wtype, H, qkv, "attn_qkv.weight", l);
-        y.bqkv = c.qkv_bias ? weight(m, FORGE_TYPE_F32, qkv, 0, "attn_qkv.bias", l) : nullptr;
+        // the q/k/v bias in the weights' type, as HF keeps it: a bf16 GEMM's epilogue reads it in
+        // place (an F32 bias was converted by a kernel of its own in every forward)
+        y.bqkv = c.qkv_bias ? weight(m, wtype, qkv, 0, "attn_qkv.bias", l) : nullptr;
         y.q_norm = c.qk_norm ? weight(m, FORGE_TYPE_F32, D, 0, "attn_q_norm.weight", l) : nullptr;
         y.k_norm = c.qk_norm ? weight(m, FORGE_TYPE_F32, D, 0, "attn_k_norm.weight", l) : nullptr;
         y.wo = weight(m, wtype, c.n_head * D, H, "attn_output.weight", l);
