@@ -8,12 +8,12 @@
 // against the CPU's, u of x's type also when the GEMM type differs (mixed x/W), and the CUDA
 // forward-only graph (no u result) giving bitwise the training graph's y. Then the folded
 // forward of a LORA whose W has R spare elements per row (forge_lora_set_spare, the model's
-// gate/up and q/k/v): Qwen2.5 and Gemma2 gate/up, Qwen2.5 and Qwen3 q/k/v, R up to 64, shapes off
-// its 16-byte copy path, F16, biases, and
-// its saved u / forward-only agreement; then a W with R spare rows (the model's o and down: the
-// backward's dX as one GEMM over [dy | du]). Graphs run by the backend make the casts of A and B for
-// all their LoRAs in one kernel at the start (A and B leaves); the own-prep cases compute A and B
-// in the graph, so each node runs its own prep, folded and not. Last, the down projection of a
+// gate/up and q/k/v): Qwen2.5 and Gemma2 gate/up, Qwen2.5 and Qwen3 q/k/v, R from 6 to 64,
+// shapes off its 16-byte copy path, F16, biases, and its saved u / forward-only agreement; then
+// a W with R spare rows (the model's o and down: the backward's dX as one GEMM over [dy | du]).
+// Graphs run by the backend make the casts of A and B for all their LoRAs in one kernel at the
+// start (A and B leaves); the own-prep cases compute A and B in the graph, so each node runs its
+// own prep, folded and not. Last, the down projection of a
 // GLU output marked for recompute, whose backward makes x again from gate/up.
 #include "cuda-util.h"
 
@@ -202,13 +202,13 @@ int main() {
     lora_case("spare lora bf16 64->[40,24] r3 x 33 (R = 6)", BF16, BF16, kNone, {64, 3, {40, 24}, 33, 1}, 2.0f, kSpare);
     lora_case("spare lora bf16 one row 896->[4864,4864] + f32 bias", BF16, BF16, F32, {896, 16, {4864, 4864}, 1, 1}, 2.0f, kSpare);
     lora_case("spare lora f16 200->[150,50] r4 x 33 + f16 bias", F16, F16, F16, {200, 4, {150, 50}, 33, 1}, 2.0f, kSpare);
-    // the folded q/k/v as the models run it (R = 48, rows off every tile, Qwen2.5's bias),
-    // Qwen3-0.6B's q/k/v, R = 64, and R = 8 over a K of three 16-column steps
+    // the folded q/k/v as the models run it (R = 48, a token count off every tile, Qwen2.5's
+    // bias), Qwen3-0.6B's q/k/v, R = 64 (rank 32 on gate/up), and R = 8 with a small K
     lora_case("spare lora bf16 qwen2.5 q/k/v 896->[896,128,128] r16 x 150 x 2 + f32 bias", BF16, BF16, F32, {896, 16, {896, 128, 128}, 150, 2}, 2.0f,
               kSpare);
     lora_case("spare lora bf16 qwen3 q/k/v 1024->[2048,1024,1024] r16 x 100", BF16, BF16, kNone, {1024, 16, {2048, 1024, 1024}, 100, 1}, 2.0f, kSpare);
     lora_case("spare lora bf16 896->[4864,4864] r32 x 77 (R = 64)", BF16, BF16, kNone, {896, 32, {4864, 4864}, 77, 1}, 2.0f, kSpare);
-    lora_case("spare lora bf16 48->[40,24] r4 x 21 (R = 8, K of 3 steps)", BF16, BF16, kNone, {48, 4, {40, 24}, 21, 1}, 2.0f, kSpare);
+    lora_case("spare lora bf16 48->[40,24] r4 x 21 (R = 8)", BF16, BF16, kNone, {48, 4, {40, 24}, 21, 1}, 2.0f, kSpare);
     lora_case("spare lora f32 (unfolded) 77->[33,9,9] r5", F32, F32, kNone, odd, 2.0f, kSpare);
     lora_case("spare lora bf16 x, f32 W (unfolded) 128->96 r8", BF16, F32, kNone, {128, 8, {96}, 300, 1}, 0.5f, kSpare);
     saved_u_case("saved u, spare bf16 qwen2.5 gate/up x 512", BF16, BF16, {896, 16, {4864, 4864}, 512, 1}, 2.0f, kSpare);
