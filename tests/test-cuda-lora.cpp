@@ -13,8 +13,8 @@
 // a W with R spare rows (the model's o and down: the backward's dX as one GEMM over [dy | du]).
 // Graphs run by the backend make the casts of A and B for all their LoRAs in one kernel at the
 // start (A and B leaves); the own-prep cases compute A and B in the graph, so each node runs its
-// own prep, folded and not. Last, the down projection of a
-// GLU output marked for recompute, whose backward makes x again from gate/up.
+// own prep, folded and not. Last, the down projection of a GLU output marked for recompute,
+// whose backward makes x again from gate/up.
 #include "cuda-util.h"
 
 namespace {
