@@ -68,7 +68,7 @@
 // Generic path (any float types, any strides, any head_dim, scale <= 0): one warp per query row
 // (forward, dq) or key row (dk/dv), lanes over head_dim, fp32 throughout, online softmax; correct,
 // slow.
-#include "cuda.cuh"
+#include "wgmma.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -759,117 +759,6 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
 // MN-major ("transposed") B operand (SBO 1024 bytes between groups of 8 keys, LBO between the
 // 64-column blocks). The accumulator of m64nN gives each warp 16 rows in mma.sync's m16n8 layout,
 // so the online softmax (softmax_tile) and P's A fragments (to_frags) are the mma.sync kernel's.
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FORGE_WGMMA_DEVICE 1
-#endif
-#ifdef FORGE_WGMMA_DEVICE
-
-// Matrix descriptor of a 128-byte-swizzled operand at shared address addr.
-__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
-}
-// A wgmma kernel's dynamic shared memory, 1024-byte aligned (checked): the swizzle pattern repeats
-// every 1024 bytes from an aligned base.
-__device__ __forceinline__ unsigned char *wg_smem() {
-    extern __shared__ __align__(1024) unsigned char smem_wg[];
-    if (forge_cuda_smem_addr(smem_wg) % 1024) __trap();
-    return smem_wg;
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Writes by this thread to shared memory (cp.async, st.shared) become visible to wgmma's reads.
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Keeps the compiler from moving reads or writes of accumulators across a wgmma wait.
-template <int N>
-__device__ __forceinline__ void wg_pin(float (&d)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
-}
-
-// The 4 accumulator registers of n-tile i of d, as read-write asm operands.
-#define WG_ACC4(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
-// d (64 x N, the warpgroup's accumulator) = (acc ? d : 0) + A B, A (64 x 16) and B (16 x N) in shared memory:
-// K-major (A rows, B columns along the depth), or both MN-major when TR = 1.
-template <int N, int TR = 0>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int acc) {
-    if constexpr (N == 32) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-                     "}, %16, %17, p, 1, 1, %19, %19;\n}\n"
-                     : WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3)
-                     : "l"(da), "l"(db), "r"(acc), "n"(TR));
-    } else if constexpr (N == 64) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                     "}, %32, %33, p, 1, 1, %35, %35;\n}\n"
-                     : WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5), WG_ACC4(d, 6), WG_ACC4(d, 7)
-                     : "l"(da), "l"(db), "r"(acc), "n"(TR));
-    } else if constexpr (N == 128) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                     "}, %64, %65, p, 1, 1, %67, %67;\n}\n"
-                     : WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5), WG_ACC4(d, 6), WG_ACC4(d, 7),
-                       WG_ACC4(d, 8), WG_ACC4(d, 9), WG_ACC4(d, 10), WG_ACC4(d, 11), WG_ACC4(d, 12), WG_ACC4(d, 13), WG_ACC4(d, 14), WG_ACC4(d, 15)
-                     : "l"(da), "l"(db), "r"(acc), "n"(TR));
-    } else {
-        static_assert(N == 32 || N == 64 || N == 128, "wgmma_ss: N is 32, 64 or 128");
-    }
-}
-// d += A B, A (this warp's 16 x 16 of the warpgroup's 64 x 16) in registers, B (16 x N) MN-major in shared memory.
-template <int N>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db) {
-    if constexpr (N == 64) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                     "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                     : WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5), WG_ACC4(d, 6), WG_ACC4(d, 7)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-    } else if constexpr (N == 128) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                     "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                     : WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5), WG_ACC4(d, 6), WG_ACC4(d, 7),
-                       WG_ACC4(d, 8), WG_ACC4(d, 9), WG_ACC4(d, 10), WG_ACC4(d, 11), WG_ACC4(d, 12), WG_ACC4(d, 13), WG_ACC4(d, 14), WG_ACC4(d, 15)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-    } else if constexpr (N == 256) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-                     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-                     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                     "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-                     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-                     "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-                     : WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5), WG_ACC4(d, 6), WG_ACC4(d, 7),
-                       WG_ACC4(d, 8), WG_ACC4(d, 9), WG_ACC4(d, 10), WG_ACC4(d, 11), WG_ACC4(d, 12), WG_ACC4(d, 13), WG_ACC4(d, 14), WG_ACC4(d, 15),
-                       WG_ACC4(d, 16), WG_ACC4(d, 17), WG_ACC4(d, 18), WG_ACC4(d, 19), WG_ACC4(d, 20), WG_ACC4(d, 21), WG_ACC4(d, 22), WG_ACC4(d, 23),
-                       WG_ACC4(d, 24), WG_ACC4(d, 25), WG_ACC4(d, 26), WG_ACC4(d, 27), WG_ACC4(d, 28), WG_ACC4(d, 29), WG_ACC4(d, 30), WG_ACC4(d, 31)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-    } else {
-        static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs: N is 64, 128 or 256");
-    }
-}
-#endif
 
 // attn_rows_wg: a block is one warpgroup of 64 query rows, BN keys per step; MINB blocks per SM
 // (shared memory holds 2 at D = 128, 96 KB each, and at D = 256 with 32-key steps, 112 KB each).
@@ -896,7 +785,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
     constexpr int BN = wg_cfg<D>::BN, NT = 128, BM = 64;
-    unsigned char *smem_raw = wg_smem();
+    unsigned char *smem_raw = wg_smem_base();
     bf16 *sQ = (bf16 *)smem_raw;          // [D / 64][BM][64] (sw128), then the output rows (swz)
     bf16 *sK = sQ + BM * D;               // [2][D / 64][BN][64]
     bf16 *sV = sK + 2 * BN * D;           // [3][D / 64][BN][64]
@@ -1314,7 +1203,7 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
     constexpr int BQ = cols_wg_cfg<D>::BQ, NT = 128, BN = 64;
-    unsigned char *smem_raw = wg_smem();
+    unsigned char *smem_raw = wg_smem_base();
     const cols_layout<D, BN, BQ> sm(smem_raw); // k, v, q, dO in sw128 blocks; dk, dv rows later in swz
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
     cols_block<D, BN, BQ, NT, true> blk(a);
@@ -1492,7 +1381,7 @@ __global__ void __launch_bounds__(128, 4) attn_dq_wg(const attn_args a) {
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
     constexpr int NT = 128, BM = kDsTile, BN = kDsTile;
-    unsigned char *smem_raw = wg_smem();
+    unsigned char *smem_raw = wg_smem_base();
     bf16 *sK = (bf16 *)smem_raw; // [2][D / 64][BN][64] (sw128), then the output rows (swz)
     bf16 *sS = sK + 2 * BN * D;  // [2][BN][64] dS^T (sw128): key rows, query columns
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, w0 = warp * 16;
@@ -1557,19 +1446,11 @@ void launch(K kernel, int64_t blocks, int threads, size_t smem, const attn_args 
 // CMake when FORGE_CUDA_ARCH names 90a), run on a device of compute capability 9.0, and not turned
 // off by FORGE_ATTN_WGMMA=0 (which runs attn_rows, the mma.sync forward, for comparison).
 bool wgmma_on() {
-#ifdef FORGE_CUDA_SM90A
     static const bool on = [] {
-        int dev = 0, major = 0, minor = 0;
-        FORGE_CUDA_CHECK(cudaGetDevice(&dev));
-        FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
         const char *e = std::getenv("FORGE_ATTN_WGMMA");
-        return major == 9 && minor == 0 && !(e && std::atoi(e) == 0);
+        return forge_cuda_wgmma_device() && !(e && std::atoi(e) == 0);
     }();
     return on;
-#else
-    return false;
-#endif
 }
 
 // The forward; or the backward: the row statistics, dk and dv with dS^T (attn_cols), then dq.

@@ -21,7 +21,7 @@
 // captured steps, one with them on and one with them off (the micro-batches of gradient
 // accumulation before the last); each has its own direct first run, which for the "on" step also
 // lets NCCL set up its connections (it does so lazily, on a collective's first use).
-#include "cuda.cuh"
+#include "wgmma.cuh"
 
 #include <map>
 #include <mutex>
@@ -290,6 +290,21 @@ std::unordered_map<const forge_tensor *, int> forge_cuda_readers(const std::vect
 bool forge_cuda_one_reader(const std::unordered_map<const forge_tensor *, int> &readers, const forge_tensor *t) {
     auto it = readers.find(t);
     return it != readers.end() && it->second == 1 && !(t->flags & FORGE_FLAG_OUTPUT);
+}
+
+bool forge_cuda_wgmma_device() {
+#ifdef FORGE_CUDA_SM90A
+    static const bool on = [] {
+        int dev = 0, major = 0, minor = 0;
+        FORGE_CUDA_CHECK(cudaGetDevice(&dev));
+        FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        return major == 9 && minor == 0;
+    }();
+    return on;
+#else
+    return false;
+#endif
 }
 
 int forge_cuda_blocks_per_sm(const void *kernel, int threads) {

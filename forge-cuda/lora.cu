@@ -1,5 +1,7 @@
 // forge-cuda/lora.cu - LORA (x W^T + b + scale (x A^T) B^T, in 1 to 3 concatenated blocks) and
-// its backward LORA_BACK (dA, dB and optionally dX), as cuBLASLt GEMMs (forge_cuda_gemm).
+// its backward LORA_BACK (dA, dB and optionally dX), as cuBLASLt GEMMs (forge_cuda_gemm) and, for
+// the folded and spare-rows forwards in BF16 on sm_90a where it is faster, as one wgmma kernel of
+// forge's own (tc::forward, "the fused forward on wgmma" below).
 //
 // Matrices are row-major: x, dy, u, du have one row per token (N rows); W has M rows of K, A
 // has R = n_blocks * r rows of K, B has M rows of r. All GEMMs run in the operands' type T (x's,
@@ -86,9 +88,14 @@
 // in one GEMM of depth M + R over [dy | du] (rows_backward). Measured on the H200, A/B in one
 // call: Qwen2.5-0.5B 4 x 1024 26.81-26.99 -> 26.37-26.51 ms per step, Gemma2-2B 98.78-99.22 ->
 // 97.21-97.84 ms.
-#include "cuda.cuh"
+#include "wgmma.cuh"
+
+#include <cudaTypedefs.h> // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <map>
@@ -252,6 +259,271 @@ const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora
     return ut_copy;
 }
 
+// ---- the fused forward on wgmma (sm_90a) -------------------------------------------------------
+//
+// y = x W^T + bias + (us u) Bs^T and u = x Ac^T in one kernel, for the folded form (Bs = scale Bd in
+// W's spare columns, us = 1) and the spare-rows form (Ac in W's spare rows, Bs = Bd, us = scale),
+// in BF16. A block owns 128 tokens (two consumer warpgroups of 64) by BN outputs; a producer
+// warpgroup streams 64-deep slices of x's rows, W's rows and Ac into a ring of shared-memory stages
+// by TMA (128-byte swizzle, completion counted on an mbarrier per stage; the consumers free a stage
+// through a second mbarrier once their wgmma on it has retired). Each 16-deep step is one wgmma
+// over [W's BN rows] (NS instructions when BN > 256) plus one over Ac's R rows, so the block's u
+// (its 128 tokens x R) comes out of the same reads of x as its slice of y: the base product and u
+// share the main loop, with R / BN more tensor work (every block of a token row makes u again).
+// Then the epilogue: u rounded to bf16 (the contract: u is stored in x's type, and the product
+// reads that), times us, into shared memory as the A operand of one more wgmma of depth R against
+// the tile's rows of Bs, accumulated into y's fp32 accumulators; the first column block writes u
+// out; the bias is added and y rounded once, staged through shared memory and written in 16-byte
+// rows. Traffic: x, W, Ac once from L2 per tile (x once from DRAM), y written once, no [x | u]
+// copy, no u GEMM, no read back of y. BN is picked so the grid fills the SMs in as few waves as it
+// can (tiles of 128 x 288 for Qwen2.5-0.5B's q/k/v at 4096 tokens: 128 blocks, one wave).
+// Measured on the H200 against cuBLASLt (the fastest of 8 timed algorithms) in one call,
+// Qwen2.5-0.5B at 4096 tokens, r = 16 (bench/results/lora-tc-experiment-h200-20261201/):
+// q/k/v 24.1 us (base GEMM alone 18.6; forge's folded forward 29.2), o 17.5 us (14.6; 27.0),
+// down 55.2 us (52.8; 62.4). gate/up at 4096 tokens (1216 tiles of 128 x 256, ten waves) took
+// 145.6 us against cuBLAS's fold at 115.4: at many waves each block's prologue and epilogue,
+// which cuBLAS's persistent kernels overlap with the next tile's loads, cost more than the
+// fusion saves; such shapes keep the cuBLAS forms below (tc::pick_width says which).
+namespace tc {
+
+constexpr int kThreads = 384, kRows = 128, kSmemMax = 227 * 1024;
+
+template <int BN, int R>
+__host__ __device__ constexpr int stage_bytes() { return (kRows + BN + R) * 128; }
+template <int BN, int R>
+__host__ __device__ constexpr int stages() { return (kSmemMax - 1024) / stage_bytes<BN, R>() < 8 ? (kSmemMax - 1024) / stage_bytes<BN, R>() : 8; }
+template <int BN, int R>
+__host__ __device__ constexpr int smem_bytes() { return stages<BN, R>() * stage_bytes<BN, R>() + 2 * 8 * stages<BN, R>(); }
+
+struct args {
+    const __nv_bfloat16 *bs; // [M][R], rows ldbs apart: the tile's rows of Bs
+    int64_t ldbs;
+    const __nv_bfloat16 *bias; // [M] or NULL
+    __nv_bfloat16 *y;          // [N][M], dense
+    __nv_bfloat16 *u;          // [N][R], dense, or NULL
+    int N, M, K;
+    float us;
+};
+
+// byte offset of element (r, c), c < 64, in a [rows][64] bf16 block in the 128-byte swizzle
+__device__ __forceinline__ uint32_t sw128(int r, int c) { return r * 128 + ((((c >> 3) ^ r) & 7) << 4) + (c & 7) * 2; }
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+template <int BN, int NS, int R>
+__global__ void __launch_bounds__(kThreads, 1)
+    forward(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap ta, const args g) {
+#ifdef FORGE_WGMMA_DEVICE
+    constexpr int BI = BN / NS, STAGE = stage_bytes<BN, R>(), ST = stages<BN, R>();
+    forge_cuda_prologue();
+    unsigned char *sm = wg_smem_base();
+    const uint32_t s0 = forge_cuda_smem_addr(sm), bars = s0 + ST * STAGE; // full[ST], then empty[ST]
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int n0 = blockIdx.y * kRows, m0 = blockIdx.x * BN, KT = (g.K + 63) / 64;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) mbar_init(bars + 8 * s, 1), mbar_init(bars + 8 * (ST + s), 8);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (wg == 2) { // the producer warpgroup: one thread issues the loads
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 256)
+            for (int kt = 0; kt < KT; kt++) {
+                const int s = kt % ST;
+                if (kt >= ST) mbar_wait(bars + 8 * (ST + s), (kt / ST - 1) & 1);
+                const uint32_t full = bars + 8 * s, st = s0 + s * STAGE;
+                mbar_expect_tx(full, STAGE);
+                tma_load_2d(st, &tx, kt * 64, n0, full);
+#pragma unroll
+                for (int j = 0; j < NS; j++) tma_load_2d(st + (kRows + j * BI) * 128, &tw, kt * 64, m0 + j * BI, full);
+                tma_load_2d(st + (kRows + BN) * 128, &ta, kt * 64, 0, full);
+            }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    float acc[NS][BI / 8][4], accu[R / 8][4];
+    for (int kt = 0; kt < KT; kt++) {
+        const int s = kt % ST;
+        mbar_wait(bars + 8 * s, (kt / ST) & 1);
+        const uint32_t sa = s0 + s * STAGE + wg * 64 * 128, sb = s0 + s * STAGE + kRows * 128;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+            for (int j = 0; j < NS; j++) wgmma_ss<BI>(acc[j], wg_desc(sa + kk * 32, 16, 1024), wg_desc(sb + j * BI * 128 + kk * 32, 16, 1024), kt | kk);
+            wgmma_ss<R>(accu, wg_desc(sa + kk * 32, 16, 1024), wg_desc(sb + BN * 128 + kk * 32, 16, 1024), kt | kk);
+        }
+        wg_commit();
+        wg_wait<1>(); // the step before has retired: its stage is free
+        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (ST + (kt - 1) % ST));
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int j = 0; j < NS; j++) wg_pin<BI / 8>(acc[j]);
+    wg_pin<R / 8>(accu);
+    consumers_sync(); // every stage is consumed: the epilogue reuses their memory
+    const int rl = wg * 64 + warp * 16 + (lane >> 2), cl = (lane & 3) * 2; // rows rl, rl + 8; columns 8 i + cl + {0, 1}
+    const uint32_t sU = s0, sB = s0 + kRows * 128;                          // [128][64] and [BN][64], swizzled
+    for (int e = tid; e < BN * (R / 8); e += 256) {
+        const int r = e / (R / 8), c = e % (R / 8);
+        const bool ok = m0 + r < g.M;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sB + sw128(r, c * 8)),
+                     "l"(ok ? g.bs + (int64_t)(m0 + r) * g.ldbs + c * 8 : g.bs), "r"(ok ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+#pragma unroll
+    for (int i = 0; i < R / 8; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = n0 + rl + 8 * h;
+            const __nv_bfloat162 v = __floats2bfloat162_rn(accu[i][2 * h], accu[i][2 * h + 1]);
+            const __nv_bfloat162 vs = __floats2bfloat162_rn(__low2float(v) * g.us, __high2float(v) * g.us);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sU + sw128(rl + 8 * h, i * 8 + cl)), "r"(*(const uint32_t *)&vs));
+            if (g.u && blockIdx.x == 0 && row < g.N) *(__nv_bfloat162 *)(g.u + (int64_t)row * R + i * 8 + cl) = v;
+        }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    fence_async_smem();
+    consumers_sync();
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < R / 16; kk++)
+#pragma unroll
+        for (int j = 0; j < NS; j++) wgmma_ss<BI>(acc[j], wg_desc(sU + wg * 64 * 128 + kk * 32, 16, 1024), wg_desc(sB + j * BI * 128 + kk * 32, 16, 1024), 1);
+    wg_commit();
+    wg_wait<0>();
+#pragma unroll
+    for (int j = 0; j < NS; j++) wg_pin<BI / 8>(acc[j]);
+    consumers_sync();
+    __nv_bfloat16 *stg = (__nv_bfloat16 *)sm; // [128][BN + 8]
+    constexpr int SL = BN + 8;
+#pragma unroll
+    for (int j = 0; j < NS; j++)
+#pragma unroll
+        for (int i = 0; i < BI / 8; i++) {
+            const int c = j * BI + i * 8 + cl;
+            float b0 = 0.0f, b1 = 0.0f;
+            if (g.bias && m0 + c < g.M) b0 = __bfloat162float(g.bias[m0 + c]), b1 = __bfloat162float(g.bias[m0 + c + 1]);
+#pragma unroll
+            for (int h = 0; h < 2; h++) *(__nv_bfloat162 *)(stg + (rl + 8 * h) * SL + c) = __floats2bfloat162_rn(acc[j][i][2 * h] + b0, acc[j][i][2 * h + 1] + b1);
+        }
+    consumers_sync();
+    for (int e = tid; e < kRows * (BN / 8); e += 256) {
+        const int r = e / (BN / 8), c = e % (BN / 8);
+        if (n0 + r < g.N && m0 + c * 8 < g.M) *(uint4 *)(g.y + (int64_t)(n0 + r) * g.M + m0 + c * 8) = *(const uint4 *)(stg + r * SL + c * 8);
+    }
+#else
+    __trap(); // not built for sm_90a: fits() keeps the host from launching it
+#endif
+}
+
+// cuTensorMapEncodeTiled, reached through the runtime (no link to the driver library).
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        FORGE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+        if (q != cudaDriverEntryPointSuccess || !f) {
+            std::fprintf(stderr, "forge-cuda: the driver has no cuTensorMapEncodeTiled (CUDA 12 or later is needed)\n");
+            std::abort();
+        }
+        return (PFN_cuTensorMapEncodeTiled_v12000)f;
+    }();
+    return fn;
+}
+// A map of `rows` rows of `cols` bf16 (rows ld elements apart), read in boxes of 64 columns x box rows.
+CUtensorMap map_of(const void *p, int64_t cols, int64_t rows, int64_t ld, int box) {
+    CUtensorMap m;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t boxes[2] = {64, (cuuint32_t)box}, es[2] = {1, 1};
+    const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims, strides, boxes, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        std::fprintf(stderr, "forge-cuda: cuTensorMapEncodeTiled failed (%d) for %lld x %lld bf16, row stride %lld, box %d\n", (int)r, (long long)rows,
+                     (long long)cols, (long long)ld, box);
+        std::abort();
+    }
+    return m;
+}
+
+// The tile width: the fewest waves of 128 x BN tiles, then the least work per block (BN + R); 0
+// (the cuBLAS forms) where they were measured faster on the H200 (bench-kernels and a standalone
+// harness, bench/results/lora-tc-experiment-h200-20261201/):
+//   - a grid filling fewer than 3/4 of the SMs (a 1 x 512 step: 28 to 36 blocks of 128 tokens,
+//     where cuBLAS splits the work finer; the step went 7.10-7.26 -> 7.31-7.43 ms);
+//   - more than one wave at a depth K > 4096, where cuBLAS's faster main loop outweighs the
+//     fusion (Gemma2-2B's down at 4096 tokens, two waves at K = 9216: 246.8 us against 238.7);
+//   - more than two waves for outputs wider than 2048 (Qwen3-0.6B's q/k/v at 4096 tokens, four
+//     waves: 69.8 us against 65.3), or more than four for any (Qwen2.5-0.5B's gate/up at 4096
+//     tokens, ten waves: 145.6 us against 115.4), where the blocks' prologues and epilogues,
+//     which cuBLAS's persistent kernels overlap with the next tile's loads, add up; the narrow
+//     outputs at four waves still gain (Qwen2.5-0.5B's o at 16384 tokens: 55.5 us against 69.2).
+constexpr int kWidths[] = {128, 192, 224, 256, 288};
+int pick_width(const forge_cuda_params *p, int64_t N, int64_t M, int64_t K, int64_t R) {
+    const int64_t sms = std::max(p->sm_count, 1), tm = (N + kRows - 1) / kRows;
+    const int64_t most = (K > 4096 ? 1 : M > 2048 ? 2 : 4) * sms;
+    int best = 0;
+    int64_t best_cost = INT64_MAX;
+    for (int bn : kWidths) {
+        const int64_t tiles = tm * ((M + bn - 1) / bn), cost = (tiles + sms - 1) / sms * (bn + R);
+        if (tiles <= most && 4 * tiles >= 3 * sms && cost < best_cost) best = bn, best_cost = cost;
+    }
+    return best;
+}
+
+template <int BN, int R>
+void launch(const forge_cuda_params *p, const CUtensorMap &tx, const CUtensorMap &tw, const CUtensorMap &ta, const args &g) {
+    constexpr int NS = BN > 256 ? 2 : 1;
+    auto kernel = forward<BN, NS, R>;
+    static const bool attr = [&] { // once per instantiation
+        FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN, R>()));
+        return true;
+    }();
+    (void)attr;
+    forge_cuda_launch_kernel(kernel, dim3((g.M + BN - 1) / BN, (g.N + kRows - 1) / kRows), kThreads, smem_bytes<BN, R>(), p->stream, tx, tw, ta, g);
+}
+template <int R>
+void launch_r(const forge_cuda_params *p, int bn, const CUtensorMap &tx, const CUtensorMap &tw, const CUtensorMap &ta, const args &g) {
+    switch (bn) {
+    case 128: return launch<128, R>(p, tx, tw, ta, g);
+    case 192: return launch<192, R>(p, tx, tw, ta, g);
+    case 224: return launch<224, R>(p, tx, tw, ta, g);
+    case 256: return launch<256, R>(p, tx, tw, ta, g);
+    default: return launch<288, R>(p, tx, tw, ta, g);
+    }
+}
+
+bool aligned16(const void *q) { return (uintptr_t)q % 16 == 0; }
+
+} // namespace tc
+
+// Whether the fused forward takes the node: built for and run on sm_90a, BF16 throughout (x, W,
+// the output, u if saved; the bias arrives in the output's type), R = 16, 32 or 48, rows that TMA
+// can read (16-byte aligned starts and strides, M and K multiples of 8), and a shape where it
+// was measured faster (tc::pick_width).
+bool tc_fits(const forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const void *w, int64_t ldw,
+             const void *ac, const void *bs, int64_t ldbs) {
+    const forge_tensor *u = output(node, 1);
+    const forge_type bf = FORGE_TYPE_BF16;
+    return forge_cuda_wgmma_device() && d.T == bf && d.x->type == bf && d.w->type == bf && node->type == bf && (!u || u->type == bf) &&
+           (d.R == 16 || d.R == 32 || d.R == 48) && d.N < INT32_MAX && d.M % 8 == 0 && d.K % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 && ldbs % 8 == 0 &&
+           tc::aligned16(x) && tc::aligned16(w) && tc::aligned16(ac) && tc::aligned16(bs) && tc::pick_width(p, d.N, d.M, d.K, d.R) > 0;
+}
+
+// y = x W^T + bias + (us u) Bs^T and u (into res[1] when saved) in one kernel (see above).
+void tc_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const void *w, int64_t ldw,
+                const void *ac, const void *bs, int64_t ldbs, float us, const void *bias) {
+    const int bn = tc::pick_width(p, d.N, d.M, d.K, d.R);
+    forge_tensor *u = output(node, 1);
+    const tc::args g{(const __nv_bfloat16 *)bs, ldbs, (const __nv_bfloat16 *)bias, (__nv_bfloat16 *)node->data,
+                     u ? (__nv_bfloat16 *)u->data : nullptr, (int)d.N, (int)d.M, (int)d.K, us};
+    const CUtensorMap tx = tc::map_of(x, d.K, d.N, ldx, tc::kRows), tw = tc::map_of(w, d.K, d.M, ldw, bn > 256 ? bn / 2 : bn),
+                      ta = tc::map_of(ac, d.K, d.R, d.K, (int)d.R);
+    switch (d.R) {
+    case 16: return tc::launch_r<16>(p, bn, tx, tw, ta, g);
+    case 32: return tc::launch_r<32>(p, bn, tx, tw, ta, g);
+    default: return tc::launch_r<48>(p, bn, tx, tw, ta, g);
+    }
+}
+
 // ---- the folded forward (forge_lora_set_spare: op_i[4]) ------------------------------------------
 
 // Whether the node runs folded (the forward as one GEMM over [x | u] [W | scale Bd]^T, the backward's
@@ -316,6 +588,8 @@ void lora_forward_folded(forge_tensor *node, const forge_cuda_params *p, const l
     const char *ac = folded_prep(node, p, d, ldw, &scratch);
     void *y = ct == node->type ? node->data : take(&scratch, (size_t)(d.N * d.M) * sizeof(float));
     const void *bias = forge_cuda_gemm_bias(p, bias_t, ct, &scratch);
+    const char *sbd = (const char *)d.w->data + d.K * type_size(T); // scale Bd, in W's spare columns
+    if (y == node->data && tc_fits(node, p, d, x, ldx, d.w->data, ldw, ac, sbd, ldw)) return tc_forward(node, p, d, x, ldx, d.w->data, ldw, ac, sbd, ldw, 1.0f, bias);
     const void *u = forward_u(node, p, d, x, ldx, ac, &scratch); // x's type = T: u itself, ld R
     char *xp = take(&scratch, (size_t)(d.N * KR * type_size(T)));
     concat(p, x, ldx, u, xp, d.N, d.K, d.R);
@@ -341,6 +615,7 @@ void lora_forward_rows(forge_tensor *node, const forge_cuda_params *p, const lor
     const void *x = forge_cuda_gemm_rows(p, d.x, T, &ldx, &scratch);
     const prepped pr = prep(node, p, d, &scratch);
     const void *bias = forge_cuda_gemm_bias(p, bias_t, T, &scratch);
+    if (tc_fits(node, p, d, x, ldx, d.w->data, d.K, pr.ac, pr.bd, d.R)) return tc_forward(node, p, d, x, ldx, d.w->data, d.K, pr.ac, pr.bd, d.R, d.scale, bias);
     char *yu = take(&scratch, (size_t)(d.N * MR * ts));
     forge_cuda_gemm(p, d.N, MR, d.K, x, ldx, 0, d.w->data, d.K, 1, T, yu, MR, T, 1.0f, 0.0f, nullptr, T); // [x W^T | u]
     const char *u = yu + d.M * ts;
