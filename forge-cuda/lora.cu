@@ -314,6 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     forward(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap ta, const args g) {
 #ifdef FORGE_WGMMA_DEVICE
     constexpr int BI = BN / NS, STAGE = stage_bytes<BN, R>(), ST = stages<BN, R>();
+    static_assert(ST >= 3 && kRows * (BN + 8) * 2 <= ST * STAGE && (kRows + BN) * 128 <= ST * STAGE, "the epilogue reuses the stages' memory");
     forge_cuda_prologue();
     unsigned char *sm = wg_smem_base();
     const uint32_t s0 = forge_cuda_smem_addr(sm), bars = s0 + ST * STAGE; // full[ST], then empty[ST]
@@ -473,11 +474,7 @@ template <int BN, int R>
 void launch(const forge_cuda_params *p, const CUtensorMap &tx, const CUtensorMap &tw, const CUtensorMap &ta, const args &g) {
     constexpr int NS = BN > 256 ? 2 : 1;
     auto kernel = forward<BN, NS, R>;
-    static const bool attr = [&] { // once per instantiation
-        FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN, R>()));
-        return true;
-    }();
-    (void)attr;
+    FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN, R>()));
     forge_cuda_launch_kernel(kernel, dim3((g.M + BN - 1) / BN, (g.N + kRows - 1) / kRows), kThreads, smem_bytes<BN, R>(), p->stream, tx, tw, ta, g);
 }
 template <int R>

@@ -10,7 +10,8 @@
 // forward of a LORA whose W has R spare elements per row (forge_lora_set_spare, the model's
 // gate/up and q/k/v): Qwen2.5 and Gemma2 gate/up, Qwen2.5 and Qwen3 q/k/v, R from 6 to 64,
 // shapes off its 16-byte copy path, F16, biases, and its saved u / forward-only agreement; then
-// a W with R spare rows (the model's o and down: the backward's dX as one GEMM over [dy | du]).
+// a W with R spare rows (the model's o and down: the backward's dX as one GEMM over [dy | du]);
+// then both forms at 3000-4096 tokens, where the forward runs on forge's wgmma kernel.
 // Graphs run by the backend make the casts of A and B for all their LoRAs in one kernel at the
 // start (A and B leaves); the own-prep cases compute A and B in the graph, so each node runs its
 // own prep, folded and not. Last, the down projection of a GLU output marked for recompute,
@@ -229,6 +230,20 @@ int main() {
     lora_case("spare rows lora f32 (plain) 77->33 r5", F32, F32, kNone, {77, 5, {33}, 13, 3}, 2.0f, kRows);
     lora_case("spare rows lora bf16 x, f32 W (plain) 128->96 r8", BF16, F32, kNone, {128, 8, {96}, 300, 1}, 0.5f, kRows);
     saved_u_case("saved u, spare rows bf16 qwen2.5 down x 256", BF16, BF16, down, 2.0f, kRows);
+
+    // the fused forward on wgmma (sm_90a; tc::forward takes grids that fill at least 3/4 of the
+    // SMs, so these run 3000 to 4096 tokens): Qwen2.5-0.5B's folded q/k/v with its bias and its o
+    // (spare rows), a 2-block fold (R = 32), tails in tokens, outputs and depth (M = K = 1000, 3000
+    // tokens, scale 0.5), a depth that wraps the ring of stages many times (down, 3200 tokens), and
+    // the saved u of both forms
+    lora_case("tc: spare lora bf16 qwen2.5 q/k/v 896->[896,128,128] r16 x 2048 x 2 + bf16 bias", BF16, BF16, BF16, {896, 16, {896, 128, 128}, 2048, 2},
+              2.0f, kSpare);
+    lora_case("tc: spare rows lora bf16 qwen2.5 o 896->896 r16 x 4096", BF16, BF16, kNone, {896, 16, {896}, 4096, 1}, 2.0f, kRows);
+    lora_case("tc: spare lora bf16 896->[448,448] r16 x 4096 (R = 32)", BF16, BF16, kNone, {896, 16, {448, 448}, 4096, 1}, 2.0f, kSpare);
+    lora_case("tc: spare lora bf16 1000->[600,200,200] r16 x 3000 + bf16 bias", BF16, BF16, BF16, {1000, 16, {600, 200, 200}, 3000, 1}, 0.5f, kSpare);
+    lora_case("tc: spare rows lora bf16 qwen2.5 down 4864->896 r16 x 3200", BF16, BF16, kNone, {4864, 16, {896}, 3200, 1}, 2.0f, kRows);
+    saved_u_case("tc: saved u, spare bf16 qwen2.5 q/k/v x 4096", BF16, BF16, {896, 16, {896, 128, 128}, 4096, 1}, 2.0f, kSpare);
+    saved_u_case("tc: saved u, spare rows bf16 qwen2.5 o x 4096", BF16, BF16, {896, 16, {896}, 4096, 1}, 2.0f, kRows);
 
     // x = GLU(gu), made again by the LoRA backward: Qwen2.5-0.5B and Gemma2-2B down, F off the
     // 8-wide path in F32
