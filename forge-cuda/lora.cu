@@ -277,13 +277,13 @@ const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora
 // rows. Traffic: x, W, Ac once from L2 per tile (x once from DRAM), y written once, no [x | u]
 // copy, no u GEMM, no read back of y. BN is picked so the grid fills the SMs in as few waves as it
 // can (tiles of 128 x 288 for Qwen2.5-0.5B's q/k/v at 4096 tokens: 128 blocks, one wave).
-// Measured on the H200 against cuBLASLt (the fastest of 8 timed algorithms) in one call,
-// Qwen2.5-0.5B at 4096 tokens, r = 16 (bench/results/lora-tc-experiment-h200-20261201/):
-// q/k/v 24.1 us (base GEMM alone 18.6; forge's folded forward 29.2), o 17.5 us (14.6; 27.0),
-// down 55.2 us (52.8; 62.4). gate/up at 4096 tokens (1216 tiles of 128 x 256, ten waves) took
-// 145.6 us against cuBLAS's fold at 115.4: at many waves each block's prologue and epilogue,
-// which cuBLAS's persistent kernels overlap with the next tile's loads, cost more than the
-// fusion saves; such shapes keep the cuBLAS forms below (tc::pick_width says which).
+// Measured on the H200 (bench-kernels at fb7354e, Qwen2.5-0.5B at 4096 tokens, r = 16, against
+// the cuBLAS forms below and the base GEMM alone): q/k/v 23.0 us (29.2; base 17.2), o 20.7 us
+// (27.0; 15.8), down 56.6 us (62.4; 49.5). gate/up at 4096 tokens (1216 tiles of 128 x 256, ten
+// waves) took 145.6 us against cuBLAS's fold at 115.4 in a standalone harness
+// (bench/results/lora-tc-experiment-h200-20261201/): at many waves each block's prologue and
+// epilogue, which cuBLAS's persistent kernels overlap with the next tile's loads, cost more than
+// the fusion saves; such shapes keep the cuBLAS forms below (tc::pick_width says which).
 namespace tc {
 
 constexpr int kThreads = 384, kRows = 128, kSmemMax = 227 * 1024;
@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (n0 + r < g.N && m0 + c * 8 < g.M) *(uint4 *)(g.y + (int64_t)(n0 + r) * g.M + m0 + c * 8) = *(const uint4 *)(stg + r * SL + c * 8);
     }
 #else
-    __trap(); // not built for sm_90a: fits() keeps the host from launching it
+    __trap(); // not built for sm_90a: tc_fits keeps the host from launching it
 #endif
 }
 
