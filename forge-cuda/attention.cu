@@ -283,20 +283,6 @@ __global__ void attn_generic_cols(const attn_args a) {
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) { return r * D + ((((c >> 3) ^ r) & 7) | ((c >> 3) & ~7)) * 8 + (c & 7); }
 
-// wgmma's 128-byte-swizzled layout of a [ROWS][D] tile: [D / 64][ROWS][64], 128-byte rows whose
-// 16-byte chunk c sits at c ^ (row & 7) (element index; each [ROWS][64] block 1024-byte aligned).
-template <int ROWS>
-__device__ __forceinline__ int sw128(int r, int c) { return (c >> 6) * ROWS * 64 + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7); }
-
-__device__ __forceinline__ void cp_async16(void *s, const void *g, int bytes) { // bytes < 16: zero fill
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(forge_cuda_smem_addr(s)), "l"(g), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async4(void *s, const void *g, int bytes) { // bytes 0: zero fill
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(forge_cuda_smem_addr(s)), "l"(g), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -305,9 +305,10 @@ struct args {
     float us;
 };
 
-// byte offset of element (r, c), c < 64, in a [rows][64] bf16 block in the 128-byte swizzle
-__device__ __forceinline__ uint32_t sw128(int r, int c) { return r * 128 + ((((c >> 3) ^ r) & 7) << 4) + (c & 7) * 2; }
+#ifdef FORGE_WGMMA_DEVICE
+// the two consumer warpgroups only (named barrier 1; the producer has returned)
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+#endif
 
 template <int BN, int NS, int R>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -363,14 +364,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_pin<R / 8>(accu);
     consumers_sync(); // every stage is consumed: the epilogue reuses their memory
     const int rl = wg * 64 + warp * 16 + (lane >> 2), cl = (lane & 3) * 2; // rows rl, rl + 8; columns 8 i + cl + {0, 1}
-    const uint32_t sU = s0, sB = s0 + kRows * 128;                          // [128][64] and [BN][64], swizzled
+    __nv_bfloat16 *tU = (__nv_bfloat16 *)sm, *tB = tU + kRows * 64;         // [128][64] and [BN][64], swizzled
+    const uint32_t sU = forge_cuda_smem_addr(tU), sB = forge_cuda_smem_addr(tB);
     for (int e = tid; e < BN * (R / 8); e += 256) {
         const int r = e / (R / 8), c = e % (R / 8);
         const bool ok = m0 + r < g.M;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sB + sw128(r, c * 8)),
-                     "l"(ok ? g.bs + (int64_t)(m0 + r) * g.ldbs + c * 8 : g.bs), "r"(ok ? 16 : 0));
+        cp_async16(tB + sw128<BN>(r, c * 8), ok ? g.bs + (int64_t)(m0 + r) * g.ldbs + c * 8 : g.bs, ok ? 16 : 0);
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
 #pragma unroll
     for (int i = 0; i < R / 8; i++)
 #pragma unroll
@@ -378,10 +379,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int row = n0 + rl + 8 * h;
             const __nv_bfloat162 v = __floats2bfloat162_rn(accu[i][2 * h], accu[i][2 * h + 1]);
             const __nv_bfloat162 vs = __floats2bfloat162_rn(__low2float(v) * g.us, __high2float(v) * g.us);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sU + sw128(rl + 8 * h, i * 8 + cl)), "r"(*(const uint32_t *)&vs));
+            *(__nv_bfloat162 *)(tU + sw128<kRows>(rl + 8 * h, i * 8 + cl)) = vs;
             if (g.u && blockIdx.x == 0 && row < g.N) *(__nv_bfloat162 *)(g.u + (int64_t)row * R + i * 8 + cl) = v;
         }
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    cp_async_wait<0>();
     fence_async_smem();
     consumers_sync();
     wg_fence();
@@ -412,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (n0 + r < g.N && m0 + c * 8 < g.M) *(uint4 *)(g.y + (int64_t)(n0 + r) * g.M + m0 + c * 8) = *(const uint4 *)(stg + r * SL + c * 8);
     }
 #else
-    __trap(); // not built for sm_90a: tc_fits keeps the host from launching it
+    __trap(); // not built for sm_90a: tc_width keeps the host from launching it
 #endif
 }
 
@@ -492,23 +493,23 @@ bool aligned16(const void *q) { return (uintptr_t)q % 16 == 0; }
 
 } // namespace tc
 
-// Whether the fused forward takes the node: built for and run on sm_90a, BF16 throughout (x, W,
-// the output, u if saved; the bias arrives in the output's type), R = 16, 32 or 48, rows that TMA
-// can read (16-byte aligned starts and strides, M and K multiples of 8), and a shape where it
-// was measured faster (tc::pick_width).
-bool tc_fits(const forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const void *w, int64_t ldw,
+// The fused forward's tile width for the node, or 0 when it does not take the node: it needs sm_90a
+// (built for and run on), BF16 throughout (x, W, the output, u if saved; the bias arrives in the
+// output's type), R = 16, 32 or 48, rows that TMA can read (16-byte aligned starts and strides, M
+// and K multiples of 8), and a shape where it was measured faster (tc::pick_width).
+int tc_width(const forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const void *w, int64_t ldw,
              const void *ac, const void *bs, int64_t ldbs) {
     const forge_tensor *u = output(node, 1);
     const forge_type bf = FORGE_TYPE_BF16;
-    return forge_cuda_wgmma_device() && d.T == bf && d.x->type == bf && d.w->type == bf && node->type == bf && (!u || u->type == bf) &&
-           (d.R == 16 || d.R == 32 || d.R == 48) && d.N < INT32_MAX && d.M % 8 == 0 && d.K % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 && ldbs % 8 == 0 &&
-           tc::aligned16(x) && tc::aligned16(w) && tc::aligned16(ac) && tc::aligned16(bs) && tc::pick_width(p, d.N, d.M, d.K, d.R) > 0;
+    const bool fits = forge_cuda_wgmma_device() && d.T == bf && d.x->type == bf && d.w->type == bf && node->type == bf && (!u || u->type == bf) &&
+                      (d.R == 16 || d.R == 32 || d.R == 48) && d.N < INT32_MAX && d.M % 8 == 0 && d.K % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 &&
+                      ldbs % 8 == 0 && tc::aligned16(x) && tc::aligned16(w) && tc::aligned16(ac) && tc::aligned16(bs);
+    return fits ? tc::pick_width(p, d.N, d.M, d.K, d.R) : 0;
 }
 
-// y = x W^T + bias + (us u) Bs^T and u (into res[1] when saved) in one kernel (see above).
-void tc_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const void *w, int64_t ldw,
+// y = x W^T + bias + (us u) Bs^T and u (into res[1] when saved) in one kernel of tiles bn wide (see above).
+void tc_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, int bn, const void *x, int64_t ldx, const void *w, int64_t ldw,
                 const void *ac, const void *bs, int64_t ldbs, float us, const void *bias) {
-    const int bn = tc::pick_width(p, d.N, d.M, d.K, d.R);
     forge_tensor *u = output(node, 1);
     const tc::args g{(const __nv_bfloat16 *)bs, ldbs, (const __nv_bfloat16 *)bias, (__nv_bfloat16 *)node->data,
                      u ? (__nv_bfloat16 *)u->data : nullptr, (int)d.N, (int)d.M, (int)d.K, us};
@@ -586,7 +587,8 @@ void lora_forward_folded(forge_tensor *node, const forge_cuda_params *p, const l
     void *y = ct == node->type ? node->data : take(&scratch, (size_t)(d.N * d.M) * sizeof(float));
     const void *bias = forge_cuda_gemm_bias(p, bias_t, ct, &scratch);
     const char *sbd = (const char *)d.w->data + d.K * type_size(T); // scale Bd, in W's spare columns
-    if (y == node->data && tc_fits(node, p, d, x, ldx, d.w->data, ldw, ac, sbd, ldw)) return tc_forward(node, p, d, x, ldx, d.w->data, ldw, ac, sbd, ldw, 1.0f, bias);
+    if (const int bn = y == node->data ? tc_width(node, p, d, x, ldx, d.w->data, ldw, ac, sbd, ldw) : 0)
+        return tc_forward(node, p, d, bn, x, ldx, d.w->data, ldw, ac, sbd, ldw, 1.0f, bias);
     const void *u = forward_u(node, p, d, x, ldx, ac, &scratch); // x's type = T: u itself, ld R
     char *xp = take(&scratch, (size_t)(d.N * KR * type_size(T)));
     concat(p, x, ldx, u, xp, d.N, d.K, d.R);
@@ -612,7 +614,8 @@ void lora_forward_rows(forge_tensor *node, const forge_cuda_params *p, const lor
     const void *x = forge_cuda_gemm_rows(p, d.x, T, &ldx, &scratch);
     const prepped pr = prep(node, p, d, &scratch);
     const void *bias = forge_cuda_gemm_bias(p, bias_t, T, &scratch);
-    if (tc_fits(node, p, d, x, ldx, d.w->data, d.K, pr.ac, pr.bd, d.R)) return tc_forward(node, p, d, x, ldx, d.w->data, d.K, pr.ac, pr.bd, d.R, d.scale, bias);
+    if (const int bn = tc_width(node, p, d, x, ldx, d.w->data, d.K, pr.ac, pr.bd, d.R))
+        return tc_forward(node, p, d, bn, x, ldx, d.w->data, d.K, pr.ac, pr.bd, d.R, d.scale, bias);
     char *yu = take(&scratch, (size_t)(d.N * MR * ts));
     forge_cuda_gemm(p, d.N, MR, d.K, x, ldx, 0, d.w->data, d.K, 1, T, yu, MR, T, 1.0f, 0.0f, nullptr, T); // [x W^T | u]
     const char *u = yu + d.M * ts;

@@ -1,7 +1,8 @@
 // forge-cuda/wgmma.cuh - Hopper (sm_90a) tensor-core pieces shared by attention.cu and lora.cu:
 // wgmma.mma_async with operands in shared memory (128-byte-swizzled canonical layout, described by
 // a matrix descriptor), its fences and waits, and the mbarrier / TMA (cp.async.bulk.tensor) pieces
-// of a producer-consumer pipeline. Compiled only where the target has the sm_90a features
+// of a producer-consumer pipeline; also cp.async and the layout's index (sm_80 and up). The
+// wgmma, mbarrier and TMA pieces are compiled only where the target has the sm_90a features
 // (FORGE_WGMMA_DEVICE); the host code launches the kernels that use them only on a device of
 // compute capability 9.0 in a build for 90a (forge_cuda_wgmma_device).
 //
@@ -19,6 +20,22 @@
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FORGE_WGMMA_DEVICE 1
 #endif
+
+// cp.async (sm_80 and up) and the swizzled tile layout its users fill.
+// wgmma's 128-byte-swizzled layout of a [ROWS][D] tile: [D / 64][ROWS][64], 128-byte rows whose
+// 16-byte chunk c sits at c ^ (row & 7) (element index; each [ROWS][64] block 1024-byte aligned).
+template <int ROWS>
+__device__ __forceinline__ int sw128(int r, int c) { return (c >> 6) * ROWS * 64 + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7); }
+
+__device__ __forceinline__ void cp_async16(void *s, const void *g, int bytes) { // bytes < 16: zero fill
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(forge_cuda_smem_addr(s)), "l"(g), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async4(void *s, const void *g, int bytes) { // bytes 0: zero fill
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(forge_cuda_smem_addr(s)), "l"(g), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Whether kernels using wgmma can run: a build for sm_90a (FORGE_CUDA_SM90A, set by CMake when
 // FORGE_CUDA_ARCH names 90a) on a device of compute capability 9.0 (backend.cu).
