@@ -388,6 +388,7 @@ struct forge_cuda_fusions {
     std::unordered_map<const forge_tensor *, rope_group> rope_groups;
     struct lora_prep {
         const char *ac, *bd; // bd NULL: the folded form's scale Bd, in W's spare columns
+        const char *bdt;     // scale Bd^T for the fused backward, or NULL
     };
     std::unordered_map<const forge_tensor *, lora_prep> preps;
     const void *prep_jobs = nullptr; // device table of n_prep_jobs jobs

@@ -1,7 +1,8 @@
 // forge-cuda/lora.cu - LORA (x W^T + b + scale (x A^T) B^T, in 1 to 3 concatenated blocks) and
 // its backward LORA_BACK (dA, dB and optionally dX), as cuBLASLt GEMMs (forge_cuda_gemm) and, for
-// the folded and spare-rows forwards in BF16 on sm_90a where it is faster, as one wgmma kernel of
-// forge's own (tc::forward, "the fused forward on wgmma" below).
+// the folded and spare-rows forwards and the spare-rows backward in BF16 on sm_90a where it is
+// faster, as one wgmma kernel of forge's own (tc::kernel, "the fused forward and backward on
+// wgmma" below).
 //
 // Matrices are row-major: x, dy, u, du have one row per token (N rows); W has M rows of K, A
 // has R = n_blocks * r rows of K, B has M rows of r. All GEMMs run in the operands' type T (x's,
@@ -148,28 +149,34 @@ lora_dims dims_of(const forge_tensor *node) {
 }
 
 // One prep: ac (R x K) = A's R rows of K cast to t; bd (M rows of R, ldbd apart) = scale * B laid
-// out block-diagonally: bd[m][c] = scale * B[c % r][m] when c / r is m's block, else 0. A [K, R]
+// out block-diagonally: bd[m][c] = scale * B[c % r][m] when c / r is m's block, else 0; and, for
+// the fused backward (tc_run), bdt (R x M, dense, when not NULL) = bt_scale * the same Bd^T. A [K, R]
 // and B [r, M] may be strided.
 struct prep_job {
     forge_cuda_view a, b;
-    char *ac, *bd;
+    char *ac, *bd, *bdt;
     int64_t ldbd, K, R, M, r;
     lora_blocks blocks;
-    float scale;
+    float scale, bt_scale;
     forge_type t;
 };
 
 // Grid-stride (over x) through the elements of one prep.
 __device__ void prep_run(const prep_job &j) {
-    const int64_t na = j.R * j.K, n = na + j.M * j.R, ts = type_size(j.t);
+    const int64_t na = j.R * j.K, nb = na + j.M * j.R, n = nb + (j.bdt ? j.M * j.R : 0), ts = type_size(j.t);
+    auto bd = [&](int64_t m, int64_t c, float scale) { // scale * Bd[m][c]
+        const int blk = m < j.blocks.end[0] ? 0 : m < j.blocks.end[1] ? 1 : 2;
+        return c / j.r == blk ? scale * forge_cuda_load(j.b.type, forge_cuda_ptr(j.b, c % j.r, m, 0, 0)) : 0.0f;
+    };
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         if (i < na) {
             forge_cuda_store(j.t, j.ac + i * ts, forge_cuda_load(j.a.type, forge_cuda_ptr(j.a, i % j.K, i / j.K, 0, 0)));
-        } else {
+        } else if (i < nb) {
             const int64_t e = i - na, m = e / j.R, c = e % j.R;
-            const int blk = m < j.blocks.end[0] ? 0 : m < j.blocks.end[1] ? 1 : 2;
-            const float v = c / j.r == blk ? j.scale * forge_cuda_load(j.b.type, forge_cuda_ptr(j.b, c % j.r, m, 0, 0)) : 0.0f;
-            forge_cuda_store(j.t, j.bd + (m * j.ldbd + c) * ts, v);
+            forge_cuda_store(j.t, j.bd + (m * j.ldbd + c) * ts, bd(m, c, j.scale));
+        } else {
+            const int64_t e = i - nb, c = e / j.M, m = e % j.M;
+            forge_cuda_store(j.t, j.bdt + e * ts, bd(m, c, j.bt_scale));
         }
     }
 }
@@ -182,15 +189,16 @@ __global__ void lora_prep_all_kernel(const prep_job *jobs) { // job blockIdx.y
     prep_run(jobs[blockIdx.y]);
 }
 
-prep_job job_of(const lora_dims &d, char *ac, char *bd, int64_t ldbd, float scale) {
-    return {forge_cuda_view_of(d.a), forge_cuda_view_of(d.b), ac, bd, ldbd, d.K, d.R, d.M, d.r, d.blocks, scale, d.T};
+prep_job job_of(const lora_dims &d, char *ac, char *bd, char *bdt, int64_t ldbd, float scale) {
+    return {forge_cuda_view_of(d.a), forge_cuda_view_of(d.b), ac, bd, bdt, ldbd, d.K, d.R, d.M, d.r, d.blocks, scale, d.scale, d.T};
 }
 
-// Enqueues lora_prep_kernel: Ac into ac, scale * Bd into bd (rows ldbd apart), both of type d.T.
-void launch_prep(const forge_cuda_params *p, const lora_dims &d, char *ac, char *bd, int64_t ldbd, float scale) {
-    const int64_t n = d.R * d.K + d.M * d.R;
+// Enqueues lora_prep_kernel: Ac into ac, scale * Bd into bd (rows ldbd apart), d.scale Bd^T into
+// bdt when not NULL, all of type d.T.
+void launch_prep(const forge_cuda_params *p, const lora_dims &d, char *ac, char *bd, char *bdt, int64_t ldbd, float scale) {
+    const int64_t n = d.R * d.K + d.M * d.R * (bdt ? 2 : 1);
     const int blocks = (int)std::min<int64_t>((n + kPrepThreads - 1) / kPrepThreads, (int64_t)std::max(p->sm_count, 1) * 8);
-    forge_cuda_launch_kernel(lora_prep_kernel, blocks, kPrepThreads, 0, p->stream, job_of(d, ac, bd, ldbd, scale));
+    forge_cuda_launch_kernel(lora_prep_kernel, blocks, kPrepThreads, 0, p->stream, job_of(d, ac, bd, bdt, ldbd, scale));
 }
 
 // The node's Ac (and Bd) made by the step's one prep kernel (forge_cuda_lora_plan_preps), or NULL.
@@ -201,7 +209,7 @@ const forge_cuda_fusions::lora_prep *hoisted(const forge_tensor *node, const for
 }
 
 struct prepped {
-    const char *ac, *bd; // R x K and M x R, both of type d.T, dense
+    const char *ac, *bd, *bdt; // R x K, M x R and R x M (or NULL), all of type d.T, dense
 };
 
 // Whether the node's W has R spare rows (forge_lora_set_spare, op_i[4] = 2: W [K, M] the first M
@@ -220,19 +228,22 @@ char *spare_rows_ac(const lora_dims &d) { return (char *)d.w->data + d.M * d.K *
 // but 89.8 -> 98.4 at 16384, Gemma2-2B o (K < M) 302.6 -> 315.0 at 16384.
 bool rows_backward(const forge_tensor *node, const lora_dims &d) { return spare_rows(node, d) && d.K > 2 * d.M; }
 
-prepped prep(const forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, char **scratch) {
-    if (const forge_cuda_fusions::lora_prep *h = hoisted(node, p)) return {h->ac, h->bd};
+// want_bdt: also scale Bd^T, for the fused backward (NULL from a hoisted prep planned without it).
+prepped prep(const forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, bool want_bdt, char **scratch) {
+    if (const forge_cuda_fusions::lora_prep *h = hoisted(node, p)) return {h->ac, h->bd, h->bdt};
     char *ac = spare_rows(node, d) ? spare_rows_ac(d) : take(scratch, (size_t)(d.R * d.K * type_size(d.T)));
     char *bd = take(scratch, (size_t)(d.M * d.R * type_size(d.T)));
-    launch_prep(p, d, ac, bd, d.R, 1.0f);
-    return {ac, bd};
+    char *bdt = want_bdt ? take(scratch, (size_t)(d.M * d.R * type_size(d.T))) : nullptr;
+    launch_prep(p, d, ac, bd, bdt, d.R, 1.0f);
+    return {ac, bd, bdt};
 }
 
-size_t prep_work(const lora_dims &d) { return align_up((size_t)(d.R * d.K * type_size(d.T))) + align_up((size_t)(d.M * d.R * type_size(d.T))); }
+size_t prep_work(const lora_dims &d) { return align_up((size_t)(d.R * d.K * type_size(d.T))) + 2 * align_up((size_t)(d.M * d.R * type_size(d.T))); }
 size_t rank_work(const lora_dims &d, forge_type t) { return align_up((size_t)(d.N * d.R * type_size(t))); } // N x R of type t
 
 // The node's output i when the graph gave it memory, else NULL.
 forge_tensor *output(const forge_tensor *node, int i) { return node->res[i] && node->res[i]->data ? node->res[i] : nullptr; }
+void *data_of(forge_tensor *t) { return t ? t->data : nullptr; }
 
 // Scratch of the forward's u: u itself (x's type) when it is not saved (counted always: a few
 // hundred KB), an F32 GEMM output when the GEMM cannot write x's type, a copy in T when x's
@@ -259,7 +270,7 @@ const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora
     return ut_copy;
 }
 
-// ---- the fused forward on wgmma (sm_90a) -------------------------------------------------------
+// ---- the fused forward and backward on wgmma (sm_90a) ------------------------------------------
 //
 // y = x W^T + bias + (us u) Bs^T and u = x Ac^T in one kernel, for the folded form (Bs = scale Bd in
 // W's spare columns, us = 1) and the spare-rows form (Ac in W's spare rows, Bs = Bd, us = scale),
@@ -284,6 +295,16 @@ const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora
 // (bench/results/lora-tc-experiment-h200-20261201/): at many waves each block's prologue and
 // epilogue, which cuBLAS's persistent kernels overlap with the next tile's loads, cost more than
 // the fusion saves; such shapes keep the cuBLAS forms below (tc::pick_width says which).
+// The backward of the spare-rows and plain forms (not the folded one) runs the same kernel with
+// B transposed (BT): dX = dy W + du Ac and du = dy (scale Bd) from the same reads of dy, W read
+// MN-major (its rows are the depth) in 64-column TMA boxes, the rank columns from scale Bd^T
+// (R x M, a third output of the prep) and the epilogue's operand Ac MN-major; du is written out
+// for dA, and dA and dB follow on the side streams. Against the cuBLAS forms in one call
+// (bench/results/lora-tc-back-h200-20261201/ab-tc-back-all-forms/, H200): o 39.8 -> 35.0 us at
+// Qwen2.5-0.5B's 4096 tokens, Gemma2-2B's 87 -> 82-84; the folded q/k/v and gate/up lost (q/k/v
+// 35.2 -> 38.4 at Qwen2.5-0.5B, 100 -> 114.5 at 16384; gate/up 139 -> 154.5), where the cuBLAS fold
+// makes du in the dX GEMM and overlaps dA and dB with its second GEMM, while here they follow the
+// kernel (cuBLASLt's split-K dA and dB, 8.5 + 4 us each under ncu); those keep the fold.
 namespace tc {
 
 constexpr int kThreads = 384, kRows = 128, kSmemMax = 227 * 1024;
@@ -295,12 +316,17 @@ __host__ __device__ constexpr int stages() { return (kSmemMax - 1024) / stage_by
 template <int BN, int R>
 __host__ __device__ constexpr int smem_bytes() { return stages<BN, R>() * stage_bytes<BN, R>() + 2 * 8 * stages<BN, R>(); }
 
+// The kernel's product, in its own names: out [N][M] = a [N][K] B + bias + (us v) Q with
+// v = a P^T ([N][R], rounded to bf16 and written to `v` when not NULL). Forward (BT = 0): a = x,
+// B = W^T (W's M rows of K: K-major), P = Ac, Q = Bs^T (Bs [M][R], rows ldq apart), v = u. Backward
+// (BT = 1): a = dy, B = W ([K][M], rows of the forward's outputs: MN-major), P = scale Bd^T
+// ([R][K]), Q = Ac ([R][M], rows ldq apart), v = du, us = 1, no bias.
 struct args {
-    const __nv_bfloat16 *bs; // [M][R], rows ldbs apart: the tile's rows of Bs
-    int64_t ldbs;
+    const __nv_bfloat16 *q;
+    int64_t ldq;
     const __nv_bfloat16 *bias; // [M] or NULL
     __nv_bfloat16 *y;          // [N][M], dense
-    __nv_bfloat16 *u;          // [N][R], dense, or NULL
+    __nv_bfloat16 *v;          // [N][R], dense, or NULL
     int N, M, K;
     float us;
 };
@@ -310,12 +336,13 @@ struct args {
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 #endif
 
-template <int BN, int NS, int R>
+template <int BN, int NS, int R, bool BT>
 __global__ void __launch_bounds__(kThreads, 1)
-    forward(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap ta, const args g) {
+    kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tp, const args g) {
 #ifdef FORGE_WGMMA_DEVICE
     constexpr int BI = BN / NS, STAGE = stage_bytes<BN, R>(), ST = stages<BN, R>();
     static_assert(ST >= 3 && kRows * (BN + 8) * 2 <= ST * STAGE && (kRows + BN) * 128 <= ST * STAGE, "the epilogue reuses the stages' memory");
+    static_assert(!BT || (NS == 1 && BN % 64 == 0), "an MN-major B is whole 64-column blocks in one instruction");
     forge_cuda_prologue();
     unsigned char *sm = wg_smem_base();
     const uint32_t s0 = forge_cuda_smem_addr(sm), bars = s0 + ST * STAGE; // full[ST], then empty[ST]
@@ -334,15 +361,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (kt >= ST) mbar_wait(bars + 8 * (ST + s), (kt / ST - 1) & 1);
                 const uint32_t full = bars + 8 * s, st = s0 + s * STAGE;
                 mbar_expect_tx(full, STAGE);
-                tma_load_2d(st, &tx, kt * 64, n0, full);
+                tma_load_2d(st, &ta, kt * 64, n0, full);
+                if constexpr (BT) // B's 64 rows of depth, in blocks of 64 columns
 #pragma unroll
-                for (int j = 0; j < NS; j++) tma_load_2d(st + (kRows + j * BI) * 128, &tw, kt * 64, m0 + j * BI, full);
-                tma_load_2d(st + (kRows + BN) * 128, &ta, kt * 64, 0, full);
+                    for (int j = 0; j < BN / 64; j++) tma_load_2d(st + (kRows + j * 64) * 128, &tw, m0 + j * 64, kt * 64, full);
+                else // B's BN rows (W's), in NS boxes
+#pragma unroll
+                    for (int j = 0; j < NS; j++) tma_load_2d(st + (kRows + j * BI) * 128, &tw, kt * 64, m0 + j * BI, full);
+                tma_load_2d(st + (kRows + BN) * 128, &tp, kt * 64, 0, full);
             }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    float acc[NS][BI / 8][4], accu[R / 8][4];
+    float acc[NS][BI / 8][4], accv[R / 8][4];
     for (int kt = 0; kt < KT; kt++) {
         const int s = kt % ST;
         mbar_wait(bars + 8 * s, (kt / ST) & 1);
@@ -350,9 +381,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
+            const uint64_t da = wg_desc(sa + kk * 32, 16, 1024);
+            if constexpr (BT) wgmma_ss<BN, 0, 1>(acc[0], da, wg_desc(sb + kk * 16 * 128, 64 * 128, 1024), kt | kk);
+            else
 #pragma unroll
-            for (int j = 0; j < NS; j++) wgmma_ss<BI>(acc[j], wg_desc(sa + kk * 32, 16, 1024), wg_desc(sb + j * BI * 128 + kk * 32, 16, 1024), kt | kk);
-            wgmma_ss<R>(accu, wg_desc(sa + kk * 32, 16, 1024), wg_desc(sb + BN * 128 + kk * 32, 16, 1024), kt | kk);
+                for (int j = 0; j < NS; j++) wgmma_ss<BI>(acc[j], da, wg_desc(sb + j * BI * 128 + kk * 32, 16, 1024), kt | kk);
+            wgmma_ss<R>(accv, da, wg_desc(sb + BN * 128 + kk * 32, 16, 1024), kt | kk);
         }
         wg_commit();
         wg_wait<1>(); // the step before has retired: its stage is free
@@ -361,15 +395,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < NS; j++) wg_pin<BI / 8>(acc[j]);
-    wg_pin<R / 8>(accu);
+    wg_pin<R / 8>(accv);
     consumers_sync(); // every stage is consumed: the epilogue reuses their memory
     const int rl = wg * 64 + warp * 16 + (lane >> 2), cl = (lane & 3) * 2; // rows rl, rl + 8; columns 8 i + cl + {0, 1}
-    __nv_bfloat16 *tU = (__nv_bfloat16 *)sm, *tB = tU + kRows * 64;         // [128][64] and [BN][64], swizzled
-    const uint32_t sU = forge_cuda_smem_addr(tU), sB = forge_cuda_smem_addr(tB);
+    // tV: us v [128][R] as a K-major A; tQ: Q's tile, [BN][R] K-major (Bs's rows) or [BN / 64][R][64] MN-major (Ac's rows)
+    __nv_bfloat16 *tV = (__nv_bfloat16 *)sm, *tQ = tV + kRows * 64;
+    const uint32_t sV = forge_cuda_smem_addr(tV), sQ = forge_cuda_smem_addr(tQ);
     for (int e = tid; e < BN * (R / 8); e += 256) {
-        const int r = e / (R / 8), c = e % (R / 8);
-        const bool ok = m0 + r < g.M;
-        cp_async16(tB + sw128<BN>(r, c * 8), ok ? g.bs + (int64_t)(m0 + r) * g.ldbs + c * 8 : g.bs, ok ? 16 : 0);
+        if constexpr (BT) {
+            const int r = e / (BN / 8), c = e % (BN / 8);
+            const bool ok = m0 + c * 8 < g.M;
+            cp_async16(tQ + sw128<R>(r, c * 8), ok ? g.q + r * g.ldq + m0 + c * 8 : g.q, ok ? 16 : 0);
+        } else {
+            const int r = e / (R / 8), c = e % (R / 8);
+            const bool ok = m0 + r < g.M;
+            cp_async16(tQ + sw128<BN>(r, c * 8), ok ? g.q + (int64_t)(m0 + r) * g.ldq + c * 8 : g.q, ok ? 16 : 0);
+        }
     }
     cp_async_commit();
 #pragma unroll
@@ -377,19 +418,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int row = n0 + rl + 8 * h;
-            const __nv_bfloat162 v = __floats2bfloat162_rn(accu[i][2 * h], accu[i][2 * h + 1]);
+            const __nv_bfloat162 v = __floats2bfloat162_rn(accv[i][2 * h], accv[i][2 * h + 1]);
             const __nv_bfloat162 vs = __floats2bfloat162_rn(__low2float(v) * g.us, __high2float(v) * g.us);
-            *(__nv_bfloat162 *)(tU + sw128<kRows>(rl + 8 * h, i * 8 + cl)) = vs;
-            if (g.u && blockIdx.x == 0 && row < g.N) *(__nv_bfloat162 *)(g.u + (int64_t)row * R + i * 8 + cl) = v;
+            *(__nv_bfloat162 *)(tV + sw128<kRows>(rl + 8 * h, i * 8 + cl)) = vs;
+            if (g.v && blockIdx.x == 0 && row < g.N) *(__nv_bfloat162 *)(g.v + (int64_t)row * R + i * 8 + cl) = v;
         }
     cp_async_wait<0>();
     fence_async_smem();
     consumers_sync();
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < R / 16; kk++)
+    for (int kk = 0; kk < R / 16; kk++) {
+        const uint64_t dv = wg_desc(sV + wg * 64 * 128 + kk * 32, 16, 1024);
+        if constexpr (BT) wgmma_ss<BN, 0, 1>(acc[0], dv, wg_desc(sQ + kk * 16 * 128, R * 128, 1024), 1);
+        else
 #pragma unroll
-        for (int j = 0; j < NS; j++) wgmma_ss<BI>(acc[j], wg_desc(sU + wg * 64 * 128 + kk * 32, 16, 1024), wg_desc(sB + j * BI * 128 + kk * 32, 16, 1024), 1);
+            for (int j = 0; j < NS; j++) wgmma_ss<BI>(acc[j], dv, wg_desc(sQ + j * BI * 128 + kk * 32, 16, 1024), 1);
+    }
     wg_commit();
     wg_wait<0>();
 #pragma unroll
@@ -458,68 +503,78 @@ CUtensorMap map_of(const void *p, int64_t cols, int64_t rows, int64_t ld, int bo
 //     tokens, ten waves: 145.6 us against 115.4), where the blocks' prologues and epilogues,
 //     which cuBLAS's persistent kernels overlap with the next tile's loads, add up; the narrow
 //     outputs at four waves still gain (Qwen2.5-0.5B's o at 16384 tokens: 55.5 us against 69.2).
-constexpr int kWidths[] = {128, 192, 224, 256, 288};
-int pick_width(const forge_cuda_params *p, int64_t N, int64_t M, int64_t K, int64_t R) {
-    const int64_t sms = std::max(p->sm_count, 1), tm = (N + kRows - 1) / kRows;
-    const int64_t most = (K > 4096 ? 1 : M > 2048 ? 2 : 4) * sms;
+// The backward's tiles are whole 64-column blocks of its MN-major B (128, 192, 256).
+int pick_width(int sms, bool back, int64_t N, int64_t M, int64_t K, int64_t R) {
+    static constexpr int fwd[] = {128, 192, 224, 256, 288}, bwd[] = {128, 192, 256};
+    sms = std::max(sms, 1);
+    const int64_t tm = (N + kRows - 1) / kRows, most = (K > 4096 ? 1 : M > 2048 ? 2 : 4) * (int64_t)sms;
     int best = 0;
     int64_t best_cost = INT64_MAX;
-    for (int bn : kWidths) {
+    for (int i = 0; i < (back ? 3 : 5); i++) {
+        const int bn = back ? bwd[i] : fwd[i];
         const int64_t tiles = tm * ((M + bn - 1) / bn), cost = (tiles + sms - 1) / sms * (bn + R);
         if (tiles <= most && 4 * tiles >= 3 * sms && cost < best_cost) best = bn, best_cost = cost;
     }
     return best;
 }
 
-template <int BN, int R>
-void launch(const forge_cuda_params *p, const CUtensorMap &tx, const CUtensorMap &tw, const CUtensorMap &ta, const args &g) {
-    constexpr int NS = BN > 256 ? 2 : 1;
-    auto kernel = forward<BN, NS, R>;
-    FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN, R>()));
-    forge_cuda_launch_kernel(kernel, dim3((g.M + BN - 1) / BN, (g.N + kRows - 1) / kRows), kThreads, smem_bytes<BN, R>(), p->stream, tx, tw, ta, g);
+template <int BN, int R, bool BT>
+void launch(const forge_cuda_params *p, const CUtensorMap &ta, const CUtensorMap &tw, const CUtensorMap &tp, const args &g) {
+    auto k = kernel<BN, (BN > 256 ? 2 : 1), R, BT>;
+    FORGE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN, R>()));
+    forge_cuda_launch_kernel(k, dim3((g.M + BN - 1) / BN, (g.N + kRows - 1) / kRows), kThreads, smem_bytes<BN, R>(), p->stream, ta, tw, tp, g);
 }
-template <int R>
-void launch_r(const forge_cuda_params *p, int bn, const CUtensorMap &tx, const CUtensorMap &tw, const CUtensorMap &ta, const args &g) {
+template <int R, bool BT>
+void launch_r(const forge_cuda_params *p, int bn, const CUtensorMap &ta, const CUtensorMap &tw, const CUtensorMap &tp, const args &g) {
     switch (bn) {
-    case 128: return launch<128, R>(p, tx, tw, ta, g);
-    case 192: return launch<192, R>(p, tx, tw, ta, g);
-    case 224: return launch<224, R>(p, tx, tw, ta, g);
-    case 256: return launch<256, R>(p, tx, tw, ta, g);
-    default: return launch<288, R>(p, tx, tw, ta, g);
+    case 128: return launch<128, R, BT>(p, ta, tw, tp, g);
+    case 192: return launch<192, R, BT>(p, ta, tw, tp, g);
+    case 256: return launch<256, R, BT>(p, ta, tw, tp, g);
+    }
+    if constexpr (!BT) bn == 224 ? launch<224, R, BT>(p, ta, tw, tp, g) : launch<288, R, BT>(p, ta, tw, tp, g);
+}
+template <bool BT>
+void launch_bt(const forge_cuda_params *p, int bn, int R, const CUtensorMap &ta, const CUtensorMap &tw, const CUtensorMap &tp, const args &g) {
+    switch (R) {
+    case 16: return launch_r<16, BT>(p, bn, ta, tw, tp, g);
+    case 32: return launch_r<32, BT>(p, bn, ta, tw, tp, g);
+    default: return launch_r<48, BT>(p, bn, ta, tw, tp, g);
     }
 }
-
-bool aligned16(const void *q) { return (uintptr_t)q % 16 == 0; }
 
 } // namespace tc
 
-// The fused forward's tile width for the node, or 0 when it does not take the node: it needs sm_90a
-// (built for and run on), BF16 throughout (x, W, the output, u if saved; the bias arrives in the
-// output's type), R = 16, 32 or 48, rows that TMA can read (16-byte aligned starts and strides, M
-// and K multiples of 8), and a shape where it was measured faster (tc::pick_width).
-int tc_width(const forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, const void *x, int64_t ldx, const void *w, int64_t ldw,
-             const void *ac, const void *bs, int64_t ldbs) {
-    const forge_tensor *u = output(node, 1);
+// The fused kernel's tile width for a forward (back = false) or backward node of d's shape, or 0
+// when it does not take the node: it needs sm_90a (built for and run on), BF16 throughout (x, W,
+// dy, the output `out` - y or dX -, u if saved; the bias arrives in the output's type), R = 16, 32
+// or 48, M and K multiples of 8, and a shape where it was measured faster (tc::pick_width). The
+// operands must also be readable by TMA and 16-byte loads (tc_readable).
+int tc_width(int sms, const lora_dims &d, bool back, const forge_tensor *out, const forge_tensor *u) {
     const forge_type bf = FORGE_TYPE_BF16;
-    const bool fits = forge_cuda_wgmma_device() && d.T == bf && d.x->type == bf && d.w->type == bf && node->type == bf && (!u || u->type == bf) &&
-                      (d.R == 16 || d.R == 32 || d.R == 48) && d.N < INT32_MAX && d.M % 8 == 0 && d.K % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 &&
-                      ldbs % 8 == 0 && tc::aligned16(x) && tc::aligned16(w) && tc::aligned16(ac) && tc::aligned16(bs);
-    return fits ? tc::pick_width(p, d.N, d.M, d.K, d.R) : 0;
+    const bool fits = forge_cuda_wgmma_device() && d.T == bf && d.x->type == bf && d.w->type == bf && out && out->type == bf &&
+                      (!u || u->type == bf) && (d.R == 16 || d.R == 32 || d.R == 48) && d.N < INT32_MAX && d.M % 8 == 0 && d.K % 8 == 0;
+    return fits ? back ? tc::pick_width(sms, true, d.N, d.K, d.M, d.R) : tc::pick_width(sms, false, d.N, d.M, d.K, d.R) : 0;
+}
+// 16-byte-aligned starts and row strides that are multiples of 8 bf16 elements.
+bool tc_readable(std::initializer_list<const void *> ptrs, std::initializer_list<int64_t> lds) {
+    for (const void *q : ptrs)
+        if ((uintptr_t)q % 16) return false;
+    for (int64_t ld : lds)
+        if (ld % 8) return false;
+    return true;
 }
 
-// y = x W^T + bias + (us u) Bs^T and u (into res[1] when saved) in one kernel of tiles bn wide (see above).
-void tc_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, int bn, const void *x, int64_t ldx, const void *w, int64_t ldw,
-                const void *ac, const void *bs, int64_t ldbs, float us, const void *bias) {
-    forge_tensor *u = output(node, 1);
-    const tc::args g{(const __nv_bfloat16 *)bs, ldbs, (const __nv_bfloat16 *)bias, (__nv_bfloat16 *)node->data,
-                     u ? (__nv_bfloat16 *)u->data : nullptr, (int)d.N, (int)d.M, (int)d.K, us};
-    const CUtensorMap tx = tc::map_of(x, d.K, d.N, ldx, tc::kRows), tw = tc::map_of(w, d.K, d.M, ldw, bn > 256 ? bn / 2 : bn),
-                      ta = tc::map_of(ac, d.K, d.R, d.K, (int)d.R);
-    switch (d.R) {
-    case 16: return tc::launch_r<16>(p, bn, tx, tw, ta, g);
-    case 32: return tc::launch_r<32>(p, bn, tx, tw, ta, g);
-    default: return tc::launch_r<48>(p, bn, tx, tw, ta, g);
-    }
+// Forward (node a LORA): y = x W^T + bias + (us u) Bs^T and u (into res[1] when saved), with
+// a = x, w = W's rows, pm = Ac, q = Bs. Backward (a LORA_BACK): dX = dy W + du Ac and du = dy
+// (scale Bd) into v, with a = dy, w = W's rows, pm = scale Bd^T (R x M), q = Ac. One kernel of
+// tiles bn wide (see above).
+void tc_run(const forge_cuda_params *p, const lora_dims &d, bool back, int bn, void *out, void *v, const void *a, int64_t lda, const void *w,
+            int64_t ldw, const void *pm, const void *q, int64_t ldq, float us, const void *bias) {
+    const int64_t M = back ? d.K : d.M, K = back ? d.M : d.K; // the kernel's outputs and depth
+    const tc::args g{(const __nv_bfloat16 *)q, ldq, (const __nv_bfloat16 *)bias, (__nv_bfloat16 *)out, (__nv_bfloat16 *)v, (int)d.N, (int)M, (int)K, us};
+    const CUtensorMap ta = tc::map_of(a, K, d.N, lda, tc::kRows), tp = tc::map_of(pm, K, d.R, K, (int)d.R);
+    if (back) return tc::launch_bt<true>(p, bn, (int)d.R, ta, tc::map_of(w, M, K, ldw, 64), tp, g);
+    tc::launch_bt<false>(p, bn, (int)d.R, ta, tc::map_of(w, K, M, ldw, bn > 256 ? bn / 2 : bn), tp, g);
 }
 
 // ---- the folded forward (forge_lora_set_spare: op_i[4]) ------------------------------------------
@@ -571,7 +626,7 @@ size_t folded_work(const forge_tensor *node, const lora_dims &d) {
 const char *folded_prep(const forge_tensor *node, const forge_cuda_params *p, const lora_dims &d, int64_t ldw, char **scratch) {
     if (const forge_cuda_fusions::lora_prep *h = hoisted(node, p)) return h->ac;
     char *ac = take(scratch, (size_t)(d.R * d.K * type_size(d.T)));
-    launch_prep(p, d, ac, (char *)d.w->data + d.K * type_size(d.T), ldw, d.scale);
+    launch_prep(p, d, ac, (char *)d.w->data + d.K * type_size(d.T), nullptr, ldw, d.scale);
     return ac;
 }
 
@@ -587,8 +642,8 @@ void lora_forward_folded(forge_tensor *node, const forge_cuda_params *p, const l
     void *y = ct == node->type ? node->data : take(&scratch, (size_t)(d.N * d.M) * sizeof(float));
     const void *bias = forge_cuda_gemm_bias(p, bias_t, ct, &scratch);
     const char *sbd = (const char *)d.w->data + d.K * type_size(T); // scale Bd, in W's spare columns
-    if (const int bn = y == node->data ? tc_width(node, p, d, x, ldx, d.w->data, ldw, ac, sbd, ldw) : 0)
-        return tc_forward(node, p, d, bn, x, ldx, d.w->data, ldw, ac, sbd, ldw, 1.0f, bias);
+    if (const int bn = y == node->data ? tc_width(p->sm_count, d, false, node, output(node, 1)) : 0; bn && tc_readable({x, d.w->data, ac, sbd}, {ldx, ldw}))
+        return tc_run(p, d, false, bn, node->data, data_of(output(node, 1)), x, ldx, d.w->data, ldw, ac, sbd, ldw, 1.0f, bias);
     const void *u = forward_u(node, p, d, x, ldx, ac, &scratch); // x's type = T: u itself, ld R
     char *xp = take(&scratch, (size_t)(d.N * KR * type_size(T)));
     concat(p, x, ldx, u, xp, d.N, d.K, d.R);
@@ -612,10 +667,10 @@ void lora_forward_rows(forge_tensor *node, const forge_cuda_params *p, const lor
     char *scratch = (char *)p->work;
     int64_t ldx;
     const void *x = forge_cuda_gemm_rows(p, d.x, T, &ldx, &scratch);
-    const prepped pr = prep(node, p, d, &scratch);
+    const prepped pr = prep(node, p, d, false, &scratch);
     const void *bias = forge_cuda_gemm_bias(p, bias_t, T, &scratch);
-    if (const int bn = tc_width(node, p, d, x, ldx, d.w->data, d.K, pr.ac, pr.bd, d.R))
-        return tc_forward(node, p, d, bn, x, ldx, d.w->data, d.K, pr.ac, pr.bd, d.R, d.scale, bias);
+    if (const int bn = tc_width(p->sm_count, d, false, node, output(node, 1)); bn && tc_readable({x, d.w->data, pr.ac, pr.bd}, {ldx}))
+        return tc_run(p, d, false, bn, node->data, data_of(output(node, 1)), x, ldx, d.w->data, d.K, pr.ac, pr.bd, d.R, d.scale, bias);
     char *yu = take(&scratch, (size_t)(d.N * MR * ts));
     forge_cuda_gemm(p, d.N, MR, d.K, x, ldx, 0, d.w->data, d.K, 1, T, yu, MR, T, 1.0f, 0.0f, nullptr, T); // [x W^T | u]
     const char *u = yu + d.M * ts;
@@ -641,7 +696,7 @@ void lora_forward(forge_tensor *node, const forge_cuda_params *p, const lora_dim
     int64_t ldx, ldw;
     const void *x = forge_cuda_gemm_rows(p, d.x, T, &ldx, &scratch);
     const void *w = forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch);
-    const prepped pr = prep(node, p, d, &scratch);
+    const prepped pr = prep(node, p, d, false, &scratch);
     void *y = ct == node->type ? node->data : take(&scratch, (size_t)(d.N * d.M) * sizeof(float));
     const void *bias = forge_cuda_gemm_bias(p, bias_t, ct, &scratch);
     // u = x Ac^T on the side stream beside y = x W^T + bias (u and its scratch come after y's)
@@ -689,6 +744,7 @@ struct glu_da_args {
 template <int MT> __global__ void __launch_bounds__(GD_THREADS) glu_da_kernel(glu_da_args a) {
     constexpr int XS = GD_COLS + 8, DS = MT * 16 + 8; // row strides (elements) of the tiles: conflict-free ldmatrix
     __shared__ alignas(16) __nv_bfloat16 xs[GD_TOK * XS], ds[GD_TOK * DS];
+    forge_cuda_prologue();
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int64_t c0 = (int64_t)blockIdx.x * GD_COLS, t_begin = blockIdx.y * a.per_split, t_end = min(a.N, t_begin + a.per_split);
     // this thread's loads: two 8-column vectors of gate and up ([row][v] of the slab), MT * 2 du elements
@@ -764,6 +820,7 @@ template <int MT> __global__ void __launch_bounds__(GD_THREADS) glu_da_kernel(gl
 
 // dA[e] = beta dA[e] + the sum over s of part[s][e], s in order.
 __global__ void glu_da_sum(const float *part, int64_t n, int splits, float *dA, float beta) {
+    forge_cuda_prologue();
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         float v = beta != 0.0f ? beta * dA[e] : 0.0f;
         for (int s = 0; s < splits; s++) v += part[s * n + e];
@@ -833,6 +890,8 @@ void join_grads(const forge_cuda_params *p, const lora_dims &d) {
 
 // ---- the backward ---------------------------------------------------------------------------------
 //
+// Fused (BF16, sm_90a, tc_width; not the folded form): prep (Ac, Bd, scale Bd^T), dX and du in
+// one kernel (tc_run with back = true, see "the fused forward and backward" above), dA and dB.
 // Plain:  prep (Ac, Bd), du = scale dy Bd, dA and dB, dX = du Ac, dX = dy W + dX.
 // Spare rows (W's R spare rows hold Ac: spare_rows) and dX more than twice as wide as dy
 // (rows_backward): prep, du, dA and dB as plain, then
@@ -856,8 +915,8 @@ size_t backward_work(const forge_tensor *node, const lora_dims &d) {
     size_t bytes = forge_cuda_gemm_rows_work(d.x, d.glu < 0 ? d.T : d.x->type) + forge_cuda_gemm_rows_work(node->src[0], d.T) +
                    forge_cuda_gemm_rows_work(node->src[5], d.T) + prep_work(d) +
                    glu_da_work(d);
+    bytes += rank_work(d, d.T); // du
     if (folds(node, d, &ldw)) return bytes + align_up((size_t)(d.N * (d.K + d.R) * type_size(d.T)));
-    bytes += rank_work(d, d.T);
     if (dx)
         bytes += forge_cuda_gemm_rows_work(d.w, d.T) +
                  (forge_cuda_gemm_out_type(dx->type, d.T) != dx->type ? align_up((size_t)(d.N * d.K) * sizeof(float)) : 0) +
@@ -884,16 +943,21 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
         const char *du = g + d.K * type_size(T);
         lora_grads(p, d, x, ldx, glu_work, du, KR, dy, ldy, u, ldu, dA, dB, beta); // beside dX (which reads G and writes dX only)
         forge_cuda_gemm_into(p, d.N, d.K, d.R, du, KR, 0, ac, d.K, 0, T, g, KR, dx_t->data, d.K, T, 1.0f, 1.0f, nullptr, T);
-        join_grads(p, d);
-        return;
+        return join_grads(p, d);
     }
-    const prepped pr = prep(node, p, d, &scratch);
+    const int bn = tc_width(p->sm_count, d, true, dx_t, nullptr); // the fused backward's tile width, or 0
+    const prepped pr = prep(node, p, d, bn > 0, &scratch);
     char *du = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
+    const void *w = dx_t ? forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch) : nullptr; // W's rows, ldw apart
+    if (bn && pr.bdt && tc_readable({dy, w, pr.ac, pr.bdt, dx_t->data}, {ldy, ldw})) { // dX and du in one kernel, then dA and dB
+        tc_run(p, d, true, bn, dx_t->data, du, dy, ldy, w, ldw, pr.bdt, pr.ac, d.K, 1.0f, nullptr);
+        lora_grads(p, d, x, ldx, glu_work, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
+        return join_grads(p, d);
+    }
     forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T); // du = scale dy Bd
     lora_grads(p, d, x, ldx, glu_work, du, d.R, dy, ldy, u, ldu, dA, dB, beta); // beside dX (which writes dX and scratch past du only)
     if (!dx_t) return join_grads(p, d);
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
-    const void *w = forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch);
     void *dx = ct == dx_t->type ? dx_t->data : take(&scratch, (size_t)(d.N * d.K) * sizeof(float));
     if (rows_backward(node, d)) { // dX = [dy | du] [W ; Ac]
         const int64_t MR = d.M + d.R;
@@ -936,14 +1000,17 @@ void forge_cuda_lora_back_into(forge_tensor *node, const forge_cuda_params *p, f
 
 size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem) {
     struct slot {
-        prep_job job;
-        bool fold;
+        lora_dims d;
+        bool fold, rows, bdt; // bdt: a LORA_BACK of the slot takes the fused backward (tc_run), which reads scale Bd^T
+        int64_t ldw;
         std::vector<const forge_tensor *> users;
     };
     std::vector<slot> slots;
     std::map<std::vector<int64_t>, size_t> by_key;
-    size_t bytes = 0;
     const forge_tensor *first = nullptr; // the first hoisted node
+    int dev = 0, sms = 1;
+    FORGE_CUDA_CHECK(cudaGetDevice(&dev));
+    FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     auto leaf = [](const forge_tensor *t) {
         const forge_tensor *r = forge_view_root(const_cast<forge_tensor *>(t));
         return r && r->op == FORGE_OP_NONE;
@@ -960,29 +1027,39 @@ size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forg
         uint32_t scale_bits;
         std::memcpy(&scale_bits, &d.scale, sizeof scale_bits);
         const std::vector<int64_t> key{(int64_t)(uintptr_t)d.a->data, (int64_t)(uintptr_t)d.b->data, (int64_t)d.T, fold + 2 * rows,
-                                       fold || rows ? (int64_t)(uintptr_t)d.w->data : 0, fold ? (int64_t)scale_bits : 0};
+                                       fold || rows ? (int64_t)(uintptr_t)d.w->data : 0, (int64_t)scale_bits};
         auto it = by_key.find(key);
         if (it == by_key.end()) {
-            const size_t ac_bytes = rows ? 0 : align_up((size_t)(d.R * d.K * type_size(d.T)));
-            const size_t bd_bytes = fold ? 0 : align_up((size_t)(d.M * d.R * type_size(d.T)));
-            char *ac = rows ? spare_rows_ac(d) : mem ? mem + bytes : nullptr;
-            char *bd = fold ? (char *)d.w->data + d.K * type_size(d.T) : mem ? mem + bytes + ac_bytes : nullptr;
-            bytes += ac_bytes + bd_bytes;
             it = by_key.emplace(key, slots.size()).first;
-            slots.push_back({job_of(d, ac, bd, fold ? ldw : d.R, fold ? d.scale : 1.0f), fold, {}});
+            slots.push_back({d, fold, rows, false, ldw, {}});
         }
-        slots[it->second].users.push_back(t);
+        slot &s = slots[it->second];
+        s.bdt = s.bdt || (t->op == FORGE_OP_LORA_BACK && !fold && tc_width(sms, d, true, t->res[2], nullptr) > 0);
+        s.users.push_back(t);
         if (!first) first = t;
     }
-    const size_t table = align_up(slots.size() * sizeof(prep_job));
-    if (slots.empty() || !mem) return slots.empty() ? 0 : bytes + table;
+    // memory: each slot's Ac (not the spare-rows form's), Bd (not the folded form's), scale Bd^T if read
+    size_t bytes = 0;
     std::vector<prep_job> jobs;
     int64_t most = 0;
     for (const slot &s : slots) {
-        jobs.push_back(s.job);
-        most = std::max(most, s.job.R * s.job.K + s.job.M * s.job.R);
-        for (const forge_tensor *u : s.users) f->preps[u] = {s.job.ac, s.fold ? nullptr : s.job.bd};
+        const lora_dims &d = s.d;
+        auto place = [&](bool needed, size_t n) -> char * {
+            if (!needed) return nullptr;
+            char *r = mem ? mem + bytes : nullptr;
+            bytes += align_up(n * type_size(d.T));
+            return r;
+        };
+        char *ac = s.rows ? spare_rows_ac(d) : place(true, (size_t)(d.R * d.K));
+        char *bd = s.fold ? (char *)d.w->data + d.K * type_size(d.T) : place(true, (size_t)(d.M * d.R));
+        char *bdt = place(s.bdt, (size_t)(d.M * d.R));
+        jobs.push_back(job_of(d, ac, bd, bdt, s.fold ? s.ldw : d.R, s.fold ? d.scale : 1.0f));
+        most = std::max(most, d.R * d.K + d.M * d.R * (s.bdt ? 2 : 1));
+        if (mem)
+            for (const forge_tensor *u : s.users) f->preps[u] = {ac, s.fold ? nullptr : bd, bdt};
     }
+    const size_t table = align_up(slots.size() * sizeof(prep_job));
+    if (slots.empty() || !mem) return slots.empty() ? 0 : bytes + table;
     FORGE_CUDA_CHECK(cudaMemcpy(mem + bytes, jobs.data(), jobs.size() * sizeof(prep_job), cudaMemcpyHostToDevice));
     f->prep_jobs = mem + bytes;
     f->n_prep_jobs = (int)jobs.size();
