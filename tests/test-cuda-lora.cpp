@@ -231,9 +231,9 @@ int main() {
     lora_case("spare rows lora bf16 x, f32 W (plain) 128->96 r8", BF16, F32, kNone, {128, 8, {96}, 300, 1}, 0.5f, kRows);
     saved_u_case("saved u, spare rows bf16 qwen2.5 down x 256", BF16, BF16, down, 2.0f, kRows);
 
-    // the fused forward on wgmma (sm_90a; tc::forward takes grids that fill at least 3/4 of the
+    // the fused kernel on wgmma (sm_90a; tc::kernel takes grids that fill at least 3/4 of the
     // SMs, so these run 3000 to 4096 tokens): Qwen2.5-0.5B's folded q/k/v with its bias and its o
-    // (spare rows), a 2-block fold (R = 32), tails in tokens, outputs and depth (M = K = 1000, 3000
+    // (spare rows; its backward too, as is down's), a 2-block fold (R = 32), tails in tokens, outputs and depth (M = K = 1000, 3000
     // tokens, scale 0.5), a depth that wraps the ring of stages many times (down, 3200 tokens), and
     // the saved u of both forms
     lora_case("tc: spare lora bf16 qwen2.5 q/k/v 896->[896,128,128] r16 x 2048 x 2 + bf16 bias", BF16, BF16, BF16, {896, 16, {896, 128, 128}, 2048, 2},
