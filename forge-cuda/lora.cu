@@ -531,7 +531,8 @@ void launch_r(const forge_cuda_params *p, int bn, const CUtensorMap &ta, const C
     case 192: return launch<192, R, BT>(p, ta, tw, tp, g);
     case 256: return launch<256, R, BT>(p, ta, tw, tp, g);
     }
-    if constexpr (!BT) bn == 224 ? launch<224, R, BT>(p, ta, tw, tp, g) : launch<288, R, BT>(p, ta, tw, tp, g);
+    if constexpr (BT) std::abort(); // pick_width gives the backward whole 64-column blocks only
+    else bn == 224 ? launch<224, R, BT>(p, ta, tw, tp, g) : launch<288, R, BT>(p, ta, tw, tp, g);
 }
 template <bool BT>
 void launch_bt(const forge_cuda_params *p, int bn, int R, const CUtensorMap &ta, const CUtensorMap &tw, const CUtensorMap &tp, const args &g) {
@@ -889,6 +890,14 @@ void join_grads(const forge_cuda_params *p, const lora_dims &d) {
 }
 
 // ---- the backward ---------------------------------------------------------------------------------
+
+// The fused backward's tile width for a LORA_BACK, or 0: not the folded form (its cuBLAS backward
+// measured faster, see "the fused forward and backward"), dX wanted, and tc_width's conditions.
+// The hoisted preps' planner asks the same, to give the node scale Bd^T.
+int tc_back_width(int sms, const forge_tensor *node, const lora_dims &d) {
+    int64_t ldw;
+    return folds(node, d, &ldw) ? 0 : tc_width(sms, d, true, output(node, 2), nullptr);
+}
 //
 // Fused (BF16, sm_90a, tc_width; not the folded form): prep (Ac, Bd, scale Bd^T), dX and du in
 // one kernel (tc_run with back = true, see "the fused forward and backward" above), dA and dB.
@@ -945,7 +954,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
         forge_cuda_gemm_into(p, d.N, d.K, d.R, du, KR, 0, ac, d.K, 0, T, g, KR, dx_t->data, d.K, T, 1.0f, 1.0f, nullptr, T);
         return join_grads(p, d);
     }
-    const int bn = tc_width(p->sm_count, d, true, dx_t, nullptr); // the fused backward's tile width, or 0
+    const int bn = tc_back_width(p->sm_count, node, d);
     const prepped pr = prep(node, p, d, bn > 0, &scratch);
     char *du = take(&scratch, (size_t)(d.N * d.R * type_size(T)));
     const void *w = dx_t ? forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch) : nullptr; // W's rows, ldw apart
@@ -1034,7 +1043,7 @@ size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forg
             slots.push_back({d, fold, rows, false, ldw, {}});
         }
         slot &s = slots[it->second];
-        s.bdt = s.bdt || (t->op == FORGE_OP_LORA_BACK && !fold && tc_width(sms, d, true, t->res[2], nullptr) > 0);
+        s.bdt = s.bdt || (t->op == FORGE_OP_LORA_BACK && tc_back_width(sms, t, d) > 0);
         s.users.push_back(t);
         if (!first) first = t;
     }
