@@ -643,7 +643,7 @@ void lora_forward_folded(forge_tensor *node, const forge_cuda_params *p, const l
     void *y = ct == node->type ? node->data : take(&scratch, (size_t)(d.N * d.M) * sizeof(float));
     const void *bias = forge_cuda_gemm_bias(p, bias_t, ct, &scratch);
     const char *sbd = (const char *)d.w->data + d.K * type_size(T); // scale Bd, in W's spare columns
-    if (const int bn = y == node->data ? tc_width(p->sm_count, d, false, node, output(node, 1)) : 0; bn && tc_readable({x, d.w->data, ac, sbd}, {ldx, ldw}))
+    if (const int bn = tc_width(p->sm_count, d, false, node, output(node, 1)); bn && tc_readable({x, d.w->data, ac, sbd}, {ldx, ldw}))
         return tc_run(p, d, false, bn, node->data, data_of(output(node, 1)), x, ldx, d.w->data, ldw, ac, sbd, ldw, 1.0f, bias);
     const void *u = forward_u(node, p, d, x, ldx, ac, &scratch); // x's type = T: u itself, ld R
     char *xp = take(&scratch, (size_t)(d.N * KR * type_size(T)));
