@@ -11,7 +11,8 @@
 #   PROF  --profile to add the per-family profile; PAT the lines to show (default: ms/step)
 #   KERNELS  ./bench-kernels with these filters instead of ./bench-step (bk-new-1.json, ...;
 #            the whole table is shown)
-#   OUT   where the JSON goes (bs-new-1.json, bs-base-1.json, ...)
+#   OUT   where the JSON goes (bs-new-1.json, bs-base-1.json, ...); bench/ab-compare.py makes the
+#         closing table (both sides' times and min(new) / min(base) per case) from it
 set -u
 # A reader that stops early (`bench/gpu-check.sh ... | head`) must not end the run: without this
 # the script and the stage writing to the closed pipe die of SIGPIPE and the later stages never
@@ -38,3 +39,5 @@ for r in 1 2; do
   run new . $r
   run base /tmp/ab-base $r
 done
+echo "== new against base"
+python3 bench/ab-compare.py "$OUT"

@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""The table of an A/B by bench/ab-step.sh: for every case, both sides' times in the order they
+ran and min(new) / min(base) (below 1: the new tree is faster).
+
+    python3 bench/ab-compare.py DIR [FILTER...]
+
+DIR holds bk-{new,base}-{1,2}.json (bench-kernels, KERNELS set: a case is kernel, direction and
+shape, in microseconds) or bs-{new,base}-{1,2}.json (bench-step: model, batch x seq, recompute, in
+ms per step). FILTERs keep the cases whose name contains one of them.
+"""
+import glob
+import json
+import os
+import sys
+
+
+def cases(path):
+    d = json.load(open(path))
+    if "cases" in d:  # bench-kernels
+        return {f"{c['kernel']} {c['direction']} {c['shape']}": c["us"] for c in d["cases"] if c.get("us")}
+    return {f"{r['model']} {r['batch']}x{r['seq']}" + (" recompute" if r.get("recompute") else ""): r["ms_per_step"] for r in d["runs"]}
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    out, filters = sys.argv[1], sys.argv[2:]
+    prefix = "bk" if glob.glob(os.path.join(out, "bk-new-*.json")) else "bs"
+    side = {s: [cases(p) for p in sorted(glob.glob(os.path.join(out, f"{prefix}-{s}-*.json")))] for s in ("new", "base")}
+    if not side["new"] or not side["base"]:
+        sys.exit(f"ab-compare: no {prefix}-new-*.json and {prefix}-base-*.json in {out}")
+    unit = "us" if prefix == "bk" else "ms"
+    width = max(len(k) for k in side["new"][0])
+    print(f"{'case':{width}}  {'base ' + unit:>20}  {'new ' + unit:>20}  new/base")
+    for k in side["new"][0]:
+        if filters and not any(f in k for f in filters):
+            continue
+        b = [r[k] for r in side["base"] if k in r]
+        n = [r[k] for r in side["new"] if k in r]
+        if not b or not n:
+            continue
+        fmt = lambda v: " ".join(f"{x:9.2f}" for x in v)
+        print(f"{k:{width}}  {fmt(b):>20}  {fmt(n):>20}  {min(n) / min(b):.3f}")
+
+
+if __name__ == "__main__":
+    main()
