@@ -233,9 +233,10 @@ int main() {
 
     // the fused kernel on wgmma (sm_90a; tc::kernel takes grids that fill at least 3/4 of the
     // SMs, so these run 3000 to 4096 tokens): Qwen2.5-0.5B's folded q/k/v with its bias and its o
-    // (spare rows; its backward too, as is down's), a 2-block fold (R = 32), tails in tokens, outputs and depth (M = K = 1000, 3000
-    // tokens, scale 0.5; and the backward's, spare rows at 3300 tokens), a depth that wraps the ring of stages many times (down, 3200 tokens), and
-    // the saved u of both forms
+    // (spare rows; its backward too, as is down's), a 2-block fold (R = 32), tails in tokens,
+    // outputs and depth (M = K = 1000, 3000 tokens, scale 0.5; and the backward's: spare rows,
+    // 3300 tokens), a depth that wraps the ring of stages many times (down, 3200 tokens), and the
+    // saved u of both forms
     lora_case("tc: spare lora bf16 qwen2.5 q/k/v 896->[896,128,128] r16 x 2048 x 2 + bf16 bias", BF16, BF16, BF16, {896, 16, {896, 128, 128}, 2048, 2},
               2.0f, kSpare);
     lora_case("tc: spare rows lora bf16 qwen2.5 o 896->896 r16 x 4096", BF16, BF16, kNone, {896, 16, {896}, 4096, 1}, 2.0f, kRows);
