@@ -510,8 +510,10 @@ int pick_width(int sms, bool back, int64_t N, int64_t M, int64_t K, int64_t R) {
     const int64_t tm = (N + kRows - 1) / kRows, most = (K > 4096 ? 1 : M > 2048 ? 2 : 4) * (int64_t)sms;
     int best = 0;
     int64_t best_cost = INT64_MAX;
-    for (int i = 0; i < (back ? 3 : 5); i++) {
-        const int bn = back ? bwd[i] : fwd[i];
+    const int *widths = back ? bwd : fwd;
+    const size_t n = back ? std::size(bwd) : std::size(fwd);
+    for (size_t i = 0; i < n; i++) {
+        const int bn = widths[i];
         const int64_t tiles = tm * ((M + bn - 1) / bn), cost = (tiles + sms - 1) / sms * (bn + R);
         if (tiles <= most && 4 * tiles >= 3 * sms && cost < best_cost) best = bn, best_cost = cost;
     }
@@ -924,8 +926,8 @@ size_t backward_work(const forge_tensor *node, const lora_dims &d) {
     size_t bytes = forge_cuda_gemm_rows_work(d.x, d.glu < 0 ? d.T : d.x->type) + forge_cuda_gemm_rows_work(node->src[0], d.T) +
                    forge_cuda_gemm_rows_work(node->src[5], d.T) + prep_work(d) +
                    glu_da_work(d);
+    if (folds(node, d, &ldw)) return bytes + align_up((size_t)(d.N * (d.K + d.R) * type_size(d.T))); // G, which holds du
     bytes += rank_work(d, d.T); // du
-    if (folds(node, d, &ldw)) return bytes + align_up((size_t)(d.N * (d.K + d.R) * type_size(d.T)));
     if (dx)
         bytes += forge_cuda_gemm_rows_work(d.w, d.T) +
                  (forge_cuda_gemm_out_type(dx->type, d.T) != dx->type ? align_up((size_t)(d.N * d.K) * sizeof(float)) : 0) +
