@@ -297,9 +297,11 @@ const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora
 // the fusion saves; such shapes keep the cuBLAS forms below (tc::pick_width says which).
 // The backward of the spare-rows and plain forms (not the folded one) runs the same kernel with
 // B transposed (BT): dX = dy W + du Ac and du = dy (scale Bd) from the same reads of dy, W read
-// MN-major (its rows are the depth) in 64-column TMA boxes, the rank columns from scale Bd^T
-// (R x M, a third output of the prep) and the epilogue's operand Ac MN-major; du is written out
-// for dA, and dA and dB follow on the side streams. Against the cuBLAS forms in one call
+// MN-major (its rows are the depth) in 64-column TMA boxes (32-column boxes and the 64-byte
+// swizzle for a 224-wide tile: Qwen2.5-0.5B's 896-wide dX in four tiles instead of 3.5 of 256,
+// o's backward 30.0 -> 28.5 us at 4096 tokens), the rank columns from scale Bd^T (R x M, a third
+// output of the prep) and the epilogue's operand Ac MN-major; du is written out for dA, and dA
+// and dB follow on the side streams. Against the cuBLAS forms in one call
 // (bench/results/lora-tc-back-h200-20261201/ab-tc-back-all-forms/, H200): o 39.8 -> 35.0 us at
 // Qwen2.5-0.5B's 4096 tokens, Gemma2-2B's 87 -> 82-84; the folded q/k/v and gate/up lost (q/k/v
 // 35.2 -> 38.4 at Qwen2.5-0.5B, 100 -> 114.5 at 16384; gate/up 139 -> 154.5), where the cuBLAS fold
@@ -341,8 +343,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tp, const args g) {
 #ifdef FORGE_WGMMA_DEVICE
     constexpr int BI = BN / NS, STAGE = stage_bytes<BN, R>(), ST = stages<BN, R>();
+    // BT's B (and the epilogue's Q) in blocks of 64 columns, 128-byte swizzle; of 32 and the 64-byte swizzle (SW = 2) when BN is not a multiple of 64
+    constexpr int SW = BT && BN % 64 ? 2 : 1, BC = 64 / SW, BB = BC * 64 * 2; // columns per block; bytes per 64 rows of a block
     static_assert(ST >= 3 && kRows * (BN + 8) * 2 <= ST * STAGE && (kRows + BN) * 128 <= ST * STAGE, "the epilogue reuses the stages' memory");
-    static_assert(!BT || (NS == 1 && BN % 64 == 0), "an MN-major B is whole 64-column blocks in one instruction");
+    static_assert(!BT || (NS == 1 && BN % 32 == 0), "an MN-major B is whole 32- or 64-column blocks in one instruction");
+    static_assert((!BT || BN % BC == 0) && (kRows + R) * 128 + (BT ? BN / BC * BB : BN * 128) == STAGE, "a stage's loads bring the bytes its barrier waits for");
     forge_cuda_prologue();
     unsigned char *sm = wg_smem_base();
     const uint32_t s0 = forge_cuda_smem_addr(sm), bars = s0 + ST * STAGE; // full[ST], then empty[ST]
@@ -362,9 +367,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint32_t full = bars + 8 * s, st = s0 + s * STAGE;
                 mbar_expect_tx(full, STAGE);
                 tma_load_2d(st, &ta, kt * 64, n0, full);
-                if constexpr (BT) // B's 64 rows of depth, in blocks of 64 columns
+                if constexpr (BT) // B's 64 rows of depth, in blocks of BC columns
 #pragma unroll
-                    for (int j = 0; j < BN / 64; j++) tma_load_2d(st + (kRows + j * 64) * 128, &tw, m0 + j * 64, kt * 64, full);
+                    for (int j = 0; j < BN / BC; j++) tma_load_2d(st + kRows * 128 + j * BB, &tw, m0 + j * BC, kt * 64, full);
                 else // B's BN rows (W's), in NS boxes
 #pragma unroll
                     for (int j = 0; j < NS; j++) tma_load_2d(st + (kRows + j * BI) * 128, &tw, kt * 64, m0 + j * BI, full);
@@ -382,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             const uint64_t da = wg_desc(sa + kk * 32, 16, 1024);
-            if constexpr (BT) wgmma_ss<BN, 0, 1>(acc[0], da, wg_desc(sb + kk * 16 * 128, 64 * 128, 1024), kt | kk);
+            if constexpr (BT) wgmma_ss<BN, 0, 1>(acc[0], da, wg_desc(sb + kk * 16 * BC * 2, BB, 8 * BC * 2, SW), kt | kk);
             else
 #pragma unroll
                 for (int j = 0; j < NS; j++) wgmma_ss<BI>(acc[j], da, wg_desc(sb + j * BI * 128 + kk * 32, 16, 1024), kt | kk);
@@ -398,14 +403,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_pin<R / 8>(accv);
     consumers_sync(); // every stage is consumed: the epilogue reuses their memory
     const int rl = wg * 64 + warp * 16 + (lane >> 2), cl = (lane & 3) * 2; // rows rl, rl + 8; columns 8 i + cl + {0, 1}
-    // tV: us v [128][R] as a K-major A; tQ: Q's tile, [BN][R] K-major (Bs's rows) or [BN / 64][R][64] MN-major (Ac's rows)
+    // tV: us v [128][R] as a K-major A; tQ: Q's tile, [BN][R] K-major (Bs's rows) or [BN / BC][R][BC] MN-major (Ac's rows)
     __nv_bfloat16 *tV = (__nv_bfloat16 *)sm, *tQ = tV + kRows * 64;
     const uint32_t sV = forge_cuda_smem_addr(tV), sQ = forge_cuda_smem_addr(tQ);
     for (int e = tid; e < BN * (R / 8); e += 256) {
         if constexpr (BT) {
             const int r = e / (BN / 8), c = e % (BN / 8);
             const bool ok = m0 + c * 8 < g.M;
-            cp_async16(tQ + sw128<R>(r, c * 8), ok ? g.q + r * g.ldq + m0 + c * 8 : g.q, ok ? 16 : 0);
+            cp_async16(tQ + (SW == 2 ? sw64<R>(r, c * 8) : sw128<R>(r, c * 8)), ok ? g.q + r * g.ldq + m0 + c * 8 : g.q, ok ? 16 : 0);
         } else {
             const int r = e / (R / 8), c = e % (R / 8);
             const bool ok = m0 + r < g.M;
@@ -430,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < R / 16; kk++) {
         const uint64_t dv = wg_desc(sV + wg * 64 * 128 + kk * 32, 16, 1024);
-        if constexpr (BT) wgmma_ss<BN, 0, 1>(acc[0], dv, wg_desc(sQ + kk * 16 * 128, R * 128, 1024), 1);
+        if constexpr (BT) wgmma_ss<BN, 0, 1>(acc[0], dv, wg_desc(sQ + kk * 16 * BC * 2, R * BC * 2, 8 * BC * 2, SW), 1);
         else
 #pragma unroll
             for (int j = 0; j < NS; j++) wgmma_ss<BI>(acc[j], dv, wg_desc(sQ + j * BI * 128 + kk * 32, 16, 1024), 1);
@@ -476,13 +481,15 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
     }();
     return fn;
 }
-// A map of `rows` rows of `cols` bf16 (rows ld elements apart), read in boxes of 64 columns x box rows.
-CUtensorMap map_of(const void *p, int64_t cols, int64_t rows, int64_t ld, int box) {
+// A map of `rows` rows of `cols` bf16 (rows ld elements apart), read in boxes of 64 columns x box
+// rows with the 128-byte swizzle, or of 32 columns with the 64-byte swizzle (box_cols 32).
+CUtensorMap map_of(const void *p, int64_t cols, int64_t rows, int64_t ld, int box, int box_cols = 64) {
     CUtensorMap m;
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t boxes[2] = {64, (cuuint32_t)box}, es[2] = {1, 1};
+    const cuuint32_t boxes[2] = {(cuuint32_t)box_cols, (cuuint32_t)box}, es[2] = {1, 1};
     const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims, strides, boxes, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                      box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         std::fprintf(stderr, "forge-cuda: cuTensorMapEncodeTiled failed (%d) for %lld x %lld bf16, row stride %lld, box %d\n", (int)r, (long long)rows,
                      (long long)cols, (long long)ld, box);
@@ -503,9 +510,9 @@ CUtensorMap map_of(const void *p, int64_t cols, int64_t rows, int64_t ld, int bo
 //     tokens, ten waves: 145.6 us against 115.4), where the blocks' prologues and epilogues,
 //     which cuBLAS's persistent kernels overlap with the next tile's loads, add up; the narrow
 //     outputs at four waves still gain (Qwen2.5-0.5B's o at 16384 tokens: 55.5 us against 69.2).
-// The backward's tiles are whole 64-column blocks of its MN-major B (128, 192, 256).
+// The backward's tiles are whole blocks of its MN-major B (128, 192, 256; 224 in 32-column blocks).
 int pick_width(int sms, bool back, int64_t N, int64_t M, int64_t K, int64_t R) {
-    static constexpr int fwd[] = {128, 192, 224, 256, 288}, bwd[] = {128, 192, 256};
+    static constexpr int fwd[] = {128, 192, 224, 256, 288}, bwd[] = {128, 192, 224, 256};
     sms = std::max(sms, 1);
     const int64_t tm = (N + kRows - 1) / kRows, most = (K > 4096 ? 1 : M > 2048 ? 2 : 4) * (int64_t)sms;
     int best = 0;
@@ -531,10 +538,11 @@ void launch_r(const forge_cuda_params *p, int bn, const CUtensorMap &ta, const C
     switch (bn) {
     case 128: return launch<128, R, BT>(p, ta, tw, tp, g);
     case 192: return launch<192, R, BT>(p, ta, tw, tp, g);
+    case 224: return launch<224, R, BT>(p, ta, tw, tp, g);
     case 256: return launch<256, R, BT>(p, ta, tw, tp, g);
     }
-    if constexpr (BT) std::abort(); // pick_width gives the backward whole 64-column blocks only
-    else bn == 224 ? launch<224, R, BT>(p, ta, tw, tp, g) : launch<288, R, BT>(p, ta, tw, tp, g);
+    if constexpr (BT) std::abort(); // pick_width gives the backward no wider tile
+    else launch<288, R, BT>(p, ta, tw, tp, g);
 }
 template <bool BT>
 void launch_bt(const forge_cuda_params *p, int bn, int R, const CUtensorMap &ta, const CUtensorMap &tw, const CUtensorMap &tp, const args &g) {
@@ -576,7 +584,7 @@ void tc_run(const forge_cuda_params *p, const lora_dims &d, bool back, int bn, v
     const int64_t M = back ? d.K : d.M, K = back ? d.M : d.K; // the kernel's outputs and depth
     const tc::args g{(const __nv_bfloat16 *)q, ldq, (const __nv_bfloat16 *)bias, (__nv_bfloat16 *)out, (__nv_bfloat16 *)v, (int)d.N, (int)M, (int)K, us};
     const CUtensorMap ta = tc::map_of(a, K, d.N, lda, tc::kRows), tp = tc::map_of(pm, K, d.R, K, (int)d.R);
-    if (back) return tc::launch_bt<true>(p, bn, (int)d.R, ta, tc::map_of(w, M, K, ldw, 64), tp, g);
+    if (back) return tc::launch_bt<true>(p, bn, (int)d.R, ta, tc::map_of(w, M, K, ldw, 64, bn % 64 ? 32 : 64), tp, g);
     tc::launch_bt<false>(p, bn, (int)d.R, ta, tc::map_of(w, K, M, ldw, bn > 256 ? bn / 2 : bn), tp, g);
 }
 

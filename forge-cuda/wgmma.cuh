@@ -26,6 +26,10 @@
 // 16-byte chunk c sits at c ^ (row & 7) (element index; each [ROWS][64] block 1024-byte aligned).
 template <int ROWS>
 __device__ __forceinline__ int sw128(int r, int c) { return (c >> 6) * ROWS * 64 + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7); }
+// The same for the 64-byte swizzle: [cols / 32][ROWS][32], 64-byte rows whose 16-byte chunk c
+// sits at c ^ ((row >> 1) & 3), each [ROWS][32] block 512-byte aligned.
+template <int ROWS>
+__device__ __forceinline__ int sw64(int r, int c) { return (c >> 5) * ROWS * 32 + r * 32 + ((((c >> 3) ^ (r >> 1)) & 3) << 3) + (c & 7); }
 
 __device__ __forceinline__ void cp_async16(void *s, const void *g, int bytes) { // bytes < 16: zero fill
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(forge_cuda_smem_addr(s)), "l"(g), "r"(bytes));
@@ -43,9 +47,10 @@ bool forge_cuda_wgmma_device();
 
 #ifdef FORGE_WGMMA_DEVICE
 
-// Matrix descriptor of a 128-byte-swizzled operand at shared address addr.
-__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
+// Matrix descriptor of a 128-byte-swizzled operand at shared address addr (swizzle 1; 2: the
+// 64-byte swizzle).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo, uint64_t swizzle = 1) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | swizzle << 62;
 }
 // A wgmma kernel's dynamic shared memory, 1024-byte aligned (checked): the swizzle pattern repeats
 // every 1024 bytes from an aligned base.
