@@ -343,8 +343,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tp, const args g) {
 #ifdef FORGE_WGMMA_DEVICE
     constexpr int BI = BN / NS, STAGE = stage_bytes<BN, R>(), ST = stages<BN, R>();
-    // BT's B (and the epilogue's Q) in blocks of 64 columns, 128-byte swizzle; of 32 and the 64-byte swizzle (SW = 2) when BN is not a multiple of 64
-    constexpr int SW = BT && BN % 64 ? 2 : 1, BC = 64 / SW, BB = BC * 64 * 2; // columns per block; bytes per 64 rows of a block
+    // BT's B (and the epilogue's Q) in blocks of BC = 64 columns with the 128-byte swizzle, or of
+    // 32 with the 64-byte swizzle (SW = 2) when BN is not a multiple of 64; BB: a block's bytes
+    // per 64 rows of depth
+    constexpr int SW = BT && BN % 64 ? 2 : 1, BC = 64 / SW, BB = BC * 64 * 2;
     static_assert(ST >= 3 && kRows * (BN + 8) * 2 <= ST * STAGE && (kRows + BN) * 128 <= ST * STAGE, "the epilogue reuses the stages' memory");
     static_assert(!BT || (NS == 1 && BN % 32 == 0), "an MN-major B is whole 32- or 64-column blocks in one instruction");
     static_assert((!BT || BN % BC == 0) && (kRows + R) * 128 + (BT ? BN / BC * BB : BN * 128) == STAGE, "a stage's loads bring the bytes its barrier waits for");
@@ -491,8 +493,8 @@ CUtensorMap map_of(const void *p, int64_t cols, int64_t rows, int64_t ld, int bo
                                       box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
-        std::fprintf(stderr, "forge-cuda: cuTensorMapEncodeTiled failed (%d) for %lld x %lld bf16, row stride %lld, box %d\n", (int)r, (long long)rows,
-                     (long long)cols, (long long)ld, box);
+        std::fprintf(stderr, "forge-cuda: cuTensorMapEncodeTiled failed (%d) for %lld x %lld bf16, row stride %lld, box %d x %d\n", (int)r, (long long)rows,
+                     (long long)cols, (long long)ld, box, box_cols);
         std::abort();
     }
     return m;

@@ -78,7 +78,8 @@ __device__ __forceinline__ void wg_pin(float (&d)[N][4]) {
 #define WG_ACC4(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
 // d (64 x N, the warpgroup's accumulator; N a multiple of 16 up to 256) = (acc ? d : 0) + A B,
 // A (64 x 16) and B (16 x N) in shared memory, each K-major or, when TA / TB = 1, MN-major (for
-// B: [N / 64][16][64] blocks of 128-byte rows, the blocks LBO bytes apart).
+// B: [N / 64][16][64] blocks of 128-byte rows, the blocks LBO bytes apart; with the 64-byte
+// swizzle [N / 32][16][32] blocks of 64-byte rows).
 template <int N, int TA = 0, int TB = TA>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int acc) {
     static_assert(N % 16 == 0 && N >= 16 && N <= 256, "wgmma_ss: N is a multiple of 16 up to 256");
