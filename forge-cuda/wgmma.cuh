@@ -217,10 +217,29 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory"); }
-// Waits until the barrier's phase with this parity has completed.
+// Waits until the barrier's phase with this parity has completed. A phase that never completes
+// (a stage's loads short of the bytes its barrier expects, an arrival missing) hangs the kernel;
+// built with FORGE_CUDA_HANG_CHECK (cmake -DFORGE_CUDA_HANG_CHECK=ON) a wait of more than 2^22
+// tries prints the barrier's shared address, the parity, the block and the thread, and traps.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+#ifdef FORGE_CUDA_HANG_CHECK
+    for (long long i = 0;; i++) {
+        uint32_t done;
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+        if (done) return;
+        if (i == 1ll << 22) {
+            printf("forge-cuda: barrier wait never ends: shared address %u, parity %d, block (%d, %d), thread %d\n", bar, parity, blockIdx.x, blockIdx.y,
+                   threadIdx.x);
+            __trap();
+        }
+    }
+#else
     asm volatile("{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity)
                  : "memory");
+#endif
 }
 // Starts a TMA copy of the box at (c0 columns, c1 rows) of map m into shared memory at dst; its
 // bytes complete a transaction of barrier bar. Out-of-range elements are zero-filled.
