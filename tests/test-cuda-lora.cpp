@@ -235,8 +235,8 @@ int main() {
     // SMs, so these run 3000 to 4096 tokens): Qwen2.5-0.5B's folded q/k/v with its bias and its o
     // (spare rows; its backward too, as is down's), a 2-block fold (R = 32), tails in tokens,
     // outputs and depth (M = K = 1000, 3000 tokens, scale 0.5; and the backward's: spare rows,
-    // 3300 tokens), a depth that wraps the ring of stages many times (down, 3200 tokens), and the
-    // saved u of both forms
+    // 3300 tokens), a depth that wraps the ring of stages many times (down, 3200 tokens), the
+    // backward with R = 32 (Qwen3-0.6B's o, 256-wide tiles), and the saved u of both forms
     lora_case("tc: spare lora bf16 qwen2.5 q/k/v 896->[896,128,128] r16 x 2048 x 2 + bf16 bias", BF16, BF16, BF16, {896, 16, {896, 128, 128}, 2048, 2},
               2.0f, kSpare);
     lora_case("tc: spare rows lora bf16 qwen2.5 o 896->896 r16 x 4096", BF16, BF16, kNone, {896, 16, {896}, 4096, 1}, 2.0f, kRows);
@@ -244,6 +244,7 @@ int main() {
     lora_case("tc: spare lora bf16 1000->[600,200,200] r16 x 3000 + bf16 bias", BF16, BF16, BF16, {1000, 16, {600, 200, 200}, 3000, 1}, 0.5f, kSpare);
     lora_case("tc: spare rows lora bf16 qwen2.5 down 4864->896 r16 x 3200", BF16, BF16, kNone, {4864, 16, {896}, 3200, 1}, 2.0f, kRows);
     lora_case("tc: spare rows lora bf16 1000->1000 r16 x 3300, scale 0.5", BF16, BF16, kNone, {1000, 16, {1000}, 3300, 1}, 0.5f, kRows);
+    lora_case("tc: spare rows lora bf16 qwen3 o 2048->1024 r32 x 4096", BF16, BF16, kNone, {2048, 32, {1024}, 4096, 1}, 2.0f, kRows);
     saved_u_case("tc: saved u, spare bf16 qwen2.5 q/k/v x 4096", BF16, BF16, {896, 16, {896, 128, 128}, 4096, 1}, 2.0f, kSpare);
     saved_u_case("tc: saved u, spare rows bf16 qwen2.5 o x 4096", BF16, BF16, {896, 16, {896}, 4096, 1}, 2.0f, kRows);
 
