@@ -313,6 +313,10 @@ constexpr int kThreads = 384, kRows = 128, kSmemMax = 227 * 1024;
 
 template <int BN, int R>
 __host__ __device__ constexpr int stage_bytes() { return (kRows + BN + R) * 128; }
+// The backward's MN-major B (and its epilogue's Ac tile) comes in blocks of 64 columns with the
+// 128-byte swizzle, or of 32 with the 64-byte swizzle when the tile is not a multiple of 64 wide
+// (224): the kernel's descriptors and the host's TMA boxes both follow this.
+__host__ __device__ constexpr int mn_block_cols(int bn) { return bn % 64 ? 32 : 64; }
 template <int BN, int R>
 __host__ __device__ constexpr int stages() { return (kSmemMax - 1024) / stage_bytes<BN, R>() < 8 ? (kSmemMax - 1024) / stage_bytes<BN, R>() : 8; }
 template <int BN, int R>
@@ -343,10 +347,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tp, const args g) {
 #ifdef FORGE_WGMMA_DEVICE
     constexpr int BI = BN / NS, STAGE = stage_bytes<BN, R>(), ST = stages<BN, R>();
-    // BT's B (and the epilogue's Q) in blocks of BC = 64 columns with the 128-byte swizzle, or of
-    // 32 with the 64-byte swizzle (SW = 2) when BN is not a multiple of 64; BB: a block's bytes
-    // per 64 rows of depth
-    constexpr int SW = BT && BN % 64 ? 2 : 1, BC = 64 / SW, BB = BC * 64 * 2;
+    // BT's B and the epilogue's Q in blocks of BC columns (mn_block_cols; SW: the descriptors'
+    // swizzle, 1 = 128 bytes, 2 = 64); BB: a block's bytes per 64 rows of depth
+    constexpr int BC = BT ? mn_block_cols(BN) : 64, SW = 64 / BC, BB = BC * 64 * 2;
     static_assert(ST >= 3 && kRows * (BN + 8) * 2 <= ST * STAGE && (kRows + BN) * 128 <= ST * STAGE, "the epilogue reuses the stages' memory");
     static_assert(!BT || (NS == 1 && BN % 32 == 0), "an MN-major B is whole 32- or 64-column blocks in one instruction");
     static_assert((!BT || BN % BC == 0) && (kRows + R) * 128 + (BT ? BN / BC * BB : BN * 128) == STAGE, "a stage's loads bring the bytes its barrier waits for");
@@ -586,7 +589,7 @@ void tc_run(const forge_cuda_params *p, const lora_dims &d, bool back, int bn, v
     const int64_t M = back ? d.K : d.M, K = back ? d.M : d.K; // the kernel's outputs and depth
     const tc::args g{(const __nv_bfloat16 *)q, ldq, (const __nv_bfloat16 *)bias, (__nv_bfloat16 *)out, (__nv_bfloat16 *)v, (int)d.N, (int)M, (int)K, us};
     const CUtensorMap ta = tc::map_of(a, K, d.N, lda, tc::kRows), tp = tc::map_of(pm, K, d.R, K, (int)d.R);
-    if (back) return tc::launch_bt<true>(p, bn, (int)d.R, ta, tc::map_of(w, M, K, ldw, 64, bn % 64 ? 32 : 64), tp, g);
+    if (back) return tc::launch_bt<true>(p, bn, (int)d.R, ta, tc::map_of(w, M, K, ldw, 64, tc::mn_block_cols(bn)), tp, g);
     tc::launch_bt<false>(p, bn, (int)d.R, ta, tc::map_of(w, K, M, ldw, bn > 256 ? bn / 2 : bn), tp, g);
 }
 
