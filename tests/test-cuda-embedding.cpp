@@ -58,10 +58,10 @@ void embedding_case(const char *name, forge_type t, int64_t C, int64_t V, std::v
 }
 
 // An id outside the table fails the step on the CUDA backend; the next good step succeeds.
-// n_tok tokens of mode's ids (PADDING: the bad id among long runs).
-void bad_id_case(bool backward, int64_t n_tok, int mode) {
+// n_tok tokens of mode's ids (PADDING: the bad id among long runs); a table of type t.
+void bad_id_case(bool backward, int64_t n_tok, int mode, forge_type t = F32) {
     forge_ctx *ctx = forge_ctx_new();
-    forge_tensor *table = forge_tensor_new_2d(ctx, F32, 64, 100);
+    forge_tensor *table = forge_tensor_new_2d(ctx, t, 64, 100);
     forge_tensor *ids = forge_tensor_set_flags(forge_tensor_new_1d(ctx, FORGE_TYPE_I32, n_tok), FORGE_FLAG_INPUT);
     forge_tensor *y = forge_embedding(ctx, table, ids, 1.0f);
     forge_tensor *loss = forge_sum(ctx, y);
@@ -78,7 +78,7 @@ void bad_id_case(bool backward, int64_t n_tok, int mode) {
     ids_fill(100, mode)(ids, rng);
     std::vector<int32_t> good((size_t)n_tok), bad;
     REQUIRE_OK(forge_tensor_get(ids, good.data(), 0, good.size() * 4));
-    const char *what = backward ? "embedding_back" : "embedding";
+    const char *what = backward ? "embedding_back" : t == BF16 ? "embedding bf16" : "embedding";
     for (int32_t b : {100, -1}) {
         bad = good;
         bad[17] = b;
@@ -166,6 +166,7 @@ int main() {
     // real vocabularies
     embedding_case("embedding bf16 qwen2.5 [896, 151936] x [256, 2]", BF16, 896, 151936, {256, 2}, 1.0f, false);
     embedding_case("embedding bf16 gemma2 [2304, 256000] x 256, scale 48", BF16, 2304, 256000, {256}, 48.0f, false);
+    embedding_case("embedding bf16 qwen2.5 [896, 151936] x 333 (a partial last block)", BF16, 896, 151936, {333}, 1.0f, false);
     embedding_case("embedding f32 qwen3 [1024, 151936] x 384", F32, 1024, 151936, {384}, 1.0f, false);
     embedding_case("embedding_back f32 qwen2.5 [896, 151936] x 512", F32, 896, 151936, {512}, 1.0f, true);
     embedding_case("embedding_back bf16 qwen2.5 [896, 151936] x [4096, 4], zipf", BF16, 896, 151936, {4096, 4}, 1.0f, true, ZIPF);
@@ -197,5 +198,6 @@ int main() {
         bad_id_case(backward, 40, UNIFORM);
         bad_id_case(backward, 3000, PADDING);
     }
+    bad_id_case(false, 3000, UNIFORM, BF16); // the BF16 gather's own kernel
     return test_finish("test-cuda-embedding");
 }
