@@ -7,10 +7,10 @@
 // by element when rows are not dense and 16-byte aligned). A BF16 table with dense int32 ids (the
 // models' case) has a kernel of its own: a flat grid of 128-thread blocks, 4 units a thread, all
 // four loads issued before the first store - more bytes in flight for a load that waits on the id's
-// (2-5% faster than the grid-stride walk, level with or ahead of PyTorch's gather timed in the same
-// harness: bench/harness-experiment.py); other cases walk grid-stride, 256 threads. Traffic: read
-// C elements per token, write C: the copy roofline. An id outside [0, V) records
-// FORGE_CUDA_ERR_TOKEN_ID and the token is skipped.
+// (3-8% faster than the grid-stride walk in bench-kernels; ahead of PyTorch's eager gather and level
+// with torch.compile's timed in one harness: bench/harness-experiment.py); other cases walk
+// grid-stride, 256 threads. Traffic: read C elements per token, write C: the copy roofline. An id
+// outside [0, V) records FORGE_CUDA_ERR_TOKEN_ID and the token is skipped.
 //
 // EMBEDDING_BACK, deterministic without float atomics, every row of the gradient written once:
 //   1. keys: the ids become sort keys with the token indices as values (an id out of range
