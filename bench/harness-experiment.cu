@@ -88,6 +88,15 @@ __global__ void __launch_bounds__(256) gather_warp_kernel(const int32_t *ids, co
     for (int c = threadIdx.x % 32; c < per_tok; c += 32) d[c] = src[c];
 }
 
+// The device's SMs, asked once (not on every launch).
+int sm_count() {
+    static const int n = [] {
+        int v = 0;
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0);
+        return v;
+    }();
+    return n;
+}
 // A launch of 256-thread blocks with the programmatic-dependent-launch attribute, as forge's.
 template <typename... P, typename... A> int launch_pdl(void (*kernel)(P...), unsigned grid, cudaStream_t s, A... args) {
     cudaLaunchConfig_t cfg = {};
@@ -106,8 +115,7 @@ extern "C" {
 // variant: 0 forge (stride, prologue, PDL attribute), 1 stride plain, 2 flat 1 unit x 128 threads,
 // 3 flat 2 units x 128, 4 flat 1 unit x 256, 5 flat 4 units x 128
 int hx_add(int variant, const void *a, const void *b, void *c, int64_t n, cudaStream_t s) {
-    int sms;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    const int sms = sm_count();
     const int64_t units = n / 8;
     const uint4 *pa = (const uint4 *)a, *pb = (const uint4 *)b;
     uint4 *pc = (uint4 *)c;
@@ -123,8 +131,7 @@ int hx_add(int variant, const void *a, const void *b, void *c, int64_t n, cudaSt
 // variant: 0 forge (stride, prologue, PDL attribute), 1 flat one unit per thread, 2 a warp per token,
 // 3-6 gather_flat_kernel: 1 unit x 128 threads, 2 x 128, 4 x 128, 2 x 256
 int hx_gather(int variant, const void *ids, const void *table, void *dst, int64_t n_tok, int C, cudaStream_t s) {
-    int sms;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    const int sms = sm_count();
     const int per_tok = C / 8;
     const int64_t units = n_tok * per_tok, blocks = (units + 255) / 256;
     const int32_t *pi = (const int32_t *)ids;
