@@ -72,6 +72,9 @@ void forge_cuda_backend_stats(const forge_backend *be, int *kernel_nodes, int *s
 // planned): groups (one launch each when its units can share it), units, units with a norm
 // fused, units writing an ACC_VIEW's region (for tests).
 void forge_cuda_backend_rope_fusions(const forge_backend *be, const forge_graph *g, int *groups, int *units, int *norms, int *intos);
+// CUDA backend only: the GLU_BACK nodes of graph g that also make the dB of the gate/up LORA_BACK
+// after them (forge-cuda/glu.cu; for tests).
+int forge_cuda_backend_glu_db_fusions(const forge_backend *be, const forge_graph *g);
 
 // Op families: each backend has one function per family (forward and backward ops).
 enum forge_family {

@@ -1468,6 +1468,7 @@ void forge_cuda_backend_stats(const forge_backend *, int *kernel_nodes, int *syn
 void forge_cuda_backend_rope_fusions(const forge_backend *, const forge_graph *, int *groups, int *units, int *norms, int *intos) {
     *groups = *units = *norms = *intos = 0;
 }
+int forge_cuda_backend_glu_db_fusions(const forge_backend *, const forge_graph *) { return 0; }
 #endif
 
 // ---- data parallelism: communicators (forge-cuda/collective.cu with NCCL) -------------------

@@ -8,7 +8,8 @@
 // residual gradient, the rope units (q's and k's rope in one launch, each with its per-head norm
 // in front or that norm's backward behind, and the ACC_VIEW of a backward's result into the fused
 // q/k/v gradient: forge_cuda_rope_units), and a LORA_BACK with the ACCs of its dA and dB into the
-// persistent gradients; and the preps of the LoRA projections (A
+// persistent gradients, and the gate/up LORA_BACK's dB made by the GLU_BACK before it from the
+// dgu it writes (forge_cuda_glu_plan_db); and the preps of the LoRA projections (A
 // cast, B laid out block-diagonally) run as one kernel at the start of the step, into buffers
 // planned with the graph (forge_cuda_lora_plan_preps), instead of two launches per projection
 // (its forward's and its backward's: ~190 of Qwen2.5-0.5B's ~1600 kernels). Inputs live at fixed addresses in the
@@ -174,15 +175,18 @@ struct CudaBackend final : forge_backend {
         }
         const size_t lora_bytes = forge_cuda_lora_plan_preps(g->nodes, &fusions[g], nullptr);
         const size_t doc_bytes = forge_cuda_attention_plan_docs(g->nodes, &fusions[g], nullptr);
-        if (lora_bytes + doc_bytes) {
-            void *m = alloc(lora_bytes + doc_bytes);
+        const size_t db_bytes = forge_cuda_glu_plan_db(g->nodes, &fusions[g], nullptr);
+        if (lora_bytes + doc_bytes + db_bytes) {
+            void *m = alloc(lora_bytes + doc_bytes + db_bytes);
             if (!m) {
-                error = name + ": could not allocate " + std::to_string(lora_bytes + doc_bytes) + " bytes for the LoRA preps and document tables";
+                error = name + ": could not allocate " + std::to_string(lora_bytes + doc_bytes + db_bytes) +
+                        " bytes for the LoRA preps, document tables and dB partials";
                 return FORGE_ERR_OOM;
             }
             prep_mem[g] = m;
             forge_cuda_lora_plan_preps(g->nodes, &fusions[g], (char *)m);
             forge_cuda_attention_plan_docs(g->nodes, &fusions[g], (char *)m + lora_bytes);
+            forge_cuda_glu_plan_db(g->nodes, &fusions[g], (char *)m + lora_bytes + doc_bytes);
         }
         size_t need = 0;
         for (const forge_tensor *t : g->nodes) {
@@ -516,4 +520,9 @@ void forge_cuda_backend_rope_fusions(const forge_backend *be, const forge_graph 
             *intos += it.second.u[i].into != nullptr;
         }
     }
+}
+
+int forge_cuda_backend_glu_db_fusions(const forge_backend *be, const forge_graph *g) {
+    const forge_cuda_fusions *f = forge_cuda_backend_fusions(const_cast<forge_backend *>(be), g);
+    return f ? (int)f->glu_db.size() : 0;
 }

@@ -402,6 +402,16 @@ struct forge_cuda_fusions {
     // RMSNORM_BACK nodes read by one node only and not graph outputs: fused with the ADD after
     // them (forge_cuda_rmsnorm_back_add), their dx is dead once the sum is made and is not stored
     std::unordered_set<const forge_tensor *> dead_dx;
+    // GLU_BACK nodes that also make the dB of the gate/up LORA_BACK reading their output
+    // (forge_cuda_glu_plan_db), and those LORA_BACKs (db_made), which then leave dB alone
+    struct db_job {
+        const forge_tensor *lora;
+        float *db, *part; // the persistent gradient dB is added to; fp32 partials (planned memory)
+        int splits;       // token ranges of `per` tokens
+        int64_t per;
+    };
+    std::unordered_map<const forge_tensor *, db_job> glu_db;
+    std::unordered_set<const forge_tensor *> db_made;
 };
 forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &nodes);
 // Hoists the preps of the LORA / LORA_BACK nodes that come before the graph's first ADAMW and
@@ -415,6 +425,12 @@ void forge_cuda_lora_run_preps(const forge_cuda_fusions &f, const forge_cuda_par
 // nodes read (every layer's, forward and backward): the first node makes it, the others read it,
 // where each would make its own. mem NULL: returns the device bytes needed; else fills f's doc_tables.
 size_t forge_cuda_attention_plan_docs(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem);
+// Pairs each GLU_BACK with the LORA_BACK that reads its output as dy when that LORA_BACK adds its
+// dB into a persistent gradient (acc_into) and the shapes and types fit (glu.cu): the GLU_BACK's
+// kernel then makes dB from the dgu it writes, in place of the LORA_BACK's GEMM that read dgu
+// again. mem NULL: returns the device bytes the partial sums need (one buffer, shared: the nodes
+// run one after the other); else fills f's glu_db and db_made with mem as that buffer.
+size_t forge_cuda_glu_plan_db(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem);
 // The fusions the backend found for a planned graph (NULL: not planned on this backend).
 const forge_cuda_fusions *forge_cuda_backend_fusions(forge_backend *be, const forge_graph *g);
 // Enqueues nodes in order as the backend runs a graph, with three fusions: a residual ADD followed

@@ -21,7 +21,9 @@
 //               y = y + scale * u Bd^T          (depth R, beta = 1)
 //     backward  u = src5 (the forward's res[1]: read, not recomputed), du = scale * dy Bd
 //               dA = du^T x                     (F32 out, R x K; side stream 0)
-//               dB_blk = scale * dy_blk^T u_blk (F32 out, one GEMM per block; side stream 1 + blk)
+//               dB_blk = scale * dy_blk^T u_blk (F32 out, one GEMM per block; side stream 1 + blk;
+//                                                none when dy is a GLU_BACK's output that made dB
+//                                                itself: forge_cuda_glu_plan_db, glu.cu)
 //               dX = du Ac, then dX = dy W + dX (beta = 1)
 // The side streams (forge_cuda_fork_side / join_side, cuda.cuh) overlap a node's skinny GEMMs
 // with its base GEMMs and with each other: measured on the H200, the backward's dA and dB on one
@@ -884,24 +886,25 @@ void glu_da(const forge_cuda_params *p, const lora_dims &d, const char *gu, int6
     }
 }
 
-// dA (R x K) = du^T x and dB (M x r) = scale dy^T u (one GEMM per block), each written (beta 0)
+// dA (R x K) = du^T x and dB (M x r) = scale dy^T u (one GEMM per block; none when want_db is
+// false: the GLU_BACK before the node made dB, forge_cuda_glu_plan_db), each written (beta 0)
 // or added (beta 1) to out, forked from p's stream: dA on side stream 0, block i's dB on side
 // stream 1 + i, so that these skinny GEMMs (a few microseconds each, on a few dozen SMs) run
 // beside each other and beside what p's stream gets next; join_grads joins them. x = GLU(gu)
 // (d.glu >= 0): x holds gu's rows (of gu's type) and glu_da makes dA, with `work` its scratch.
 void lora_grads(const forge_cuda_params *p, const lora_dims &d, const char *x, int64_t ldx, char *work, const char *du, int64_t lddu,
-                const char *dy, int64_t ldy, const char *u, int64_t ldu, float *dA, float *dB, float beta) {
+                const char *dy, int64_t ldy, const char *u, int64_t ldu, float *dA, float *dB, float beta, bool want_db) {
     const forge_cuda_params sa = forge_cuda_fork_side(p, 0);
     if (d.glu < 0) forge_cuda_gemm(&sa, d.R, d.K, d.N, du, lddu, 1, x, ldx, 0, d.T, dA, d.K, FORGE_TYPE_F32, 1.0f, beta, nullptr, d.T);
     else glu_da(&sa, d, x, ldx, work, du, lddu, dA, beta);
-    for (int i = 0; i < d.blocks.n; i++) {
+    for (int i = 0; want_db && i < d.blocks.n; i++) {
         const forge_cuda_params sb = forge_cuda_fork_side(p, 1 + i);
         forge_cuda_gemm(&sb, d.blocks.end[i] - d.start[i], d.r, d.N, dy + d.start[i] * type_size(d.T), ldy, 1, u + i * d.r * type_size(d.T),
                         ldu, 0, d.T, dB + d.start[i] * d.r, d.r, FORGE_TYPE_F32, d.scale, beta, nullptr, d.T);
     }
 }
-void join_grads(const forge_cuda_params *p, const lora_dims &d) {
-    for (int i = 0; i <= d.blocks.n; i++) forge_cuda_join_side(p, i);
+void join_grads(const forge_cuda_params *p, const lora_dims &d, bool want_db) {
+    for (int i = 0; i <= (want_db ? d.blocks.n : 0); i++) forge_cuda_join_side(p, i);
 }
 
 // ---- the backward ---------------------------------------------------------------------------------
@@ -959,15 +962,16 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     const char *u = (const char *)forge_cuda_gemm_rows(p, node->src[5], T, &ldu, &scratch); // the forward's x Ac^T
     float *dA = acc_a ? acc_a : (float *)node->data, *dB = acc_b ? acc_b : (float *)node->res[1]->data;
     const float beta = acc_a ? 1.0f : 0.0f;
+    const bool want_db = !(p->fusions && p->fusions->db_made.count(node));
     if (folds(node, d, &ldw)) {
         const int64_t KR = d.K + d.R;
         const char *ac = folded_prep(node, p, d, ldw, &scratch);
         char *g = take(&scratch, (size_t)(d.N * KR * type_size(T)));
         forge_cuda_gemm(p, d.N, KR, d.M, dy, ldy, 0, d.w->data, ldw, 0, T, g, KR, T, 1.0f, 0.0f, nullptr, T); // [dy W | du]
         const char *du = g + d.K * type_size(T);
-        lora_grads(p, d, x, ldx, glu_work, du, KR, dy, ldy, u, ldu, dA, dB, beta); // beside dX (which reads G and writes dX only)
+        lora_grads(p, d, x, ldx, glu_work, du, KR, dy, ldy, u, ldu, dA, dB, beta, want_db); // beside dX (which reads G and writes dX only)
         forge_cuda_gemm_into(p, d.N, d.K, d.R, du, KR, 0, ac, d.K, 0, T, g, KR, dx_t->data, d.K, T, 1.0f, 1.0f, nullptr, T);
-        return join_grads(p, d);
+        return join_grads(p, d, want_db);
     }
     const int bn = tc_back_width(p->sm_count, node, d);
     const prepped pr = prep(node, p, d, bn > 0, &scratch);
@@ -975,12 +979,12 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
     const void *w = dx_t ? forge_cuda_gemm_rows(p, d.w, T, &ldw, &scratch) : nullptr; // W's rows, ldw apart
     if (bn && pr.bdt && tc_readable({dy, w, pr.ac, pr.bdt, dx_t->data}, {ldy, ldw})) { // dX and du in one kernel, then dA and dB
         tc_run(p, d, true, bn, dx_t->data, du, dy, ldy, w, ldw, pr.bdt, pr.ac, d.K, 1.0f, nullptr);
-        lora_grads(p, d, x, ldx, glu_work, du, d.R, dy, ldy, u, ldu, dA, dB, beta);
-        return join_grads(p, d);
+        lora_grads(p, d, x, ldx, glu_work, du, d.R, dy, ldy, u, ldu, dA, dB, beta, want_db);
+        return join_grads(p, d, want_db);
     }
     forge_cuda_gemm(p, d.N, d.R, d.M, dy, ldy, 0, pr.bd, d.R, 0, T, du, d.R, T, d.scale, 0.0f, nullptr, T); // du = scale dy Bd
-    lora_grads(p, d, x, ldx, glu_work, du, d.R, dy, ldy, u, ldu, dA, dB, beta); // beside dX (which writes dX and scratch past du only)
-    if (!dx_t) return join_grads(p, d);
+    lora_grads(p, d, x, ldx, glu_work, du, d.R, dy, ldy, u, ldu, dA, dB, beta, want_db); // beside dX (which writes dX and scratch past du only)
+    if (!dx_t) return join_grads(p, d, want_db);
     const forge_type ct = forge_cuda_gemm_out_type(dx_t->type, T);
     void *dx = ct == dx_t->type ? dx_t->data : take(&scratch, (size_t)(d.N * d.K) * sizeof(float));
     if (rows_backward(node, d)) { // dX = [dy | du] [W ; Ac]
@@ -993,7 +997,7 @@ void lora_backward(forge_tensor *node, const forge_cuda_params *p, const lora_di
         forge_cuda_gemm(p, d.N, d.K, d.M, dy, ldy, 0, w, ldw, 0, T, dx, d.K, ct, 1.0f, 1.0f, nullptr, T);
     }
     if (dx != dx_t->data) forge_cuda_convert(p, forge_cuda_dense_view(dx, FORGE_TYPE_F32, dx_t->ne), dx_t->data, dx_t->type);
-    join_grads(p, d);
+    join_grads(p, d, want_db);
 }
 
 } // namespace

@@ -14,8 +14,9 @@
 // then both forms at 3000-4096 tokens, where the forward runs on forge's wgmma kernel.
 // Graphs run by the backend make the casts of A and B for all their LoRAs in one kernel at the
 // start (A and B leaves); the own-prep cases compute A and B in the graph, so each node runs its
-// own prep, folded and not. Last, the down projection of a GLU output marked for recompute,
-// whose backward makes x again from gate/up.
+// own prep, folded and not. Then the down projection of a GLU output marked for recompute,
+// whose backward makes x again from gate/up; last, gate/up followed by a GLU, whose GLU_BACK
+// makes the LoRA's dB.
 #include "cuda-util.h"
 
 namespace {
@@ -144,6 +145,30 @@ void glu_x_case(const char *name, forge_type t, forge_glu_kind kind, int64_t F, 
     });
 }
 
+// The model's gate/up: gu = LoRA(x) with W's spare columns, then GLU(gu). The backend makes the
+// LoRA's dB in the GLU_BACK kernel (from the dgu it writes) when the blocks are gate's and up's
+// (or one block over both) of rank 16 or 32 and F is a multiple of 64 (forge_cuda_glu_plan_db):
+// `fused` says whether it must, and the inspection checks it did. Token counts off the kernel's
+// 32-token step and its splits.
+void glu_db_case(const char *name, forge_glu_kind kind, int64_t K, int64_t F, int64_t r, int n_blocks, int64_t T, bool fused) {
+    ConfOpts o;
+    o.inspect = [=](forge_backend *be, forge_graph *g) {
+        const int n = forge_cuda_backend_glu_db_fusions(be, g);
+        CHECK(n == (fused ? 1 : 0), "%s: %d GLU_BACK nodes make dB (want %d)", name, n, fused ? 1 : 0);
+    };
+    conformance(name, [=](forge_ctx *ctx) {
+        ConfCase c;
+        const int64_t blocks[2] = {n_blocks == 2 ? F : 2 * F, F};
+        forge_tensor *x = forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, K, T), *w = weight_of(ctx, FORGE_TYPE_BF16, K, 2 * F, r * n_blocks, 1);
+        forge_tensor *a = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, K, r * n_blocks), *b = forge_tensor_new_2d(ctx, FORGE_TYPE_F32, r, 2 * F);
+        c.y = forge_glu(ctx, forge_lora_set_spare(ctx, forge_lora(ctx, x, w, nullptr, a, b, 2.0f, n_blocks, blocks)), kind);
+        c.params = {x, a, b};
+        c.scales[forge_view_root(w)] = c.scales[a] = 1.0f / std::sqrt((float)K);
+        c.scales[b] = 0.5f / std::sqrt((float)r);
+        return c;
+    }, o);
+}
+
 } // namespace
 
 int main() {
@@ -257,6 +282,15 @@ int main() {
     glu_x_case("recomputed swiglu x: lora bf16 2050->77 r5 x 1000 (GEMM path)", BF16, FORGE_GLU_SWIGLU, 2050, 77, 5, 1000);
     glu_x_case("recomputed swiglu x: lora f32 2050->77 r5 x 1000", F32, FORGE_GLU_SWIGLU, 2050, 77, 5, 1000);
     glu_x_case("recomputed swiglu x, spare rows: lora bf16 qwen2.5 down r16 x 1000", BF16, FORGE_GLU_SWIGLU, 4864, 896, 16, 1000, kRows);
+
+    // gate/up's dB made by the GLU_BACK kernel: Qwen2.5-0.5B (SwiGLU) and Gemma2-2B (GeGLU) shapes
+    // at token counts off its 32-token step, rank 32, one LoRA block over gate and up, and a width
+    // it does not take (F not a multiple of 64: the LoRA's GEMM makes dB)
+    glu_db_case("glu dB: swiglu qwen2.5 896->[4864,4864] r16 x 333", FORGE_GLU_SWIGLU, 896, 4864, 16, 2, 333, true);
+    glu_db_case("glu dB: geglu gemma2 2304->[9216,9216] r16 x 200", FORGE_GLU_GEGLU_TANH, 2304, 9216, 16, 2, 200, true);
+    glu_db_case("glu dB: swiglu 896->[1024,1024] r32 x 1000", FORGE_GLU_SWIGLU, 896, 1024, 32, 2, 1000, true);
+    glu_db_case("glu dB: geglu 256->[512,512] one block r16 x 77", FORGE_GLU_GEGLU_TANH, 256, 512, 16, 1, 77, true);
+    glu_db_case("glu dB: swiglu 256->[520,520] r16 x 100 (not taken)", FORGE_GLU_SWIGLU, 256, 520, 16, 2, 100, false);
 
     // A and B computed in the graph: each LORA and LORA_BACK runs its own prep
     const bool kOwnPrep = true;
