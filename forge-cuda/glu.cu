@@ -121,6 +121,7 @@ template <int V, bool BACK, int KIND> __global__ void __launch_bounds__(THREADS)
 // A block of DB_THREADS owns DB_CW columns of gate (and of up); a step is DB_TT tokens; DB_ST
 // stages of the ring (the step being computed and the next, loading).
 constexpr int DB_THREADS = 256, DB_CW = 256, DB_TT = 16, DB_ST = 2;
+constexpr int64_t DB_MIN_TOKENS = 4096; // fewer: the LORA_BACK's GEMMs make dB (see db_fits)
 
 struct db_args {
     const __nv_bfloat16 *dy, *gu, *u; // dy [N][F], gu [N][2F], u [N][...] (rows ldy, ldg, ldu apart)
@@ -306,7 +307,10 @@ void launch(const glu_args &a, bool back, bool vec, const forge_cuda_params *p) 
 // Whether GLU_BACK g can make the dB of the LORA_BACK l that reads its output as dy: BF16
 // throughout (dy, gu, dgu, u), SwiGLU or GeGLU, dense rows that 16-byte loads can read, F a
 // multiple of DB_CW, l's rows the 2F columns of gu in one block or in two (gate's, up's) of rank
-// 16 or 32 each, and its u (the forward's x Ac^T) at hand.
+// 16 or 32 each, its u (the forward's x Ac^T) at hand, and at least DB_MIN_TOKENS tokens: at
+// Qwen2.5-0.5B's 1 x 512 the fused kernel cost 7 us more a layer than the plain one while the
+// GEMMs it replaces, 10 MB of dgu, were hidden beside the dX GEMM (the step 7.14-7.24 -> 7.33-7.35
+// ms; at 4 x 1024, 25.31-25.33 -> 25.01-25.15).
 bool db_fits(const forge_tensor *g, const forge_tensor *l) {
     const forge_tensor *dy = g->src[0], *gu = g->src[1], *u = l->n_src > 5 ? l->src[5] : nullptr;
     if (!u || !u->data || l->src[0] != g) return false;
@@ -317,7 +321,7 @@ bool db_fits(const forge_tensor *g, const forge_tensor *l) {
                         (d.n_blocks == 1 && d.start[0] == 0 && d.end[0] == 2 * F);
     return g->type == bf && dy->type == bf && gu->type == bf && u->type == bf &&
            (g->op_i[0] == FORGE_GLU_SWIGLU || g->op_i[0] == FORGE_GLU_GEGLU_TANH) && F % DB_CW == 0 && blocks && d.M == 2 * F &&
-           d.N == N && (d.r == 16 || d.r == 32) && u->ne[0] >= d.R && u->ne[1] * u->ne[2] * u->ne[3] == N &&
+           d.N == N && N >= DB_MIN_TOKENS && (d.r == 16 || d.r == 32) && u->ne[0] >= d.R && u->ne[1] * u->ne[2] * u->ne[3] == N &&
            forge_tensor_is_contiguous(g) && rows_dense(dy) && rows_dense(gu) && rows_dense(u) && rows_vectorisable(dy) &&
            rows_vectorisable(gu) && rows_vectorisable(u) && rows_vectorisable(g);
 }

@@ -147,9 +147,8 @@ void glu_x_case(const char *name, forge_type t, forge_glu_kind kind, int64_t F, 
 
 // The model's gate/up: gu = LoRA(x) with W's spare columns, then GLU(gu). The backend makes the
 // LoRA's dB in the GLU_BACK kernel (from the dgu it writes) when the blocks are gate's and up's
-// (or one block over both) of rank 16 or 32 and F is a multiple of 64 (forge_cuda_glu_plan_db):
-// `fused` says whether it must, and the inspection checks it did. Token counts off the kernel's
-// 32-token step and its splits.
+// (or one block over both) of rank 16 or 32, F is a multiple of 256 and there are at least 4096
+// tokens (forge_cuda_glu_plan_db): `fused` says whether it must, and the inspection checks it did.
 void glu_db_case(const char *name, forge_glu_kind kind, int64_t K, int64_t F, int64_t r, int n_blocks, int64_t T, bool fused) {
     ConfOpts o;
     o.inspect = [=](forge_backend *be, forge_graph *g) {
@@ -283,14 +282,15 @@ int main() {
     glu_x_case("recomputed swiglu x: lora f32 2050->77 r5 x 1000", F32, FORGE_GLU_SWIGLU, 2050, 77, 5, 1000);
     glu_x_case("recomputed swiglu x, spare rows: lora bf16 qwen2.5 down r16 x 1000", BF16, FORGE_GLU_SWIGLU, 4864, 896, 16, 1000, kRows);
 
-    // gate/up's dB made by the GLU_BACK kernel: Qwen2.5-0.5B (SwiGLU) and Gemma2-2B (GeGLU) shapes
-    // at token counts off its 32-token step, rank 32, one LoRA block over gate and up, and a width
-    // it does not take (F not a multiple of 64: the LoRA's GEMM makes dB)
-    glu_db_case("glu dB: swiglu qwen2.5 896->[4864,4864] r16 x 333", FORGE_GLU_SWIGLU, 896, 4864, 16, 2, 333, true);
-    glu_db_case("glu dB: geglu gemma2 2304->[9216,9216] r16 x 200", FORGE_GLU_GEGLU_TANH, 2304, 9216, 16, 2, 200, true);
-    glu_db_case("glu dB: swiglu 896->[1024,1024] r32 x 1000", FORGE_GLU_SWIGLU, 896, 1024, 32, 2, 1000, true);
-    glu_db_case("glu dB: geglu 256->[512,512] one block r16 x 77", FORGE_GLU_GEGLU_TANH, 256, 512, 16, 1, 77, true);
-    glu_db_case("glu dB: swiglu 256->[520,520] r16 x 100 (not taken)", FORGE_GLU_SWIGLU, 256, 520, 16, 2, 100, false);
+    // gate/up's dB made by the GLU_BACK kernel: Qwen2.5-0.5B's shape (SwiGLU), GeGLU at Gemma2-2B's
+    // width, rank 32, one LoRA block over gate and up, token counts off its 16-token step and its
+    // splits; and where it is not taken (F not a multiple of 256; fewer than 4096 tokens)
+    glu_db_case("glu dB: swiglu qwen2.5 896->[4864,4864] r16 x 4429", FORGE_GLU_SWIGLU, 896, 4864, 16, 2, 4429, true);
+    glu_db_case("glu dB: geglu 128->[9216,9216] r16 x 4100", FORGE_GLU_GEGLU_TANH, 128, 9216, 16, 2, 4100, true);
+    glu_db_case("glu dB: swiglu 256->[1024,1024] r32 x 5000", FORGE_GLU_SWIGLU, 256, 1024, 32, 2, 5000, true);
+    glu_db_case("glu dB: geglu 128->[512,512] one block r16 x 4097", FORGE_GLU_GEGLU_TANH, 128, 512, 16, 1, 4097, true);
+    glu_db_case("glu dB: swiglu 128->[520,520] r16 x 4096 (not taken: F)", FORGE_GLU_SWIGLU, 128, 520, 16, 2, 4096, false);
+    glu_db_case("glu dB: swiglu 896->[4864,4864] r16 x 1000 (not taken: tokens)", FORGE_GLU_SWIGLU, 896, 4864, 16, 2, 1000, false);
 
     // A and B computed in the graph: each LORA and LORA_BACK runs its own prep
     const bool kOwnPrep = true;
