@@ -121,7 +121,7 @@ template <int V, bool BACK, int KIND> __global__ void __launch_bounds__(THREADS)
 // A block of DB_THREADS owns DB_CW columns of gate (and of up); a step is DB_TT tokens; DB_ST
 // stages of the ring (the step being computed and the next, loading).
 constexpr int DB_THREADS = 256, DB_CW = 256, DB_TT = 16, DB_ST = 2;
-constexpr int64_t DB_MIN_TOKENS = 4096; // fewer: the LORA_BACK's GEMMs make dB (see db_fits)
+constexpr int64_t DB_MIN_TOKENS = 2048; // fewer: the LORA_BACK's GEMMs make dB (see db_fits)
 
 struct db_args {
     const __nv_bfloat16 *dy, *gu, *u; // dy [N][F], gu [N][2F], u [N][...] (rows ldy, ldg, ldu apart)
@@ -307,10 +307,12 @@ void launch(const glu_args &a, bool back, bool vec, const forge_cuda_params *p) 
 // Whether GLU_BACK g can make the dB of the LORA_BACK l that reads its output as dy: BF16
 // throughout (dy, gu, dgu, u), SwiGLU or GeGLU, dense rows that 16-byte loads can read, F a
 // multiple of DB_CW, l's rows the 2F columns of gu in one block or in two (gate's, up's) of rank
-// 16 or 32 each, its u (the forward's x Ac^T) at hand, and at least DB_MIN_TOKENS tokens: at
-// Qwen2.5-0.5B's 1 x 512 the fused kernel cost 7 us more a layer than the plain one while the
-// GEMMs it replaces, 10 MB of dgu, were hidden beside the dX GEMM (the step 7.14-7.24 -> 7.33-7.35
-// ms; at 4 x 1024, 25.31-25.33 -> 25.01-25.15).
+// 16 or 32 each, its u (the forward's x Ac^T) at hand, and at least DB_MIN_TOKENS tokens: below,
+// the GEMMs it replaces read little enough of dgu to hide beside the dX GEMM. Measured, A/B in one
+// binary (bench/results/glu-db-h200-20261201/): Qwen2.5-0.5B 1 x 512 7.14-7.24 -> 7.33-7.35 ms a
+// step, 1 x 1024 10.69-10.75 -> 10.79-10.80; at 2048 tokens level or ahead (Qwen2.5-0.5B 2 x 1024
+// 14.54-14.70 -> 14.46-14.57, Qwen3-0.6B 18.58-18.79 -> 18.69-18.76, Gemma2-2B 1 x 2048
+// 56.56-56.68 -> 56.46); at 4 x 1024 25.31-25.33 -> 25.01-25.15.
 bool db_fits(const forge_tensor *g, const forge_tensor *l) {
     const forge_tensor *dy = g->src[0], *gu = g->src[1], *u = l->n_src > 5 ? l->src[5] : nullptr;
     if (!u || !u->data || l->src[0] != g) return false;

@@ -147,7 +147,7 @@ void glu_x_case(const char *name, forge_type t, forge_glu_kind kind, int64_t F, 
 
 // The model's gate/up: gu = LoRA(x) with W's spare columns, then GLU(gu). The backend makes the
 // LoRA's dB in the GLU_BACK kernel (from the dgu it writes) when the blocks are gate's and up's
-// (or one block over both) of rank 16 or 32, F is a multiple of 256 and there are at least 4096
+// (or one block over both) of rank 16 or 32, F is a multiple of 256 and there are at least 2048
 // tokens (forge_cuda_glu_plan_db): `fused` says whether it must, and the inspection checks it did.
 void glu_db_case(const char *name, forge_glu_kind kind, int64_t K, int64_t F, int64_t r, int n_blocks, int64_t T, bool fused) {
     ConfOpts o;
@@ -284,7 +284,7 @@ int main() {
 
     // gate/up's dB made by the GLU_BACK kernel: Qwen2.5-0.5B's shape (SwiGLU), GeGLU at Gemma2-2B's
     // width, rank 32, one LoRA block over gate and up, token counts off its 16-token step and its
-    // splits; and where it is not taken (F not a multiple of 256; fewer than 4096 tokens)
+    // splits; and where it is not taken (F not a multiple of 256; fewer than 2048 tokens)
     glu_db_case("glu dB: swiglu qwen2.5 896->[4864,4864] r16 x 4429", FORGE_GLU_SWIGLU, 896, 4864, 16, 2, 4429, true);
     glu_db_case("glu dB: geglu 128->[9216,9216] r16 x 4100", FORGE_GLU_GEGLU_TANH, 128, 9216, 16, 2, 4100, true);
     glu_db_case("glu dB: swiglu 256->[1024,1024] r32 x 5000", FORGE_GLU_SWIGLU, 256, 1024, 32, 2, 5000, true);
