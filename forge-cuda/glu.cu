@@ -27,9 +27,10 @@
 // ldmatrix.trans). The blocks of a split write fp32 partial sums [split][2F][r]; glu_db_sum adds
 // the splits in order into the persistent gradient (beta 1, as the LORA_BACK would):
 // deterministic, no atomics. Traffic: the plain kernel's, plus u (N x 2r, from L2) and the
-// partials (about 8 MB: two blocks an SM, as many splits as fill them; mostly in L2); dgu is not read again. Strips of 256 columns keep a block's
-// reads of a row 512 bytes long: with 64 (128-byte pieces of rows 19 KB apart) the same kernel
-// took 1.91 ms a Qwen2.5-0.5B step against 1.62 (node profile, 24 layers; the plain kernel 1.29).
+// partials (about 8 MB: two blocks an SM, as many splits as fill them; mostly in L2); dgu is not
+// read again. Strips of 256 columns keep a block's reads of a row 512 bytes long: with 64
+// (128-byte pieces of rows 19 KB apart) the same kernel took 1.91 ms a Qwen2.5-0.5B step against
+// 1.62 (node profile, 24 layers; the plain kernel 1.29).
 // Measured on the H200 against the LORA_BACK's GEMMs, A/B in one binary, two rounds
 // (bench/results/glu-db-h200-20261201/): the GLU backward 1.29 -> 1.58 ms a step at Qwen2.5-0.5B
 // 4 x 1024, the LoRA backward 7.49-7.61 -> 7.06-7.11, the step 25.28 / 25.27 -> 25.24 / 25.07
