@@ -138,11 +138,7 @@ struct db_args {
 template <int R> constexpr int db_stage() { return 3 * DB_TT * DB_CW + 2 * DB_TT * (R + 8); } // elements
 template <int R> constexpr size_t db_smem() { return (size_t)(DB_ST * db_stage<R>() + 2 * DB_TT * (DB_CW + 8)) * 2; }
 
-__device__ inline void unpack8(const __nv_bfloat16 *p, float *v) {
-    const uint4 q = *(const uint4 *)p;
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    forge_cuda_unpack16<4>(FORGE_TYPE_BF16, w, v);
-}
+// 8 fp32 values rounded to bf16, packed for a 16-byte store (made once, stored twice)
 __device__ inline uint4 pack8(const float *v) {
     uint32_t w[4];
     forge_cuda_pack16<4>(FORGE_TYPE_BF16, v, w);
@@ -197,7 +193,8 @@ template <bool SWIGLU, int R> __global__ void __launch_bounds__(DB_THREADS) glu_
         for (int un = 0; un < U; un++) {
             const int e = tid + un * NT, row = e / (CW / 8), c8 = e % (CW / 8) * 8;
             float d[8], g[8], v[8];
-            unpack8(st + row * CW + c8, d), unpack8(st + XS + row * CW + c8, g), unpack8(st + 2 * XS + row * CW + c8, v);
+            const char *x = (const char *)(st + row * CW + c8);
+            forge_cuda_load8(FORGE_TYPE_BF16, x, d), forge_cuda_load8(FORGE_TYPE_BF16, x + XS * 2, g), forge_cuda_load8(FORGE_TYPE_BF16, x + XS * 4, v);
 #pragma unroll
             for (int k = 0; k < 8; k++) { // the plain kernel's formulas
                 const float2 ag = forge_cuda_glu_act(SWIGLU, g[k]);
