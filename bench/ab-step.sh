@@ -13,6 +13,9 @@
 #            the whole table is shown)
 #   OUT   where the JSON goes (bs-new-1.json, bs-base-1.json, ...); bench/ab-compare.py makes the
 #         closing table (both sides' times and min(new) / min(base) per case) from it
+#   BASE_ENV  one binary instead of two builds: the base side is this tree's build-gpu run with
+#         these environment assignments (e.g. BASE_ENV="FORGE_TMP_NO_X=1", a temporary switch in
+#         the change), so both sides share one build and one memory layout; .ab-old is not used
 set -u
 # A reader that stops early (`bench/gpu-check.sh ... | head`) must not end the run: without this
 # the script and the stage writing to the closed pipe die of SIGPIPE and the later stages never
@@ -22,22 +25,29 @@ cd "$(dirname "$0")/.."
 old=${OLD:-.ab-old}
 OUT=${OUT:-/tmp/forge-out}
 mkdir -p "$OUT"
-[ -d "$old" ] || { echo "ab-step: no $old (the files before the change)"; exit 1; }
-rm -rf /tmp/ab-base && mkdir -p /tmp/ab-base
-tar cf - --exclude=./build-gpu --exclude="./$old" . | tar xf - -C /tmp/ab-base
-(cd "$old" && find . -type f) | while read -r f; do cp "$old/$f" "/tmp/ab-base/$f"; done
-gen=; command -v ninja > /dev/null && gen="-G Ninja"
-(cd /tmp/ab-base && cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON -DFORGE_CUDA_ARCH=90a > /dev/null &&
-  cmake --build build-gpu --target "$([ -n "${KERNELS:-}" ] && echo bench-kernels || echo bench-step)" > /tmp/ab-base-build.log 2>&1) || { tail -20 /tmp/ab-base-build.log; exit 1; }
+target=$([ -n "${KERNELS:-}" ] && echo bench-kernels || echo bench-step)
+base_tree=/tmp/ab-base base_env=
+if [ -n "${BASE_ENV:-}" ]; then
+  base_tree=. base_env=$BASE_ENV
+  [ -x "build-gpu/$target" ] || { echo "ab-step: no build-gpu/$target (build it first)"; exit 1; }
+else
+  [ -d "$old" ] || { echo "ab-step: no $old (the files before the change)"; exit 1; }
+  rm -rf /tmp/ab-base && mkdir -p /tmp/ab-base
+  tar cf - --exclude=./build-gpu --exclude="./$old" . | tar xf - -C /tmp/ab-base
+  (cd "$old" && find . -type f) | while read -r f; do cp "$old/$f" "/tmp/ab-base/$f"; done
+  gen=; command -v ninja > /dev/null && gen="-G Ninja"
+  (cd /tmp/ab-base && cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON -DFORGE_CUDA_ARCH=90a > /dev/null &&
+    cmake --build build-gpu --target "$target" > /tmp/ab-base-build.log 2>&1) || { tail -20 /tmp/ab-base-build.log; exit 1; }
+fi
 C=${C:-"qwen2.5-0.5b:4x1024 qwen2.5-0.5b:1x512 qwen3-0.6b:4x1024 gemma2-2b:4x1024"}
-run() { # side (new, base), its tree, round
+run() { # side (new, base), its tree, round, its environment assignments
   echo "== $1"
-  if [ -n "${KERNELS:-}" ]; then "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" $KERNELS 2>&1
-  else "$2"/build-gpu/bench-step --json "$OUT/bs-$1-$3.json" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"; fi
+  if [ -n "${KERNELS:-}" ]; then env ${4:-} "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" $KERNELS 2>&1
+  else env ${4:-} "$2"/build-gpu/bench-step --json "$OUT/bs-$1-$3.json" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"; fi
 }
 for r in 1 2; do
   run new . $r
-  run base /tmp/ab-base $r
+  run base "$base_tree" $r "$base_env"
 done
 echo "== new against base"
 python3 bench/ab-compare.py "$OUT"

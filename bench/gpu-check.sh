@@ -8,7 +8,8 @@
 #   tests    ctest (TESTS: a regex)                    bench     bench-kernels (BENCH: filters)
 #   peers    PyTorch eager / compile per kernel        step      bench-step, plain and --recompute
 #   stepvs   step + HF + PEFT eager / compile / Liger in the same call, 50-step loss curves
-#   ab       bench-step of this tree against its parent's files in .ab-old/ (bench/ab-step.sh)
+#   ab       bench-step of this tree against its parent's files in .ab-old/, or against itself run
+#            with BASE_ENV's switches (bench/ab-step.sh)
 #   dist     two GPUs: equivalence, throughput, kill -9 and --resume (an nvidia-h200-x2 machine)
 # FORGE_COMMIT names the commit in the results (the GPU machine's copy has no .git);
 # PEERS_DEADLINE bounds a peers' run in seconds; TARGETS limits the build to some targets
