@@ -6,7 +6,9 @@ ran and min(new) / min(base) (below 1: the new tree is faster).
 
 DIR holds bk-{new,base}-{1,2}.json (bench-kernels, KERNELS set: a case is kernel, direction and
 shape, in microseconds) or bs-{new,base}-{1,2}.json (bench-step: model, batch x seq, recompute, in
-ms per step). FILTERs keep the cases whose name contains one of them.
+ms per step). FILTERs keep the cases whose name contains one of them. bench-step files made with
+--profile add a case per configuration and op family ("qwen2.5-0.5b 4x1024 | lora fwd"), in ms
+of its nodes run one by one.
 """
 import glob
 import json
@@ -18,7 +20,13 @@ def cases(path):
     d = json.load(open(path))
     if "cases" in d:  # bench-kernels
         return {f"{c['kernel']} {c['direction']} {c['shape']}": c["us"] for c in d["cases"] if c.get("us")}
-    return {f"{r['model']} {r['batch']}x{r['seq']}" + (" recompute" if r.get("recompute") else ""): r["ms_per_step"] for r in d["runs"]}
+    out = {}
+    for r in d["runs"]:
+        name = f"{r['model']} {r['batch']}x{r['seq']}" + (" recompute" if r.get("recompute") else "")
+        out[name] = r["ms_per_step"]
+        for op, ms in sorted(r.get("profile_ops_ms", {}).items()):
+            out[f"{name} | {op}"] = ms
+    return out
 
 
 def main():
