@@ -36,8 +36,9 @@
 // per token), the run table, two partial rows per chunk and CUB's temporary storage.
 // Measured (ncu, H200, 16384 tokens of Qwen's vocabulary): the row pass takes 163 of ~220 us,
 // within 10% of a pure stream of its stores; CUB's sort takes ~34 us in three onesweep passes of
-// one or two blocks each, a fixed cost whatever the batch. Splitting the row pass into a gather of
-// the present rows and a zero stream was no faster (bench/results/tried-h200-20261201/).
+// one or two blocks each (a pass on one block at 8192 tokens took as long). Splitting the row pass
+// into a gather of the present rows and a zero stream was no faster
+// (bench/results/tried-h200-20261201/).
 #include "cuda.cuh"
 
 #include <cub/device/device_radix_sort.cuh>
