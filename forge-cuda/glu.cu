@@ -249,22 +249,21 @@ __global__ void glu_db_sum(const float *part, int64_t n, int splits, float *db, 
     }
 }
 
-// The kernel for an activation and rank, with its shared memory allowed (a host call, no stream
-// work); *smem: the bytes it takes.
+// The kernel for an activation and rank; *smem: the bytes of shared memory it takes.
 void (*db_kernel(bool swiglu, int64_t r, size_t *smem))(db_args) {
-    void (*k)(db_args) = swiglu ? (r == 16 ? glu_db_kernel<true, 16> : glu_db_kernel<true, 32>)
-                                : (r == 16 ? glu_db_kernel<false, 16> : glu_db_kernel<false, 32>);
     *smem = r == 16 ? db_smem<16>() : db_smem<32>();
-    FORGE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem));
-    return k;
+    return swiglu ? (r == 16 ? glu_db_kernel<true, 16> : glu_db_kernel<true, 32>)
+                  : (r == 16 ? glu_db_kernel<false, 16> : glu_db_kernel<false, 32>);
 }
 
 // Token splits for F / DB_CW strips: as many as one wave of resident blocks holds (the blocks of
 // a grid resident at once stream side by side: no tail), at least one; *per: tokens of a split,
-// a multiple of DB_TT.
+// a multiple of DB_TT. It also allows the kernel its shared memory, on the device that plans the
+// graph and so launches it (launch_db makes no host call but the launches).
 int db_splits(int64_t N, int64_t F, bool swiglu, int64_t r, int sms, int64_t *per) {
     size_t smem;
     void (*k)(db_args) = db_kernel(swiglu, r, &smem);
+    FORGE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int resident = 1;
     FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, k, DB_THREADS, smem));
     const int64_t want = std::max<int64_t>(1, (int64_t)std::max(resident, 1) * sms / (F / DB_CW));
