@@ -12,33 +12,36 @@
 // grid-stride, 256 threads. Traffic: read C elements per token, write C: the copy roofline. An id
 // outside [0, V) records FORGE_CUDA_ERR_TOKEN_ID and the token is skipped.
 //
-// EMBEDDING_BACK, deterministic without float atomics, every row of the gradient written once:
-//   1. keys: the ids become sort keys with the token indices as values (an id out of range
-//      records the error and becomes the key V, which sorts last and is skipped); the same
-//      kernel clears the run table;
+// EMBEDDING_BACK, deterministic without float atomics. Grouping the tokens by id costs ~45 us
+// whatever the table's size (ncu, 16384 tokens: CUB's sort runs three passes of ~11 us on one or
+// two blocks each; a one-block sort in shared memory of forge's own took 31 us), so it runs on a
+// side stream beside step 0, which is most of the bytes:
+//   0. zeros: the whole gradient, grid-stride with one wave of blocks, 4 columns (one 16-byte
+//      store) a unit, 4 units per thread and step;
+//   1. keys (side stream): the ids become sort keys with the token indices as values (an id out
+//      of range records the error and becomes the key V, which sorts last and is skipped);
 //   2. CUB's stable radix sort (over the bits of V only) groups the tokens of each id, tokens of
 //      one id staying in order;
 //   3. runs: each id present gets its run [start, end) of sorted positions in the run table;
+//   then, after steps 0 and 3:
 //   4. long runs (more than LONG = 16 tokens), summed by many threads: a block per (chunk of 256
 //      sorted positions, tile of 32 column vectors) finds the pieces of long runs in its chunk
 //      (thread t looks at position t) and sums each with 8 token lanes, added in a fixed order;
 //      a run inside the chunk is written to its gradient row, the piece of a run crossing the
 //      chunk's start or end to the chunk's head or tail partial row;
-//   5. rows: one pass over the whole gradient, grid-stride with one wave of blocks, 4 columns
-//      (one coalesced 16-byte store) per unit and 4 units per thread and step, their runs loaded
-//      together: zeros for an id absent; for a short run the sum of scale * dy over its tokens
-//      in token order; for a long run crossing chunks its partial rows in chunk order; a long
-//      run inside one chunk is skipped (step 4 wrote it).
-// Every element is written by one thread after a fixed-order sum, so repeated runs agree bit for
-// bit. Traffic: the gradient's V*C*4 bytes written once, dy read once, the run table (8 bytes per
-// id) cleared, filled and read, 16 bytes per token of the sort, and a long run's partial rows
-// (C*4 bytes per chunk it crosses) written and read. Scratch: keys and values in and out (16 bytes
-// per token), the run table, two partial rows per chunk and CUB's temporary storage.
-// Measured (ncu, H200, 16384 tokens of Qwen's vocabulary): the row pass takes 163 of ~220 us,
-// within 10% of a pure stream of its stores; CUB's sort takes ~34 us in three onesweep passes of
-// one or two blocks each (a pass on one block at 8192 tokens took as long). Splitting the row pass
-// into a gather of the present rows and a zero stream was no faster
-// (bench/results/tried-h200-20261201/).
+//   5. present rows: a unit per (sorted position, column vector), where the position starts a
+//      run: for a short run the sum of scale * dy over its tokens in token order; for a long run
+//      crossing chunks its partial rows in chunk order; a long run inside one chunk is skipped
+//      (step 4 wrote it).
+// Every element's last write comes from one thread after a fixed-order sum, so repeated runs
+// agree bit for bit. Traffic: the gradient's V*C*4 bytes written, and the present rows' again
+// (at most n_tok rows), dy read once, 16 bytes per token of the sort, the run table's present
+// entries (8 bytes each) written and read, and a long run's partial rows (C*4 bytes per chunk it
+// crosses) written and read. Scratch: keys and values in and out (16 bytes per token), the run
+// table, two partial rows per chunk and CUB's temporary storage.
+// Measured (bench-kernels, H200): 204-213 us at 16384 tokens of Qwen2.5-0.5B's vocabulary, 660 at
+// Gemma2-2B's, where the grouping on the same stream before one pass of zeros and sums took 221
+// and 751 (bench/results/ab-kernels-h200-20261201-embedding-side-stream/).
 #include "cuda.cuh"
 
 #include <cub/device/device_radix_sort.cuh>
@@ -51,7 +54,8 @@ constexpr int THREADS = 256;
 constexpr int SEG_COLS = 32, SEG_ROWS = 8; // long-run block: column-vector lanes x token lanes
 constexpr int CHUNK = SEG_COLS * SEG_ROWS; // sorted positions per long-run block, one per thread
 constexpr int LONG = 16;    // runs of more tokens are summed by the long-run blocks
-constexpr int ROW_UNROLL = 4; // EMBEDDING_BACK's row pass: units per thread and step
+constexpr int ZERO_UNROLL = 4; // EMBEDDING_BACK's zero stream: units per thread and step
+constexpr int PRESENT_UNITS = 4; // EMBEDDING_BACK's pass over the present rows: units per thread
 
 // Rows of a tensor indexed by token n (n walks dims 1..3 in logical order): row n starts at
 // data + i1*nb1 + i2*nb2 + i3*nb3; elements nb0 apart.
@@ -186,12 +190,10 @@ __global__ void __launch_bounds__(GATHER_BLOCK) gather_bf16_kernel(gather_args g
     }
 }
 
-// EMBEDDING_BACK step 1: sort keys (the id, or n_vocab when out of range) and token indices;
-// thread n < n_vocab also clears run n.
-__global__ void keys_kernel(ids_ref ids, int64_t n_tok, int64_t n_vocab, uint32_t *keys, int32_t *vals, int2 *runs, int *error) {
+// EMBEDDING_BACK step 1: sort keys (the id, or n_vocab when out of range) and token indices.
+__global__ void keys_kernel(ids_ref ids, int64_t n_tok, int64_t n_vocab, uint32_t *keys, int32_t *vals, int *error) {
     forge_cuda_prologue();
     const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < n_vocab) runs[n] = make_int2(0, 0);
     if (n >= n_tok) return;
     const int32_t id = id_at(ids, n);
     const bool ok = id >= 0 && id < n_vocab;
@@ -213,7 +215,7 @@ __global__ void runs_kernel(const uint32_t *keys, int64_t n_tok, int64_t n_vocab
 struct back_args {
     const uint32_t *keys; // sorted ids (n_vocab: out of range)
     const int32_t *toks;  // their token indices
-    const int2 *runs;     // [n_vocab]: each id's sorted positions [x, y) (x == y: absent)
+    const int2 *runs;     // [n_vocab]: each present id's sorted positions [x, y) (absent ids': not written)
     float *partial;       // [C, 2 * chunks]: row 2j (2j + 1) sums chunk j's piece of the long run
                           // crossing its start (its end only)
     int64_t n_tok, n_vocab, C;
@@ -271,13 +273,15 @@ template <int V> __global__ void __launch_bounds__(CHUNK) long_kernel(back_args 
     }
 }
 
-// Step 5, columns c0..c0+V-1 of row v, whose run is r.
+// Step 5, columns c0..c0+V-1 of row v, whose run is r (present): the sum of a short run's tokens
+// in order, or a long run's partial rows in chunk order (a long run inside one chunk: step 4 wrote
+// the row).
 template <int V> __device__ inline void row_unit(const back_args &g, int64_t v, int64_t c0, int2 r) {
     float acc[V] = {};
     if (r.y - r.x <= LONG) {
         add_tokens<V>(g, r.x, r.y, 1, c0, acc);
     } else {
-        if (r.x / CHUNK == (r.y - 1) / CHUNK) return; // inside one chunk: step 4 wrote the row
+        if (r.x / CHUNK == (r.y - 1) / CHUNK) return;
 #pragma unroll 8
         for (int j = r.x / CHUNK; j <= (r.y - 1) / CHUNK; j++) {
             float s[V];
@@ -289,32 +293,56 @@ template <int V> __device__ inline void row_unit(const back_args &g, int64_t v, 
     store_vec<V>(g.grad + v * g.C + c0, acc);
 }
 
-// Step 5: grid-stride over the units (row v, column vector cv) of the whole gradient; a block
-// takes ROW_UNROLL * THREADS consecutive units a step, thread t units t, t + THREADS, ... (one
-// coalesced 16-byte store each), their runs loaded first.
-template <int V> __global__ void __launch_bounds__(THREADS) rows_kernel(back_args g) {
+// Step 5, the rows of the ids present: units (sorted position p, column vector), block b's
+// thread t taking units b PRESENT_UNITS THREADS + t + k THREADS, k < PRESENT_UNITS. The unit at a
+// run's first position writes the row's columns. A run of one token is a gather: the keys around
+// p and p's token are loaded for every unit first, then the dy vectors, then the stores.
+template <int V> __global__ void __launch_bounds__(THREADS) present_kernel(back_args g) {
     forge_cuda_prologue();
-    const int per_row = (int)(g.C / V), n_vocab = (int)g.n_vocab;
-    int v[ROW_UNROLL], cv[ROW_UNROLL];
-    const int64_t step = (int64_t)gridDim.x * ROW_UNROLL * THREADS;
-    const int dv = (int)(step / per_row), dcv = (int)(step % per_row);
+    const int64_t per_row = g.C / V, n_units = g.n_tok * per_row;
+    const int64_t base = (int64_t)blockIdx.x * PRESENT_UNITS * THREADS + threadIdx.x;
+    int kind[PRESENT_UNITS]; // 0: nothing to write, 1: a run of one token, 2: a longer run
+    uint32_t key[PRESENT_UNITS];
+    int64_t c0[PRESENT_UNITS];
+    int32_t tok[PRESENT_UNITS];
 #pragma unroll
-    for (int i = 0; i < ROW_UNROLL; i++) {
-        const int64_t u = ((int64_t)blockIdx.x * ROW_UNROLL + i) * THREADS + threadIdx.x;
-        v[i] = (int)std::min<int64_t>(u / per_row, n_vocab), cv[i] = (int)(u % per_row);
+    for (int k = 0; k < PRESENT_UNITS; k++) {
+        const int64_t u = base + (int64_t)k * THREADS;
+        kind[k] = 0;
+        if (u >= n_units) continue;
+        int64_t p, cv;
+        forge_cuda_divmod(u, per_row, p, cv);
+        c0[k] = cv * V;
+        key[k] = g.keys[p];
+        tok[k] = g.toks[p];
+        const bool first = p == 0 || g.keys[p - 1] != key[k], last = p == g.n_tok - 1 || g.keys[p + 1] != key[k];
+        if (key[k] < g.n_vocab && first) kind[k] = last ? 1 : 2;
     }
-    while (v[0] < n_vocab) {
-        int2 r[ROW_UNROLL];
+    float acc[PRESENT_UNITS][V];
 #pragma unroll
-        for (int i = 0; i < ROW_UNROLL; i++)
-            if (v[i] < n_vocab) r[i] = g.runs[v[i]];
+    for (int k = 0; k < PRESENT_UNITS; k++) {
+        if (kind[k] != 1) continue;
+        float v[V];
+        load_vec<V>(g.dy.type, row_ptr(g.dy, tok[k]) + c0[k] * g.dy.nb0, v);
 #pragma unroll
-        for (int i = 0; i < ROW_UNROLL; i++) {
-            if (v[i] < n_vocab) row_unit<V>(g, v[i], (int64_t)cv[i] * V, r[i]);
-            v[i] += dv, cv[i] += dcv;
-            if (cv[i] >= per_row) v[i]++, cv[i] -= per_row;
-        }
+        for (int c = 0; c < V; c++) acc[k][c] = 0.0f + v[c] * g.scale;
     }
+#pragma unroll
+    for (int k = 0; k < PRESENT_UNITS; k++) {
+        if (kind[k] == 1) store_vec<V>(g.grad + key[k] * g.C + c0[k], acc[k]);
+        else if (kind[k] == 2) row_unit<V>(g, key[k], c0[k], g.runs[key[k]]);
+    }
+}
+
+// Step 0, beside steps 1-3: zeros over the whole gradient (n units of V floats), grid-stride, a
+// block storing ZERO_UNROLL * THREADS consecutive units a step.
+template <int V> __global__ void __launch_bounds__(THREADS) zero_kernel(float *grad, int64_t n) {
+    forge_cuda_prologue();
+    const float zero[V] = {};
+    for (int64_t u = (int64_t)blockIdx.x * ZERO_UNROLL * THREADS + threadIdx.x; u < n; u += (int64_t)gridDim.x * ZERO_UNROLL * THREADS)
+#pragma unroll
+        for (int i = 0; i < ZERO_UNROLL; i++)
+            if (u + i * THREADS < n) store_vec<V>(grad + (u + i * THREADS) * V, zero);
 }
 
 int sort_end_bit(int64_t n_vocab) { // keys lie in [0, n_vocab]
@@ -360,24 +388,37 @@ template <int V> void back_launch(const back_args &g, const forge_cuda_params *p
     const int64_t per_row = g.C / V;
     const dim3 pieces((unsigned)n_chunks(g.n_tok), (unsigned)((per_row + SEG_COLS - 1) / SEG_COLS)), block(SEG_COLS, SEG_ROWS);
     forge_cuda_launch_kernel(long_kernel<V>, pieces, block, 0, p->stream, g);
-    const int64_t steps = (g.n_vocab * per_row + ROW_UNROLL * THREADS - 1) / (ROW_UNROLL * THREADS); // one wave of the row pass at most
-    const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>(steps, (int64_t)forge_cuda_blocks_per_sm(rows_kernel<V>, THREADS) * p->sm_count));
-    forge_cuda_launch_kernel(rows_kernel<V>, grid, THREADS, 0, p->stream, g);
+    const int64_t present = (g.n_tok * per_row + PRESENT_UNITS * THREADS - 1) / (PRESENT_UNITS * THREADS);
+    forge_cuda_launch_kernel(present_kernel<V>, (unsigned)std::max<int64_t>(1, present), THREADS, 0, p->stream, g);
+}
+
+// Step 0's grid: one wave of blocks at most.
+void zero_launch(void (*kernel)(float *, int64_t), float *grad, int64_t units, const forge_cuda_params *p) {
+    const int64_t steps = (units + ZERO_UNROLL * THREADS - 1) / (ZERO_UNROLL * THREADS);
+    const int64_t wave = (int64_t)forge_cuda_blocks_per_sm(kernel, THREADS) * p->sm_count;
+    forge_cuda_launch_kernel(kernel, (unsigned)std::max<int64_t>(1, std::min(steps, wave)), THREADS, 0, p->stream, grad, units);
 }
 
 void embedding_back(forge_tensor *node, const forge_cuda_params *p) {
     const forge_tensor *dy = node->src[0], *ids = node->src[1];
     const int64_t C = node->ne[0], n_vocab = node->ne[1], n_tok = ids->ne[0] * ids->ne[1] * ids->ne[2];
     const back_scratch s = back_layout(p->work, n_tok, n_vocab, C);
-    forge_cuda_launch_kernel(keys_kernel, (unsigned)((std::max(n_tok, n_vocab) + THREADS - 1) / THREADS), THREADS, 0, p->stream, ids_of(ids),
-                             n_tok, n_vocab, s.keys_in, s.vals_in, s.runs, p->error);
+    const back_args g{s.keys, s.toks, s.runs, s.partial, n_tok, n_vocab, C, rows_of(dy), node->op_f[0], (float *)node->data};
+    const bool vec = rows_vectorisable(dy, C, BVEC) && rows_vectorisable(node, C, BVEC);
+    // steps 1-3 on a side stream, beside the zero stream
+    const forge_cuda_params side = forge_cuda_fork_side(p);
+    const int64_t units = n_vocab * C / (vec ? BVEC : 1);
+    if (vec) zero_launch(zero_kernel<BVEC>, g.grad, units, p);
+    else zero_launch(zero_kernel<1>, g.grad, units, p);
+    forge_cuda_launch_kernel(keys_kernel, (unsigned)((n_tok + THREADS - 1) / THREADS), THREADS, 0, side.stream, ids_of(ids), n_tok, n_vocab,
+                             s.keys_in, s.vals_in, p->error);
     size_t temp = s.temp_bytes;
     FORGE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.temp, temp, s.keys_in, s.keys, s.vals_in, s.toks, (int)n_tok, 0, sort_end_bit(n_vocab),
-                                                     p->stream));
-    forge_cuda_launch_kernel(runs_kernel, (unsigned)((n_tok + THREADS - 1) / THREADS), THREADS, 0, p->stream, (const uint32_t *)s.keys, n_tok,
+                                                     side.stream));
+    forge_cuda_launch_kernel(runs_kernel, (unsigned)((n_tok + THREADS - 1) / THREADS), THREADS, 0, side.stream, (const uint32_t *)s.keys, n_tok,
                              n_vocab, s.runs);
-    const back_args g{s.keys, s.toks, s.runs, s.partial, n_tok, n_vocab, C, rows_of(dy), node->op_f[0], (float *)node->data};
-    if (rows_vectorisable(dy, C, BVEC) && rows_vectorisable(node, C, BVEC)) back_launch<BVEC>(g, p);
+    forge_cuda_join_side(p);
+    if (vec) back_launch<BVEC>(g, p);
     else back_launch<1>(g, p);
 }
 
