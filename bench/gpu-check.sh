@@ -3,10 +3,11 @@
 # run ./bench-kernels and the PyTorch peers, ./bench-step and the whole step's peers, the
 # two-GPU run, regenerate the HF reference fixtures, and write logs and JSON to $OUT (the device
 # tool brings back at most 8 files: pick stages accordingly):
-#   bench/gpu-check.sh [tests] [bench] [peers] [step] [stepvs] [ab] [fullmodels] [models] [finetune]
+#   bench/gpu-check.sh [tests] [bench] [peers] [trace] [step] [stepvs] [ab] [fullmodels] [models] [finetune]
 #                      [fixtures] [dist]                      (no argument: tests bench peers)
 #   tests    ctest (TESTS: a regex)                    bench     bench-kernels (BENCH: filters)
 #   peers    PyTorch eager / compile per kernel        step      bench-step, plain and --recompute
+#   trace    bench-kernels (BENCH) with libforge-trace.so: every kernel's start, end and stream
 #   stepvs   step + HF + PEFT eager / compile / Liger in the same call, 50-step loss curves
 #   ab       bench-step of this tree against its parent's files in .ab-old/, or against itself run
 #            with BASE_ENV's switches (bench/ab-step.sh)
@@ -55,6 +56,13 @@ if has bench; then
   build-gpu/bench-kernels --json "$OUT/bench-kernels.json" --commit "$FORGE_COMMIT" ${BENCH:-} > "$OUT/bench-kernels.txt" 2>&1 || rc=1
   cat "$OUT/bench-kernels.txt"
   stamp "bench done"
+fi
+if has trace; then
+  # a timeline of bench-kernels' kernels, streams and CUDA-graph replays included (bench/trace-kernels.cpp)
+  CUDA_INJECTION64_PATH=$PWD/build-gpu/libforge-trace.so FORGE_TRACE="$OUT/trace.csv" build-gpu/bench-kernels --reps 3 ${BENCH:-} \
+    > "$OUT/trace-bench.txt" 2>&1 || rc=1
+  tail -3 "$OUT/trace-bench.txt"
+  stamp "trace done"
 fi
 if has peers; then
   python3 bench/peers/ops.py --json "$OUT/peers-ops.json" --deadline "${PEERS_DEADLINE:-200}" ${PEERS:-} 2>&1 | tail -3 || rc=1
