@@ -12,10 +12,10 @@
 // grid-stride, 256 threads. Traffic: read C elements per token, write C: the copy roofline. An id
 // outside [0, V) records FORGE_CUDA_ERR_TOKEN_ID and the token is skipped.
 //
-// EMBEDDING_BACK, deterministic without float atomics. Grouping the tokens by id costs ~45 us
-// whatever the table's size (ncu, 16384 tokens: CUB's sort runs three passes of ~11 us on one or
-// two blocks each; a one-block sort in shared memory of forge's own took 31 us), so it runs on a
-// side stream beside step 0, which is most of the bytes:
+// EMBEDDING_BACK, deterministic without float atomics. Grouping 16384 tokens by id costs ~45 us,
+// whatever the table's size (ncu: CUB's sort runs three passes of ~11 us on one or two blocks
+// each; a one-block sort in shared memory of forge's own took 31 us), so it runs on a side stream
+// beside step 0, which is most of the bytes:
 //   0. zeros: the whole gradient, grid-stride with one wave of blocks, 4 columns (one 16-byte
 //      store) a unit, 4 units per thread and step;
 //   1. keys (side stream): the ids become sort keys with the token indices as values (an id out
@@ -41,7 +41,9 @@
 // table, two partial rows per chunk and CUB's temporary storage.
 // Measured (bench-kernels, H200): 204-213 us at 16384 tokens of Qwen2.5-0.5B's vocabulary, 660 at
 // Gemma2-2B's, where the grouping on the same stream before one pass of zeros and sums took 221
-// and 751 (bench/results/ab-kernels-h200-20261201-embedding-side-stream/).
+// and 751 (bench/results/ab-kernels-h200-20261201-embedding-side-stream/). At Qwen's vocabulary
+// that is about the parts' sum: how much of the grouping the zero stream hides is still open
+// (docs/performance.md, "The embedding backward beside its grouping").
 #include "cuda.cuh"
 
 #include <cub/device/device_radix_sort.cuh>
