@@ -57,7 +57,9 @@ if has bench; then
   cat "$OUT/bench-kernels.txt"
   stamp "bench done"
 fi
-if has trace; then
+if has trace && [ ! -f build-gpu/libforge-trace.so ]; then
+  echo "trace: no build-gpu/libforge-trace.so (the toolkit has no CUPTI, or TARGETS left out forge-trace)"; rc=1
+elif has trace; then
   # a timeline of bench-kernels' kernels, streams and CUDA-graph replays included (bench/trace-kernels.cpp)
   CUDA_INJECTION64_PATH=$PWD/build-gpu/libforge-trace.so FORGE_TRACE="$OUT/trace.csv" build-gpu/bench-kernels --reps 3 ${BENCH:-} \
     > "$OUT/trace-bench.txt" 2>&1 || rc=1
