@@ -42,12 +42,21 @@ std::string short_name(const char *mangled) {
     char *d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
     std::string s = status == 0 && d ? d : mangled;
     std::free(d);
-    int depth = 0; // cut at the '(' that opens the parameters (the first one outside <...>)
-    for (size_t i = 0; i < s.size(); i++) {
-        if (s[i] == '<') depth++;
-        else if (s[i] == '>') depth--;
-        else if (s[i] == '(' && depth == 0 && i > 0) return s.substr(0, i);
+    // cut the parameter list: from the '(' that matches the last ')' (a name can hold parentheses
+    // of its own, as in "(anonymous namespace)::f<4>(float*, long)"), and the return type
+    size_t end = s.size();
+    if (end && s[end - 1] == ')') {
+        int depth = 0;
+        for (size_t i = end; i-- > 0;) {
+            if (s[i] == ')') depth++;
+            else if (s[i] == '(' && --depth == 0) {
+                end = i;
+                break;
+            }
+        }
     }
+    s.resize(end);
+    if (s.compare(0, 5, "void ") == 0) s.erase(0, 5);
     return s;
 }
 

@@ -12,16 +12,15 @@
 // grid-stride, 256 threads. Traffic: read C elements per token, write C: the copy roofline. An id
 // outside [0, V) records FORGE_CUDA_ERR_TOKEN_ID and the token is skipped.
 //
-// EMBEDDING_BACK, deterministic without float atomics. Grouping 16384 tokens by id costs ~45 us,
-// whatever the table's size (ncu: CUB's sort runs three passes of ~11 us on one or two blocks
-// each; a one-block sort in shared memory of forge's own took 31 us), so it runs on a side stream
-// beside step 0, which is most of the bytes:
+// EMBEDDING_BACK, deterministic without float atomics. The tokens are grouped by id on a side
+// stream, beside step 0, which is most of the bytes:
 //   0. zeros: the whole gradient, grid-stride with one wave of blocks, 4 columns (one 16-byte
 //      store) a unit, 4 units per thread and step;
-//   1. keys (side stream): the ids become sort keys with the token indices as values (an id out
-//      of range records the error and becomes the key V, which sorts last and is skipped);
-//   2. CUB's stable radix sort (over the bits of V only) groups the tokens of each id, tokens of
-//      one id staying in order;
+//   1-2. (side stream) a stable LSD radix sort of the tokens by id, 9 bits a pass (two passes up
+//      to 2^18 ids), over tiles of 1024 tokens, a block each: each tile's digit counts (the first
+//      pass reads the ids: one out of range records the error and becomes the key V, which sorts
+//      last and is skipped), then each tile sorted in shared memory (CUB's block sort, stable)
+//      and scattered to its digit's start over all tiles + the digit's count in the tiles before;
 //   3. runs: each id present gets its run [start, end) of sorted positions in the run table;
 //   then, after steps 0 and 3:
 //   4. long runs (more than LONG = 16 tokens), summed by many threads: a block per (chunk of 256
@@ -35,18 +34,26 @@
 //      (step 4 wrote it).
 // Every element's last write comes from one thread after a fixed-order sum, so repeated runs
 // agree bit for bit. Traffic: the gradient's V*C*4 bytes written, and the present rows' again
-// (at most n_tok rows), dy read once, 16 bytes per token of the sort, the run table's present
-// entries (8 bytes each) written and read, and a long run's partial rows (C*4 bytes per chunk it
-// crosses) written and read. Scratch: keys and values in and out (16 bytes per token), the run
-// table, two partial rows per chunk and CUB's temporary storage.
-// Measured (bench-kernels, H200): 204-213 us at 16384 tokens of Qwen2.5-0.5B's vocabulary, 660 at
-// Gemma2-2B's, where the grouping on the same stream before one pass of zeros and sums took 221
-// and 751 (bench/results/ab-kernels-h200-20261201-embedding-side-stream/). At Qwen's vocabulary
-// that is about the parts' sum: how much of the grouping the zero stream hides is still open
-// (docs/performance.md, "The embedding backward beside its grouping").
+// (at most n_tok rows), dy read once, 16 bytes per token and pass of the sort and the tiles'
+// counts (2 KB a tile, read by every tile), the run table's present entries (8 bytes each)
+// written and read, and a long run's partial rows (C*4 bytes per chunk it crosses) written and
+// read. Scratch: keys and tokens in two buffers (16 bytes per token), the counts, the run table,
+// two partial rows per chunk.
+// Why not CUB's device sort (until 2026-12-01): it issues cudaMemsetAsync before its histogram and
+// before each of its three passes, and beside the zero stream those memsets waited ~85 us (a
+// kernel timeline, bench/trace-kernels.cpp); the grouping then ended ~30 us after the zeros.
+// Latency-bound kernels beside a stream of stores run several times slower than alone (the first
+// counts kernel here: ~4 us alone, ~100 us beside the zeros), so the grouping still ends ~15 us
+// after the zeros at 16384 tokens of Qwen's vocabulary. Measured (bench-kernels, H200, A/B in one
+// call against CUB's sort): 197-209 us against 206-210 there, Qwen3-0.6B 213 against 225, Liger's
+// shape 228 against 243, Zipf ids 217 against 229; Gemma2-2B level (658-662 us, the grouping
+// hidden either way) (bench/results/ab-kernels-h200-20261201-embedding-grouping/). One pass
+// writing zeros and sums together, after the grouping on one stream, was slower: 204 us at Qwen's
+// vocabulary, 724 at Gemma2-2B's (the same directory, tried/).
 #include "cuda.cuh"
 
-#include <cub/device/device_radix_sort.cuh>
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
 
 namespace {
 
@@ -58,6 +65,9 @@ constexpr int CHUNK = SEG_COLS * SEG_ROWS; // sorted positions per long-run bloc
 constexpr int LONG = 16;    // runs of more tokens are summed by the long-run blocks
 constexpr int ZERO_UNROLL = 4; // EMBEDDING_BACK's zero stream: units per thread and step
 constexpr int PRESENT_UNITS = 4; // EMBEDDING_BACK's pass over the present rows: units per thread
+constexpr int DIGIT_BITS = 9, DIGITS = 1 << DIGIT_BITS; // EMBEDDING_BACK's sort: bits a pass
+constexpr int TILE_ITEMS = 4, TILE = THREADS * TILE_ITEMS; // tokens a thread, a block
+static_assert(DIGITS % THREADS == 0, "whole digits a thread");
 
 // Rows of a tensor indexed by token n (n walks dims 1..3 in logical order): row n starts at
 // data + i1*nb1 + i2*nb2 + i3*nb3; elements nb0 apart.
@@ -192,16 +202,103 @@ __global__ void __launch_bounds__(GATHER_BLOCK) gather_bf16_kernel(gather_args g
     }
 }
 
-// EMBEDDING_BACK step 1: sort keys (the id, or n_vocab when out of range) and token indices.
-__global__ void keys_kernel(ids_ref ids, int64_t n_tok, int64_t n_vocab, uint32_t *keys, int32_t *vals, int *error) {
-    forge_cuda_prologue();
-    const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (n >= n_tok) return;
+// EMBEDDING_BACK steps 1-2: a stable LSD radix sort of the tokens by id, DIGIT_BITS a pass, over
+// tiles of TILE tokens (a block each), with no memset and no global atomic. A token's key is its
+// id, or n_vocab when out of range (recorded as an error; it sorts last and is skipped).
+__device__ inline uint32_t token_key(const ids_ref &ids, int64_t n, int64_t n_vocab, int *error) {
     const int32_t id = id_at(ids, n);
-    const bool ok = id >= 0 && id < n_vocab;
-    if (!ok) forge_cuda_fail(error, FORGE_CUDA_ERR_TOKEN_ID);
-    keys[n] = ok ? (uint32_t)id : (uint32_t)n_vocab;
-    vals[n] = (int32_t)n;
+    if (id >= 0 && id < n_vocab) return (uint32_t)id;
+    if (error) forge_cuda_fail(error, FORGE_CUDA_ERR_TOKEN_ID);
+    return (uint32_t)n_vocab;
+}
+// One pass of the sort: digits [shift, shift + bits) of the keys, from the ids (the first pass)
+// or keys_in / toks_in, into keys_out / toks_out.
+struct sort_pass {
+    ids_ref ids;
+    const uint32_t *keys_in; // NULL at the first pass
+    const int32_t *toks_in;
+    uint32_t *keys_out;
+    int32_t *toks_out;
+    int *counts; // [tiles][DIGITS]
+    int64_t n_tok, n_vocab;
+    int shift, bits, tiles;
+    int *error; // recorded by the first pass's counts only
+};
+// The keys and tokens of block b's tile: from the ids at the first pass (token = position), else
+// from the previous pass's output; positions past n_tok get the key UINT32_MAX, whose digit (the
+// largest) sorts them after the tile's tokens.
+__device__ inline void tile_keys(const sort_pass &s, uint32_t (&key)[TILE_ITEMS], int32_t (&tok)[TILE_ITEMS], int *error) {
+#pragma unroll
+    for (int i = 0; i < TILE_ITEMS; i++) { // blocked: thread t holds tile positions t TILE_ITEMS + i
+        const int64_t n = (int64_t)blockIdx.x * TILE + threadIdx.x * TILE_ITEMS + i;
+        key[i] = UINT32_MAX;
+        tok[i] = 0;
+        if (n < s.n_tok) {
+            key[i] = s.keys_in ? s.keys_in[n] : token_key(s.ids, n, s.n_vocab, error);
+            tok[i] = s.keys_in ? s.toks_in[n] : (int32_t)n;
+        }
+    }
+}
+// Step 1 (a pass's first half): each tile's count of every digit.
+__global__ void __launch_bounds__(THREADS) digit_counts_kernel(sort_pass s) {
+    forge_cuda_prologue();
+    __shared__ int hist[DIGITS];
+    for (int d = threadIdx.x; d < DIGITS; d += THREADS) hist[d] = 0;
+    __syncthreads();
+    uint32_t key[TILE_ITEMS];
+    int32_t tok[TILE_ITEMS];
+    tile_keys(s, key, tok, s.error);
+    const int64_t n0 = (int64_t)blockIdx.x * TILE + threadIdx.x * TILE_ITEMS;
+#pragma unroll
+    for (int i = 0; i < TILE_ITEMS; i++)
+        if (n0 + i < s.n_tok) atomicAdd(&hist[(key[i] >> s.shift) & (DIGITS - 1)], 1);
+    __syncthreads();
+    for (int d = threadIdx.x; d < DIGITS; d += THREADS) s.counts[(int64_t)blockIdx.x * DIGITS + d] = hist[d];
+}
+// Step 2 (a pass's second half): the tile sorted by its digit in shared memory (stable), each token
+// then stored at its digit's start over all tiles + the digit's count in the tiles before + its
+// rank in the tile. Every block sums the counts of all tiles itself (tiles * DIGITS words).
+__global__ void __launch_bounds__(THREADS) digit_scatter_kernel(sort_pass s) {
+    forge_cuda_prologue();
+    typedef cub::BlockRadixSort<uint32_t, THREADS, TILE_ITEMS, int32_t> tile_sort;
+    typedef cub::BlockScan<int, THREADS> scan;
+    __shared__ union {
+        typename tile_sort::TempStorage sort;
+        typename scan::TempStorage scan;
+    } tmp;
+    __shared__ int base[DIGITS]; // digit d's first output position, less its first rank in the tile
+    constexpr int PER = DIGITS / THREADS; // digits per thread, blocked
+    int total[PER], own[PER], before[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int d = threadIdx.x * PER + j;
+        total[j] = before[j] = own[j] = 0;
+        for (int t = 0; t < s.tiles; t++) {
+            const int c = s.counts[(int64_t)t * DIGITS + d];
+            total[j] += c;
+            before[j] += t < (int)blockIdx.x ? c : 0;
+            if (t == (int)blockIdx.x) own[j] = c;
+        }
+    }
+    scan(tmp.scan).ExclusiveSum(total, total);
+    __syncthreads();
+    scan(tmp.scan).ExclusiveSum(own, own);
+#pragma unroll
+    for (int j = 0; j < PER; j++) base[threadIdx.x * PER + j] = total[j] + before[j] - own[j];
+    __syncthreads();
+    uint32_t key[TILE_ITEMS];
+    int32_t tok[TILE_ITEMS];
+    tile_keys(s, key, tok, nullptr);
+    tile_sort(tmp.sort).Sort(key, tok, s.shift, s.shift + s.bits);
+    const int valid = (int)std::min<int64_t>(TILE, s.n_tok - (int64_t)blockIdx.x * TILE);
+#pragma unroll
+    for (int i = 0; i < TILE_ITEMS; i++) {
+        const int r = threadIdx.x * TILE_ITEMS + i; // the rank in the tile
+        if (r >= valid) continue;
+        const int64_t o = base[(key[i] >> s.shift) & (DIGITS - 1)] + r;
+        s.keys_out[o] = key[i];
+        s.toks_out[o] = tok[i];
+    }
 }
 
 // Step 3: the first and last sorted position of each run write its start and end.
@@ -355,15 +452,19 @@ int sort_end_bit(int64_t n_vocab) { // keys lie in [0, n_vocab]
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 int64_t n_chunks(int64_t n_tok) { return (n_tok + CHUNK - 1) / CHUNK; }
 
-// Scratch of EMBEDDING_BACK, each part 256-byte aligned: keys in / out and values in / out, the run
-// table, the partial rows, CUB's temporary storage (temp_bytes); bytes in all. base 0: sizes only.
+int64_t n_tiles(int64_t n_tok) { return (n_tok + TILE - 1) / TILE; }
+int sort_passes(int64_t n_vocab) { return (sort_end_bit(n_vocab) + DIGIT_BITS - 1) / DIGIT_BITS; }
+
+// Scratch of EMBEDDING_BACK, each part 256-byte aligned: keys and tokens in two buffers (a pass
+// reads one and writes the other; the last pass ends in buffer (passes - 1) % 2), the tiles' digit
+// counts, the run table, the partial rows; bytes in all. base 0: sizes only.
 struct back_scratch {
-    uint32_t *keys_in, *keys;
-    int32_t *vals_in, *toks;
+    uint32_t *keys[2];
+    int32_t *toks[2];
+    int *counts;
     int2 *runs;
     float *partial;
-    void *temp;
-    size_t temp_bytes, bytes;
+    size_t bytes;
 };
 back_scratch back_layout(void *base, int64_t n_tok, int64_t n_vocab, int64_t C) {
     back_scratch s;
@@ -373,16 +474,13 @@ back_scratch back_layout(void *base, int64_t n_tok, int64_t n_vocab, int64_t C) 
         s.bytes += align256(n);
         return q;
     };
-    s.keys_in = (uint32_t *)take((size_t)n_tok * 4);
-    s.keys = (uint32_t *)take((size_t)n_tok * 4);
-    s.vals_in = (int32_t *)take((size_t)n_tok * 4);
-    s.toks = (int32_t *)take((size_t)n_tok * 4);
+    for (int i = 0; i < 2; i++) {
+        s.keys[i] = (uint32_t *)take((size_t)n_tok * 4);
+        s.toks[i] = (int32_t *)take((size_t)n_tok * 4);
+    }
+    s.counts = (int *)take((size_t)n_tiles(n_tok) * DIGITS * 4);
     s.runs = (int2 *)take((size_t)n_vocab * sizeof(int2));
     s.partial = (float *)take((size_t)(2 * n_chunks(n_tok) * C) * 4);
-    s.temp_bytes = 0;
-    cub::DeviceRadixSort::SortPairs(nullptr, s.temp_bytes, (const uint32_t *)nullptr, (uint32_t *)nullptr, (const int32_t *)nullptr,
-                                    (int32_t *)nullptr, (int)n_tok, 0, sort_end_bit(n_vocab));
-    s.temp = take(s.temp_bytes);
     return s;
 }
 
@@ -405,19 +503,23 @@ void embedding_back(forge_tensor *node, const forge_cuda_params *p) {
     const forge_tensor *dy = node->src[0], *ids = node->src[1];
     const int64_t C = node->ne[0], n_vocab = node->ne[1], n_tok = ids->ne[0] * ids->ne[1] * ids->ne[2];
     const back_scratch s = back_layout(p->work, n_tok, n_vocab, C);
-    const back_args g{s.keys, s.toks, s.runs, s.partial, n_tok, n_vocab, C, rows_of(dy), node->op_f[0], (float *)node->data};
+    const int passes = sort_passes(n_vocab), last = (passes - 1) % 2, bits = sort_end_bit(n_vocab);
+    const back_args g{s.keys[last], s.toks[last], s.runs, s.partial, n_tok, n_vocab, C, rows_of(dy), node->op_f[0], (float *)node->data};
     const bool vec = rows_vectorisable(dy, C, BVEC) && rows_vectorisable(node, C, BVEC);
     // steps 1-3 on a side stream, beside the zero stream
     const forge_cuda_params side = forge_cuda_fork_side(p);
     const int64_t units = n_vocab * C / (vec ? BVEC : 1);
     if (vec) zero_launch(zero_kernel<BVEC>, g.grad, units, p);
     else zero_launch(zero_kernel<1>, g.grad, units, p);
-    forge_cuda_launch_kernel(keys_kernel, (unsigned)((n_tok + THREADS - 1) / THREADS), THREADS, 0, side.stream, ids_of(ids), n_tok, n_vocab,
-                             s.keys_in, s.vals_in, p->error);
-    size_t temp = s.temp_bytes;
-    FORGE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.temp, temp, s.keys_in, s.keys, s.vals_in, s.toks, (int)n_tok, 0, sort_end_bit(n_vocab),
-                                                     side.stream));
-    forge_cuda_launch_kernel(runs_kernel, (unsigned)((n_tok + THREADS - 1) / THREADS), THREADS, 0, side.stream, (const uint32_t *)s.keys, n_tok,
+    const int tiles = (int)n_tiles(n_tok);
+    for (int pass = 0; pass < passes; pass++) {
+        const int in = (pass + 1) % 2, out = pass % 2, shift = pass * DIGIT_BITS;
+        const sort_pass sp{ids_of(ids), pass ? s.keys[in] : nullptr, pass ? s.toks[in] : nullptr, s.keys[out], s.toks[out], s.counts,
+                           n_tok, n_vocab, shift, std::min(DIGIT_BITS, bits - shift), tiles, pass ? nullptr : p->error};
+        forge_cuda_launch_kernel(digit_counts_kernel, (unsigned)tiles, THREADS, 0, side.stream, sp);
+        forge_cuda_launch_kernel(digit_scatter_kernel, (unsigned)tiles, THREADS, 0, side.stream, sp);
+    }
+    forge_cuda_launch_kernel(runs_kernel, (unsigned)((n_tok + THREADS - 1) / THREADS), THREADS, 0, side.stream, (const uint32_t *)g.keys, n_tok,
                              n_vocab, s.runs);
     forge_cuda_join_side(p);
     if (vec) back_launch<BVEC>(g, p);
