@@ -1,16 +1,17 @@
 // bench/trace-kernels.cpp - libforge-trace.so: a timeline of every kernel a program runs, for the
 // GPU machine, which has no Nsight Systems (ncu serialises kernels, so it cannot show two streams
 // overlapping). The CUDA driver loads the library into any program named by CUDA_INJECTION64_PATH
-// and calls InitializeInjection when CUDA starts; it turns on CUPTI's concurrent-kernel activity
-// records, which time each kernel on the GPU without serialising them (CUDA-graph replays
-// included), and writes them when the program exits:
+// and calls InitializeInjection when CUDA starts; it turns on CUPTI's concurrent-kernel, memset and
+// memcpy activity records, which time each on the GPU without serialising kernels (CUDA-graph
+// replays included: a graph's memset nodes are there too), and writes them when the program exits:
 //
 //   CUDA_INJECTION64_PATH=$PWD/build-gpu/libforge-trace.so FORGE_TRACE=trace.csv build-gpu/bench-kernels ...
 //
 // (`bench/gpu-check.sh trace` does this for bench-kernels' BENCH filters.)
-// trace.csv (FORGE_TRACE; forge-trace.csv by default): one row per kernel in order of start,
-// start_us,end_us,us,stream,graph_node,grid,block,name - times in microseconds from the first
-// kernel's start, name demangled without its parameter list.
+// trace.csv (FORGE_TRACE; forge-trace.csv by default): one row per kernel, memset or memcpy in
+// order of start, start_us,end_us,us,stream,graph_node,grid,block,name - times in microseconds
+// from the first one's start; a kernel's name demangled without its parameter list, else
+// "memset N bytes" / "memcpy N bytes" (grid and block 0x0x0). bench/trace-summary.py reads it.
 #include <cupti.h>
 
 #include <algorithm>
@@ -70,15 +71,24 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t *buffer, size_t, siz
     CUpti_Activity *record = nullptr;
     std::lock_guard<std::mutex> lock(g_mutex);
     while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
-        if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
-        const auto *k = reinterpret_cast<const CUpti_ActivityKernel10 *>(record);
-        g_kernels.push_back({k->start, k->end, k->graphNodeId, k->streamId,
-                             {(uint32_t)k->gridX, (uint32_t)k->gridY, (uint32_t)k->gridZ},
-                             {(uint32_t)k->blockX, (uint32_t)k->blockY, (uint32_t)k->blockZ}, short_name(k->name)});
+        if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+            const auto *k = reinterpret_cast<const CUpti_ActivityKernel10 *>(record);
+            g_kernels.push_back({k->start, k->end, k->graphNodeId, k->streamId,
+                                 {(uint32_t)k->gridX, (uint32_t)k->gridY, (uint32_t)k->gridZ},
+                                 {(uint32_t)k->blockX, (uint32_t)k->blockY, (uint32_t)k->blockZ}, short_name(k->name)});
+        } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) { // grid and block 0: not a kernel
+            const auto *m = reinterpret_cast<const CUpti_ActivityMemset4 *>(record);
+            g_kernels.push_back({m->start, m->end, m->graphNodeId, m->streamId, {0, 0, 0}, {0, 0, 0},
+                                 "memset " + std::to_string(m->bytes) + " bytes"});
+        } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+            const auto *m = reinterpret_cast<const CUpti_ActivityMemcpy6 *>(record);
+            g_kernels.push_back({m->start, m->end, m->graphNodeId, m->streamId, {0, 0, 0}, {0, 0, 0},
+                                 "memcpy " + std::to_string(m->bytes) + " bytes"});
+        }
     }
     size_t dropped = 0;
     cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped);
-    if (dropped) std::fprintf(stderr, "forge-trace: %zu kernel records dropped\n", dropped);
+    if (dropped) std::fprintf(stderr, "forge-trace: %zu records dropped\n", dropped);
     std::free(buffer);
 }
 
@@ -100,7 +110,7 @@ void write_trace() {
                      (k.end - k.start) / 1e3, k.stream, (unsigned long long)k.graph_node, k.grid[0], k.grid[1], k.grid[2],
                      k.block[0], k.block[1], k.block[2], k.name.c_str());
     std::fclose(f);
-    std::fprintf(stderr, "forge-trace: %zu kernels -> %s\n", g_kernels.size(), path);
+    std::fprintf(stderr, "forge-trace: %zu kernels, memsets and memcpys -> %s\n", g_kernels.size(), path);
 }
 
 } // namespace
@@ -110,6 +120,8 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) 
     const char *what = nullptr;
     CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
     if (r == CUPTI_SUCCESS) r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    if (r == CUPTI_SUCCESS) r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
+    if (r == CUPTI_SUCCESS) r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
     if (r != CUPTI_SUCCESS) {
         cuptiGetResultString(r, &what);
         std::fprintf(stderr, "forge-trace: CUPTI: %s\n", what ? what : "error");

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""bench/trace-summary.py - reads a libforge-trace CSV (bench/trace-kernels.cpp) and prints where
+the GPU's time went: kernel time by name, the time no kernel ran (the union of the kernels'
+intervals against the span), and the idle gaps by the pair of kernels around them - the last one
+to end before the gap and the first one after it.
+
+    python3 bench/trace-summary.py trace.csv [--graph] [--from US] [--to US] [--top N]
+
+--graph keeps CUDA-graph replays only (graph_node != 0), e.g. a training step's replays without
+its warm-up; --from / --to cut a window in the trace's microseconds. Gaps of 100 us or more are
+counted apart (host work between replays).
+"""
+import argparse
+import csv
+from collections import Counter, defaultdict
+
+
+def short(name):
+    return name.split("<")[0].split("::")[-1][:40]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--graph", action="store_true")
+    ap.add_argument("--from", dest="t0", type=float, default=float("-inf"))
+    ap.add_argument("--to", dest="t1", type=float, default=float("inf"))
+    ap.add_argument("--top", type=int, default=20)
+    a = ap.parse_args()
+    rows = []
+    with open(a.csv) as f:
+        for r in csv.DictReader(f):
+            s, e = float(r["start_us"]), float(r["end_us"])
+            if (a.graph and r["graph_node"] == "0") or s < a.t0 or e > a.t1:
+                continue
+            rows.append((s, e, short(r["name"]), r["stream"]))
+    if not rows:
+        raise SystemExit(f"{a.csv}: no kernels in the selection")
+    rows.sort()
+    busy, host, gaps, gap_n = 0.0, 0.0, defaultdict(float), Counter()
+    cs, ce, last = rows[0][0], rows[0][1], rows[0][2]
+    for s, e, name, _ in rows[1:]:
+        if s > ce:
+            busy += ce - cs
+            if s - ce >= 100:
+                host += s - ce
+            else:
+                gaps[(last, name)] += s - ce
+                gap_n[(last, name)] += 1
+            cs, ce, last = s, e, name
+        elif e > ce:
+            ce, last = e, name
+    busy += ce - cs
+    span = rows[-1][1] - rows[0][0] if len(rows) > 1 else rows[0][1] - rows[0][0]
+    span = max(span, max(r[1] for r in rows) - rows[0][0])
+    idle = span - busy - host
+    print(f"{len(rows)} kernels and copies, span {span:.1f} us: busy {busy:.1f}, idle {idle:.1f} ({100 * idle / max(span - host, 1e-9):.1f}%)"
+          f", gaps of 100 us or more (the host between replays) {host:.1f}")
+    per, count = defaultdict(float), Counter()
+    for s, e, name, _ in rows:
+        per[name] += e - s
+        count[name] += 1
+    print(f"\nkernel time by name (overlapping kernels both counted), top {a.top}:")
+    for name, t in sorted(per.items(), key=lambda x: -x[1])[:a.top]:
+        print(f"{t:10.1f} us {count[name]:6d}x  {name}")
+    print(f"\nidle gaps by the kernels around them, top {a.top}:")
+    for k, t in sorted(gaps.items(), key=lambda x: -x[1])[:a.top]:
+        print(f"{t:10.1f} us {gap_n[k]:6d}x {t / gap_n[k]:6.1f} us each  {k[0]} -> {k[1]}")
+
+
+if __name__ == "__main__":
+    main()
