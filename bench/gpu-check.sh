@@ -7,7 +7,8 @@
 #                      [fixtures] [dist]                      (no argument: tests bench peers)
 #   tests    ctest (TESTS: a regex)                    bench     bench-kernels (BENCH: filters)
 #   peers    PyTorch eager / compile per kernel        step      bench-step, plain and --recompute
-#   trace    bench-kernels (BENCH) with libforge-trace.so: every kernel's start, end and stream
+#   trace    bench-kernels (BENCH), or bench-step (TRACE_STEP: configs), with libforge-trace.so:
+#            every kernel's and memset's start, end and stream; trace-summary.txt
 #   stepvs   step + HF + PEFT eager / compile / Liger in the same call, 50-step loss curves
 #   ab       bench-step of this tree against its parent's files in .ab-old/, or against itself run
 #            with BASE_ENV's switches (bench/ab-step.sh)
@@ -60,10 +61,17 @@ fi
 if has trace && [ ! -f build-gpu/libforge-trace.so ]; then
   echo "trace: no build-gpu/libforge-trace.so (the toolkit has no CUPTI, or TARGETS left out forge-trace)"; rc=1
 elif has trace; then
-  # a timeline of bench-kernels' kernels, streams and CUDA-graph replays included (bench/trace-kernels.cpp)
-  CUDA_INJECTION64_PATH=$PWD/build-gpu/libforge-trace.so FORGE_TRACE="$OUT/trace.csv" build-gpu/bench-kernels --reps 3 ${BENCH:-} \
-    > "$OUT/trace-bench.txt" 2>&1 || rc=1
+  # a timeline of bench-kernels' kernels (BENCH), or of bench-step's steps (TRACE_STEP: configs),
+  # memsets, streams and CUDA-graph replays included (bench/trace-kernels.cpp), and its summary
+  trace_env="CUDA_INJECTION64_PATH=$PWD/build-gpu/libforge-trace.so FORGE_TRACE=$OUT/trace.csv"
+  if [ -n "${TRACE_STEP:-}" ]; then
+    env $trace_env build-gpu/bench-step --steps 3 --warmup 2 $TRACE_STEP > "$OUT/trace-bench.txt" 2>&1 || rc=1
+  else
+    env $trace_env build-gpu/bench-kernels --reps 3 ${BENCH:-} > "$OUT/trace-bench.txt" 2>&1 || rc=1
+  fi
   tail -3 "$OUT/trace-bench.txt"
+  python3 bench/trace-summary.py "$OUT/trace.csv" ${TRACE_STEP:+--graph} > "$OUT/trace-summary.txt" 2>&1 || rc=1
+  head -40 "$OUT/trace-summary.txt"
   stamp "trace done"
 fi
 if has peers; then

@@ -51,8 +51,7 @@ def main():
         elif e > ce:
             ce, last = e, name
     busy += ce - cs
-    span = rows[-1][1] - rows[0][0] if len(rows) > 1 else rows[0][1] - rows[0][0]
-    span = max(span, max(r[1] for r in rows) - rows[0][0])
+    span = max(r[1] for r in rows) - rows[0][0]
     idle = span - busy - host
     print(f"{len(rows)} kernels and copies, span {span:.1f} us: busy {busy:.1f}, idle {idle:.1f} ({100 * idle / max(span - host, 1e-9):.1f}%)"
           f", gaps of 100 us or more (the host between replays) {host:.1f}")
