@@ -2,7 +2,8 @@
 // reference. Covers: the gather at the real vocabularies (Qwen2.5 151936 x 896 and Gemma2
 // 256000 x 2304 with Gemma's sqrt(C) scale) in BF16 and F32; the scatter-add into the F32 table
 // gradient at Qwen2.5's vocabulary (ids near both ends of the table, so the sort covers all 18
-// key bits; and 16384 Zipf-distributed tokens, as real text gives), with heavy repeats (runs of
+// key bits; and 16384 Zipf-distributed tokens, as real text gives) and past 2^18 ids (a third
+// pass of the sort), with heavy repeats (runs of
 // about 50 tokens, over the long-run threshold of 16: summed by the long-run blocks, inside one
 // chunk of 256 sorted positions or crossing one), padding (about 90% of 4096 tokens of one id: a
 // run crossing many chunks, its pieces summed into partial rows), every token of one id, and a
@@ -173,6 +174,9 @@ int main() {
     embedding_case("embedding_back f32 [1024, 4096] x [128, 2], heavy repeats", F32, 1024, 4096, {128, 2}, 1.0f, true, REPEATS);
     embedding_case("embedding_back bf16 [2304, 3000] x 300, scale 48, repeats", BF16, 2304, 3000, {300}, 48.0f, true, REPEATS);
     embedding_case("embedding_back bf16 [896, 5000] x 4096, padding", BF16, 896, 5000, {4096}, 1.0f, true, PADDING);
+    // more than 2^18 ids: the sort's three 9-bit passes (ending in its first buffer)
+    embedding_case("embedding_back bf16 [64, 300000] x 5000, three sort passes", BF16, 64, 300000, {5000}, 1.0f, true);
+    embedding_case("embedding_back f32 [64, 300000] x 3000, three sort passes, runs of ~50", F32, 64, 300000, {3000}, 1.0f, true, RUNS);
 
     // long runs
     embedding_case("embedding_back bf16 [1024, 5000] x 6000, one id", BF16, 1024, 5000, {6000}, 1.0f, true, SAME);
