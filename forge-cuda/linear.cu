@@ -22,12 +22,13 @@
 // not the fastest at the mid-size shapes of a LoRA step (Qwen2.5-0.5B 4 x 1024: gate/up 120 us,
 // its third candidate 102 us; the q/k/v dX GEMM 22 -> 18 us), so the first call outside a stream
 // capture runs each of the heuristic's top FORGE_GEMM_TUNE (default 8; 0: the first, untimed)
-// candidates on the real operands (three interleaved rounds of ~0.3 ms, each one's median) and
-// keeps the fastest, unless it beats the first by less than 3%. The timed runs write
-// the real destination, which the call then overwrites - except an in-place accumulation
-// (beta != 0, C read from the destination), whose timed runs write a temporary buffer (not
-// timed above 64 MiB). A call inside a capture (the backend launches a graph's first step
-// directly, so only a bare caller's) uses the first candidate until a later call outside one.
+// candidates on the real operands (three interleaved rounds of ~0.3 ms, each one's median; each
+// round a captured graph's replay, as the step runs it) and keeps the fastest, unless it beats
+// the first by less than 3%. The timed runs write the real destination, which the call then
+// overwrites - except an in-place accumulation (beta != 0, C read from the destination), whose
+// timed runs write a temporary buffer (not timed above 64 MiB). A call inside a capture (the
+// backend launches a graph's first step directly, so only a bare caller's) uses the first
+// candidate until a later call outside one.
 // A fixed algorithm with a fixed workspace is deterministic in cuBLASLt (split-K partials are
 // reduced in a fixed order), so results are bitwise stable within a process. Across processes
 // the timing may choose differently, so a run can keep its choices: forge_cuda_gemm_algos_save
@@ -212,17 +213,31 @@ void tune_plan(const forge_cuda_params *p, const gemm_key &key, gemm_plan &pl, i
     cudaEvent_t e0, e1;
     FORGE_CUDA_CHECK(cudaEventCreate(&e0));
     FORGE_CUDA_CHECK(cudaEventCreate(&e1));
-    // ms per run of `reps` back-to-back runs of candidate i; infinite when it fails
+    // ms per run of `reps` back-to-back runs of candidate i; infinite when it fails. The runs are
+    // captured as one graph and timed in a replay, as the step runs them: some algorithms add a
+    // memset node before their kernel, which costs more in a graph than in a stream (the step's
+    // graph waits for it between kernels), and only a replay counts it.
     auto timed = [&](size_t i, int reps) {
-        FORGE_CUDA_CHECK(cudaEventRecord(e0, p->stream));
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t ge = nullptr;
+        FORGE_CUDA_CHECK(cudaStreamBeginCapture(p->stream, cudaStreamCaptureModeThreadLocal));
         bool ok = true;
         for (int r = 0; r < reps && ok; r++)
             ok = cublasLtMatmul(p->lt, pl.desc, &alpha, b, pl.la, a, pl.lb, &beta, c_in, pl.lc, dst, pl.ld, &cands[i], p->lt_workspace,
                                 p->lt_workspace_size, p->stream) == CUBLAS_STATUS_SUCCESS;
-        FORGE_CUDA_CHECK(cudaEventRecord(e1, p->stream));
-        FORGE_CUDA_CHECK(cudaEventSynchronize(e1));
+        ok = cudaStreamEndCapture(p->stream, &g) == cudaSuccess && ok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
         float ms = 0.0f;
-        FORGE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (ok) { // a first replay uploads the graph, the second is timed
+            FORGE_CUDA_CHECK(cudaGraphLaunch(ge, p->stream));
+            FORGE_CUDA_CHECK(cudaEventRecord(e0, p->stream));
+            FORGE_CUDA_CHECK(cudaGraphLaunch(ge, p->stream));
+            FORGE_CUDA_CHECK(cudaEventRecord(e1, p->stream));
+            FORGE_CUDA_CHECK(cudaEventSynchronize(e1));
+            FORGE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        }
+        (void)cudaGetLastError(); // a candidate that failed to run or capture leaves no error behind
+        if (ge) cudaGraphExecDestroy(ge);
+        if (g) cudaGraphDestroy(g);
         return ok ? ms / reps : INFINITY;
     };
     // a first run of each loads its kernel's module, a second gives the repeats that fill ~0.3 ms;
