@@ -66,8 +66,9 @@ forge_backend *forge_cuda_backend_create(int device);   // forge-cuda/backend.cu
 int forge_cuda_backend_device_count(void);
 // CUDA backend only: capture graphs into CUDA graphs (default) or launch node by node.
 void forge_cuda_backend_set_capture(forge_backend *be, bool on);
-// CUDA backend only: kernel nodes and host synchronisations of the last compute (for reports).
-void forge_cuda_backend_stats(const forge_backend *be, int *kernel_nodes, int *syncs_per_step);
+// CUDA backend only: nodes of the last captured graph, host synchronisations of the last compute,
+// and the graph's small memset nodes replaced by kernel nodes (forge-cuda/backend.cu; for reports).
+void forge_cuda_backend_stats(const forge_backend *be, int *kernel_nodes, int *syncs_per_step, int *memsets_as_kernels);
 // CUDA backend only: the rope units it fuses in graph g (forge-cuda/rope.cu, found when g is
 // planned): groups (one launch each when its units can share it), units, units with a norm
 // fused, units writing an ACC_VIEW's region (for tests).

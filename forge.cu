@@ -1461,9 +1461,10 @@ int forge_cuda_backend_device_count(void) { return 0; }
 void forge_cuda_backend_set_capture(forge_backend *, bool) {}
 forge_status forge_cuda_gemm_algos_save(const char *) { return FORGE_OK; }
 int forge_cuda_gemm_algos_load(const char *) { return 0; }
-void forge_cuda_backend_stats(const forge_backend *, int *kernel_nodes, int *syncs_per_step) {
+void forge_cuda_backend_stats(const forge_backend *, int *kernel_nodes, int *syncs_per_step, int *memsets_as_kernels) {
     if (kernel_nodes) *kernel_nodes = 0;
     if (syncs_per_step) *syncs_per_step = 0;
+    if (memsets_as_kernels) *memsets_as_kernels = 0;
 }
 void forge_cuda_backend_rope_fusions(const forge_backend *, const forge_graph *, int *groups, int *units, int *norms, int *intos) {
     *groups = *units = *norms = *intos = 0;

@@ -412,8 +412,8 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
         if (i >= o.warmup) ms.push_back(dt);
     }
     FORGE_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
-    int kernel_nodes = 0, syncs = 0;
-    forge_cuda_backend_stats(s.be, &kernel_nodes, &syncs);
+    int kernel_nodes = 0, syncs = 0, memsets = 0;
+    forge_cuda_backend_stats(s.be, &kernel_nodes, &syncs, &memsets);
     double mean = 0;
     for (double x : ms) mean += x / (double)ms.size();
     std::sort(ms.begin(), ms.end());
@@ -431,7 +431,7 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
     r.set("trainable_MiB", forge_graph_arena_bytes(s.g, FORGE_ARENA_TRAINABLE) / 1048576.0);
     r.set("activations_MiB", forge_graph_arena_bytes(s.g, FORGE_ARENA_ACTIVATIONS) / 1048576.0);
     r.set("graph_nodes", (int64_t)forge_graph_n_nodes(s.g)), r.set("cuda_graph_kernel_nodes", (int64_t)kernel_nodes);
-    r.set("host_syncs_per_step", (int64_t)syncs);
+    r.set("host_syncs_per_step", (int64_t)syncs), r.set("cuda_graph_memsets_as_kernels", (int64_t)memsets);
     r.set("loss_first", (double)first), r.set("loss_last", (double)last), r.set("steps", (int64_t)o.steps);
     const std::string rc = s.m.recompute_layers == 0 ? "" : s.m.recompute_layers >= s.m.cfg.n_layer ? " recompute"
                                                                       : " recompute " + std::to_string(s.m.recompute_layers);

@@ -9,8 +9,9 @@
 //
 // (`bench/gpu-check.sh trace` does this for bench-kernels' BENCH filters.)
 // trace.csv (FORGE_TRACE; forge-trace.csv by default): one row per kernel, memset or memcpy in
-// order of start, start_us,end_us,us,stream,graph_node,grid,block,name - times in microseconds
-// from the first one's start; a kernel's name demangled without its parameter list, else
+// order of start, start_us,end_us,us,stream,graph_node,graph,grid,block,name - times in
+// microseconds from the first one's start; graph_node and graph are 0 outside a CUDA graph, else
+// the node's and its graph's ids (a graph's replays share them); a kernel's name demangled without its parameter list, else
 // "memset N bytes" / "memcpy N bytes" (grid and block 0x0x0). bench/trace-summary.py reads it.
 #include <cupti.h>
 
@@ -28,7 +29,7 @@ namespace {
 
 struct Kernel {
     uint64_t start, end, graph_node;
-    uint32_t stream, grid[3], block[3];
+    uint32_t graph, stream, grid[3], block[3];
     std::string name;
 };
 
@@ -73,16 +74,16 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t *buffer, size_t, siz
     while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
         if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
             const auto *k = reinterpret_cast<const CUpti_ActivityKernel10 *>(record);
-            g_kernels.push_back({k->start, k->end, k->graphNodeId, k->streamId,
+            g_kernels.push_back({k->start, k->end, k->graphNodeId, k->graphId, k->streamId,
                                  {(uint32_t)k->gridX, (uint32_t)k->gridY, (uint32_t)k->gridZ},
                                  {(uint32_t)k->blockX, (uint32_t)k->blockY, (uint32_t)k->blockZ}, short_name(k->name)});
         } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) { // grid and block 0: not a kernel
             const auto *m = reinterpret_cast<const CUpti_ActivityMemset4 *>(record);
-            g_kernels.push_back({m->start, m->end, m->graphNodeId, m->streamId, {0, 0, 0}, {0, 0, 0},
+            g_kernels.push_back({m->start, m->end, m->graphNodeId, m->graphId, m->streamId, {0, 0, 0}, {0, 0, 0},
                                  "memset " + std::to_string(m->bytes) + " bytes"});
         } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
             const auto *m = reinterpret_cast<const CUpti_ActivityMemcpy6 *>(record);
-            g_kernels.push_back({m->start, m->end, m->graphNodeId, m->streamId, {0, 0, 0}, {0, 0, 0},
+            g_kernels.push_back({m->start, m->end, m->graphNodeId, m->graphId, m->streamId, {0, 0, 0}, {0, 0, 0},
                                  "memcpy " + std::to_string(m->bytes) + " bytes"});
         }
     }
@@ -104,10 +105,10 @@ void write_trace() {
     }
     std::sort(g_kernels.begin(), g_kernels.end(), [](const Kernel &a, const Kernel &b) { return a.start < b.start; });
     const uint64_t t0 = g_kernels.empty() ? 0 : g_kernels.front().start;
-    std::fprintf(f, "start_us,end_us,us,stream,graph_node,grid,block,name\n");
+    std::fprintf(f, "start_us,end_us,us,stream,graph_node,graph,grid,block,name\n");
     for (const Kernel &k : g_kernels)
-        std::fprintf(f, "%.3f,%.3f,%.3f,%u,%llu,%ux%ux%u,%ux%ux%u,\"%s\"\n", (k.start - t0) / 1e3, (k.end - t0) / 1e3,
-                     (k.end - k.start) / 1e3, k.stream, (unsigned long long)k.graph_node, k.grid[0], k.grid[1], k.grid[2],
+        std::fprintf(f, "%.3f,%.3f,%.3f,%u,%llu,%u,%ux%ux%u,%ux%ux%u,\"%s\"\n", (k.start - t0) / 1e3, (k.end - t0) / 1e3,
+                     (k.end - k.start) / 1e3, k.stream, (unsigned long long)k.graph_node, k.graph, k.grid[0], k.grid[1], k.grid[2],
                      k.block[0], k.block[1], k.block[2], k.name.c_str());
     std::fclose(f);
     std::fprintf(stderr, "forge-trace: %zu kernels, memsets and memcpys -> %s\n", g_kernels.size(), path);

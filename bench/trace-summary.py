@@ -6,9 +6,11 @@ to end before the gap and the first one after it.
 
     python3 bench/trace-summary.py trace.csv [--graph] [--from US] [--to US] [--top N]
 
---graph keeps CUDA-graph replays only (graph_node != 0), e.g. a training step's replays without
-its warm-up; --from / --to cut a window in the trace's microseconds. Gaps of 100 us or more are
-counted apart (host work between replays).
+--graph keeps the replays of one CUDA graph only, the one with the most records (a training
+step's, without its warm-up or the GEMM tuner's small graphs, forge-cuda/linear.cu; traces
+written before the graph column: every graph record). --from / --to cut a window in the trace's
+microseconds. Gaps of 100 us or more are counted apart
+(host work between replays).
 """
 import argparse
 import csv
@@ -31,15 +33,18 @@ def main():
     with open(a.csv) as f:
         for r in csv.DictReader(f):
             s, e = float(r["start_us"]), float(r["end_us"])
-            if (a.graph and r["graph_node"] == "0") or s < a.t0 or e > a.t1:
-                continue
-            rows.append((s, e, short(r["name"]), r["stream"]))
+            if s >= a.t0 and e <= a.t1:
+                graph = r.get("graph", "1") if r["graph_node"] != "0" else "0"
+                rows.append((s, e, short(r["name"]), r["stream"], graph))
+    rows.sort()
+    if a.graph:
+        sizes = Counter(r[4] for r in rows if r[4] != "0")
+        rows = [r for r in rows if sizes and r[4] == sizes.most_common(1)[0][0]]
     if not rows:
         raise SystemExit(f"{a.csv}: no kernels in the selection")
-    rows.sort()
     busy, host, gaps, gap_n = 0.0, 0.0, defaultdict(float), Counter()
     cs, ce, last = rows[0][0], rows[0][1], rows[0][2]
-    for s, e, name, _ in rows[1:]:
+    for s, e, name, _, _ in rows[1:]:
         if s > ce:
             busy += ce - cs
             if s - ce >= 100:
@@ -56,7 +61,7 @@ def main():
     print(f"{len(rows)} kernels and copies, span {span:.1f} us: busy {busy:.1f}, idle {idle:.1f} ({100 * idle / max(span - host, 1e-9):.1f}%)"
           f", gaps of 100 us or more (the host between replays) {host:.1f}")
     per, count = defaultdict(float), Counter()
-    for s, e, name, _ in rows:
+    for s, e, name, _, _ in rows:
         per[name] += e - s
         count[name] += 1
     print(f"\nkernel time by name (overlapping kernels both counted), top {a.top}:")

@@ -66,6 +66,7 @@ struct CudaBackend final : forge_backend {
     std::set<std::pair<const forge_graph *, bool>> ran;                     // (graph, collectives run) launched directly once
     forge_cuda_comm *comm = nullptr;
     int last_kernel_nodes = 0;
+    int last_memset_nodes = 0; // memset nodes of the last captured graph replaced by kernel nodes
     int last_syncs = 0;
     int *host_error = nullptr; // pinned
 
@@ -244,6 +245,10 @@ struct CudaBackend final : forge_backend {
                 if ((e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)) != cudaSuccess) return fail("begin capture", e);
                 launch_nodes(g);
                 if ((e = cudaStreamEndCapture(stream, &graph)) != cudaSuccess) return fail("capturing the step", e);
+                if ((e = forge_cuda_graph_memsets_as_kernels(graph, &last_memset_nodes)) != cudaSuccess) {
+                    cudaGraphDestroy(graph);
+                    return fail("replacing the step graph's memset nodes", e);
+                }
                 if (forge_status s = comm_status()) {
                     cudaGraphDestroy(graph);
                     return s;
@@ -294,6 +299,61 @@ std::unordered_map<const forge_tensor *, int> forge_cuda_readers(const std::vect
 bool forge_cuda_one_reader(const std::unordered_map<const forge_tensor *, int> &readers, const forge_tensor *t) {
     auto it = readers.find(t);
     return it != readers.end() && it->second == 1 && !(t->flags & FORGE_FLAG_OUTPUT);
+}
+
+// Memset nodes in a graph: measured on the H200 with a kernel timeline (bench/trace-kernels.cpp,
+// docs/performance.md), no kernel ran for ~4.5 us on each side of cuBLASLt's 4-byte memset nodes
+// in the step's replays (56 at Qwen2.5-0.5B 4 x 1024: ~0.27 ms a step), where two kernel nodes
+// follow each other within ~0.5 us. A kernel node that writes the same bytes takes their place;
+// memsets larger than kGraphMemsetBytes (bandwidth, not latency) keep theirs.
+constexpr size_t kGraphMemsetBytes = 4096;
+
+__global__ void graph_memset_kernel(cudaMemsetParams m) {
+    forge_cuda_prologue(); // a no-op behind the default edges a memset node has
+    for (size_t i = threadIdx.x; i < m.width * m.height; i += blockDim.x) {
+        char *d = (char *)m.dst + i / m.width * m.pitch + i % m.width * m.elementSize;
+        if (m.elementSize == 4) *(unsigned *)d = m.value;
+        else if (m.elementSize == 2) *(unsigned short *)d = (unsigned short)m.value;
+        else *d = (char)m.value;
+    }
+}
+
+cudaError_t forge_cuda_graph_memsets_as_kernels(cudaGraph_t graph, int *replaced) {
+    *replaced = 0;
+    size_t n = 0;
+    cudaError_t e = cudaGraphGetNodes(graph, nullptr, &n);
+    std::vector<cudaGraphNode_t> nodes(n);
+    if (e == cudaSuccess) e = cudaGraphGetNodes(graph, nodes.data(), &n);
+    for (size_t i = 0; i < n && e == cudaSuccess; i++) {
+        cudaGraphNodeType type;
+        cudaMemsetParams m;
+        if ((e = cudaGraphNodeGetType(nodes[i], &type)) != cudaSuccess || type != cudaGraphNodeTypeMemset) continue;
+        if ((e = cudaGraphMemsetNodeGetParams(nodes[i], &m)) != cudaSuccess) break;
+        if (m.width * m.height * m.elementSize > kGraphMemsetBytes) continue;
+        // its edges in and out, with their data (kept as they are)
+        size_t nin = 0, nout = 0;
+        if ((e = cudaGraphNodeGetDependencies(nodes[i], nullptr, nullptr, &nin)) != cudaSuccess ||
+            (e = cudaGraphNodeGetDependentNodes(nodes[i], nullptr, nullptr, &nout)) != cudaSuccess)
+            break;
+        std::vector<cudaGraphNode_t> in(nin), out(nout);
+        std::vector<cudaGraphEdgeData> ein(nin), eout(nout);
+        if ((e = cudaGraphNodeGetDependencies(nodes[i], in.data(), ein.data(), &nin)) != cudaSuccess ||
+            (e = cudaGraphNodeGetDependentNodes(nodes[i], out.data(), eout.data(), &nout)) != cudaSuccess)
+            break;
+        void *args[] = {&m};
+        cudaKernelNodeParams kp{};
+        kp.func = (void *)graph_memset_kernel;
+        kp.gridDim = dim3(1);
+        kp.blockDim = dim3(256);
+        kp.kernelParams = args;
+        cudaGraphNode_t k;
+        if ((e = cudaGraphAddKernelNode(&k, graph, nullptr, 0, &kp)) != cudaSuccess) break;
+        for (size_t j = 0; j < nin && e == cudaSuccess; j++) e = cudaGraphAddDependencies(graph, &in[j], &k, &ein[j], 1);
+        for (size_t j = 0; j < nout && e == cudaSuccess; j++) e = cudaGraphAddDependencies(graph, &k, &out[j], &eout[j], 1);
+        if (e == cudaSuccess) e = cudaGraphDestroyNode(nodes[i]);
+        if (e == cudaSuccess) ++*replaced;
+    }
+    return e;
 }
 
 bool forge_cuda_wgmma_device() {
@@ -502,10 +562,11 @@ const forge_cuda_params *forge_cuda_backend_params(forge_backend *be) {
     return c ? &c->params : nullptr;
 }
 
-void forge_cuda_backend_stats(const forge_backend *be, int *kernel_nodes, int *syncs_per_step) {
+void forge_cuda_backend_stats(const forge_backend *be, int *kernel_nodes, int *syncs_per_step, int *memsets_as_kernels) {
     const CudaBackend *c = dynamic_cast<const CudaBackend *>(be);
     if (kernel_nodes) *kernel_nodes = c ? c->last_kernel_nodes : 0;
     if (syncs_per_step) *syncs_per_step = c ? c->last_syncs : 0;
+    if (memsets_as_kernels) *memsets_as_kernels = c ? c->last_memset_nodes : 0;
 }
 
 void forge_cuda_backend_rope_fusions(const forge_backend *be, const forge_graph *g, int *groups, int *units, int *norms, int *intos) {

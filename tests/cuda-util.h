@@ -185,8 +185,9 @@ static inline bool conformance(const char *name, const std::function<ConfCase(fo
         }
     }
     if (o.inspect) o.inspect(gpu.be, gpu.g);
-    int nodes = 0, syncs = 0;
-    forge_cuda_backend_stats(gpu.be, &nodes, &syncs);
-    std::printf("%-8s %-52s%s [%d graph nodes, %d sync]\n", ok ? "ok" : "FAIL", name, report.c_str(), nodes, syncs);
+    int nodes = 0, syncs = 0, memsets = 0;
+    forge_cuda_backend_stats(gpu.be, &nodes, &syncs, &memsets);
+    std::printf("%-8s %-52s%s [%d graph nodes (%d memsets as kernels), %d sync]\n", ok ? "ok" : "FAIL", name, report.c_str(), nodes, memsets,
+                syncs);
     return ok;
 }

@@ -108,7 +108,7 @@ void run_schedule(const char *name, const std::vector<std::vector<int64_t>> &sha
         if (k == 1 || k == 6) CHECK(coef == 1.0f, "%s step %zu: clipping should be inactive (coef %g)", name, k, coef);
     }
     int nodes = 0, syncs = 0;
-    forge_cuda_backend_stats(graph.be, &nodes, &syncs);
+    forge_cuda_backend_stats(graph.be, &nodes, &syncs, nullptr);
     std::printf("%-8s %-52s worst %.2e over %zu steps [%d graph nodes, %d sync]\n", ok ? "ok" : "FAIL", name, worst, schedule.size(),
                 nodes, syncs);
 }

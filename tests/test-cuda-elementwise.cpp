@@ -166,14 +166,27 @@ int main() {
     // every head of qkv read: the chain's ACC_VIEWs copy their regions (no zeroing, no adds); the
     // chain of the case above leaves qkv's columns 1024..2047 to the zeroing
     conformance("add of mul(k, v) and sum(q): q/k/v heads tiling a bf16 qkv [64, 18, 128]", qkv_tiled);
-    conformance("add of f32 k/v slices [64, 2, 128] of qkv [64, 18, 128] (qwen2.5 heads)", [](forge_ctx *ctx) {
-        ConfCase c;
-        forge_tensor *qkv = leaf(ctx, F32, {64, 18, 128});
-        forge_tensor *k = slice(ctx, qkv, 64, 2, 128, 14 * 64), *v = slice(ctx, qkv, 64, 2, 128, 16 * 64);
-        c.y = forge_add(ctx, k, v);
-        c.params = {qkv};
-        return c;
-    });
+    // k + v of a f32 qkv [D, 18, T] with Qwen2.5's heads; qkv's gradient is zeroed, then the k
+    // and v regions added. At [8, 18, 4] the zeroing is a 2304-byte memset node in the captured
+    // graph, which becomes a kernel node (forge_cuda_graph_memsets_as_kernels): the replay must
+    // still match node-by-node execution bit for bit.
+    auto kv_add = [](int64_t D, int64_t T) {
+        return [=](forge_ctx *ctx) {
+            ConfCase c;
+            forge_tensor *qkv = leaf(ctx, F32, {D, 18, T});
+            c.y = forge_add(ctx, slice(ctx, qkv, D, 2, T, 14 * D), slice(ctx, qkv, D, 2, T, 16 * D));
+            c.params = {qkv};
+            return c;
+        };
+    };
+    conformance("add of f32 k/v slices [64, 2, 128] of qkv [64, 18, 128] (qwen2.5 heads)", kv_add(64, 128));
+    ConfOpts small_zeroing;
+    small_zeroing.inspect = [](forge_backend *be, forge_graph *) {
+        int memsets = 0;
+        forge_cuda_backend_stats(be, nullptr, nullptr, &memsets);
+        CHECK(memsets >= 1, "add of f32 k/v slices [8, 2, 4]: %d memset nodes replaced by kernels (want at least 1)", memsets);
+    };
+    conformance("add of f32 k/v slices [8, 2, 4] of qkv [8, 18, 4] (zeroing as a kernel node)", kv_add(8, 4), small_zeroing);
     conformance("cont of a bf16 view misaligned by one element [895, 64] of [896, 64]", [](forge_ctx *ctx) {
         ConfCase c;
         forge_tensor *x = leaf(ctx, BF16, {896, 64});
