@@ -382,15 +382,30 @@ static Case lora_down_glu_case(const std::string &shape, int64_t F, int64_t M, i
     return c;
 }
 
-static Case attention_case(const std::string &shape, int64_t D, int64_t Hq, int64_t Hkv, int64_t T, int64_t B, float softcap) {
+// as_model: q, k and v as views of one [D, Hq + 2 Hkv, T, B] tensor and a document-id tensor (one
+// document a row), as a model's step gives them
+static Case attention_case(const std::string &shape, int64_t D, int64_t Hq, int64_t Hkv, int64_t T, int64_t B, float softcap,
+                           bool as_model = false) {
     Case c{"attention", shape};
     c.bound = GEMM;
     c.grad = c.dirs3 = true;
     c.fwd_cost = 2.0 * B * Hq * D * (double)T * (T + 1);
     c.bwd_cost = 2.5 * c.fwd_cost;
     c.build = [=](Bld &b) {
-        forge_tensor *q = b.train({D, Hq, T, B}), *k = b.train({D, Hkv, T, B}), *v = b.train({D, Hkv, T, B});
-        b.ys = {forge_attention(b.ctx, q, k, v, NULL, 1.0f / std::sqrt((float)D), softcap, 0)};
+        forge_tensor *q, *k, *v, *doc = NULL;
+        if (as_model) {
+            forge_tensor *qkv = b.train({D, Hq + 2 * Hkv, T, B});
+            const int64_t nq[4] = {D, Hq, T, B}, nkv[4] = {D, Hkv, T, B};
+            const size_t nb[4] = {forge_tensor_nb(qkv, 0), forge_tensor_nb(qkv, 1), forge_tensor_nb(qkv, 2), forge_tensor_nb(qkv, 3)};
+            q = forge_view(b.ctx, qkv, 4, nq, nb, 0);
+            k = forge_view(b.ctx, qkv, 4, nkv, nb, Hq * nb[1]);
+            v = forge_view(b.ctx, qkv, 4, nkv, nb, (Hq + Hkv) * nb[1]);
+            doc = b.leaf(FORGE_TYPE_I32, {T, B}, FORGE_FLAG_INPUT);
+            b.fills[doc] = Fill{Fill::RANDINT, 1.0, {}}; // all 0
+        } else {
+            q = b.train({D, Hq, T, B}), k = b.train({D, Hkv, T, B}), v = b.train({D, Hkv, T, B});
+        }
+        b.ys = {forge_attention(b.ctx, q, k, v, doc, 1.0f / std::sqrt((float)D), softcap, 0)};
     };
     return c;
 }
@@ -529,6 +544,10 @@ static std::vector<Case> make_cases() {
             cs.push_back(attention_case(fmt("%s B4 T%lld %lld/%lldx%lld causal%s", m.name, (long long)T, (long long)m.Hq, (long long)m.Hkv, (long long)m.D,
                                             m.gemma ? " softcap50" : ""),
                                         m.D, m.Hq, m.Hkv, T, 4, m.gemma ? 50.0f : 0.0f));
+    for (const Model &m : kModels) // as the step gives them: q/k/v views of one tensor, document ids
+        cs.push_back(attention_case(fmt("%s B4 T1024 %lld/%lldx%lld causal%s, qkv view + docs", m.name, (long long)m.Hq, (long long)m.Hkv, (long long)m.D,
+                                        m.gemma ? " softcap50" : ""),
+                                    m.D, m.Hq, m.Hkv, 1024, 4, m.gemma ? 50.0f : 0.0f, true));
     for (const Model &m : kModels)
         for (bool g : {false, true})
             cs.push_back(cross_entropy_case(fmt("%s 4096x%lld V%lld%s", m.name, (long long)m.H, (long long)m.V, m.gemma ? " softcap30" : ""), m.H, m.V, 4096,

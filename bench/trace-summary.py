@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/trace-summary.py - reads a libforge-trace CSV (bench/trace-kernels.cpp) and prints where
-the GPU's time went: kernel time by name, the time no kernel ran (the union of the kernels'
+the GPU's time went: kernel time by name (a kernel counted from the end of the one before it on
+its stream: with programmatic dependent launch it starts early and waits), the time no kernel ran (the union of the kernels'
 intervals against the span), and the idle gaps by the pair of kernels around them - the last one
 to end before the gap and the first one after it.
 
@@ -60,11 +61,16 @@ def main():
     idle = span - busy - host
     print(f"{len(rows)} kernels and copies, span {span:.1f} us: busy {busy:.1f}, idle {idle:.1f} ({100 * idle / max(span - host, 1e-9):.1f}%)"
           f", gaps of 100 us or more (the host between replays) {host:.1f}")
-    per, count = defaultdict(float), Counter()
-    for s, e, name, _, _ in rows:
-        per[name] += e - s
+    # A kernel launched with programmatic dependent launch starts while the one before it on its
+    # stream still runs, and waits (griddepcontrol.wait) for it to end: its time is counted from
+    # the later of its start and the end of the stream's previous record.
+    per, count, stream_end = defaultdict(float), Counter(), defaultdict(lambda: float("-inf"))
+    for s, e, name, stream, _ in rows:
+        per[name] += max(0.0, e - max(s, stream_end[stream]))
         count[name] += 1
-    print(f"\nkernel time by name (overlapping kernels both counted), top {a.top}:")
+        stream_end[stream] = max(stream_end[stream], e)
+    print(f"\nkernel time by name (from the end of the stream's previous kernel; kernels on other streams"
+          f" overlapping them both counted), top {a.top}:")
     for name, t in sorted(per.items(), key=lambda x: -x[1])[:a.top]:
         print(f"{t:10.1f} us {count[name]:6d}x  {name}")
     print(f"\nidle gaps by the kernels around them, top {a.top}:")
