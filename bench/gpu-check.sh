@@ -13,7 +13,8 @@
 #   ab       bench-step of this tree against its parent's files in .ab-old/, or against itself run
 #            with BASE_ENV's switches (bench/ab-step.sh)
 #   dist     two GPUs: equivalence, throughput, kill -9 and --resume (an nvidia-h200-x2 machine)
-# FORGE_COMMIT names the commit in the results (the GPU machine's copy has no .git);
+# FORGE_COMMIT names the commit in the results: pass it on the GPU machine, whose copy of the tree
+# may carry a stale .git (one call's results said d157e4a for dc0c76a's tree);
 # PEERS_DEADLINE bounds a peers' run in seconds; TARGETS limits the build to some targets
 # (SKIP_BUILD: no build); STEP_CONFIGS picks bench-step's configurations, PEER_MODES the peers'
 # (eager,liger,compile; Liger's wheel is carried in .whl/), NO_RC skips the --recompute run, and
