@@ -14,7 +14,8 @@
 #            with BASE_ENV's switches (bench/ab-step.sh)
 #   dist     two GPUs: equivalence, throughput, kill -9 and --resume (an nvidia-h200-x2 machine)
 # FORGE_COMMIT names the commit in the results: pass it on the GPU machine, whose copy of the tree
-# may carry a stale .git (one call's results said d157e4a for dc0c76a's tree);
+# may carry a stale .git (one call's results said d157e4a for dc0c76a's tree; without it, HEAD is
+# marked "+changes" when the tree is not HEAD's);
 # PEERS_DEADLINE bounds a peers' run in seconds; TARGETS limits the build to some targets
 # (SKIP_BUILD: no build); STEP_CONFIGS picks bench-step's configurations, PEER_MODES the peers'
 # (eager,liger,compile; Liger's wheel is carried in .whl/), NO_RC skips the --recompute run, and
@@ -30,7 +31,10 @@ mkdir -p "$OUT"
 stages=" ${*:-tests bench peers} "
 has() { [[ $stages == *" $1 "* ]]; }
 lane=${LANE:+-$LANE} curves=/tmp/curves$lane # LANE: several stepvs runs side by side, one per GPU
-export FORGE_COMMIT=${FORGE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+# without FORGE_COMMIT: HEAD, marked "+changes" when the tree differs from it (a stale .git does)
+head=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+[ "$head" != unknown ] && ! git diff --quiet HEAD -- . 2>/dev/null && head="$head+changes"
+export FORGE_COMMIT=${FORGE_COMMIT:-$head}
 gen=; command -v ninja >/dev/null && gen="-G Ninja"
 t0=$(date +%s)
 # NCCL from the pip wheel (nvidia-nccl-cu13) when the CUDA Toolkit has none: nccl.h and libnccl.so.2
