@@ -319,7 +319,7 @@ __global__ void graph_memset_kernel(cudaMemsetParams m) {
 }
 
 cudaError_t forge_cuda_graph_memsets_as_kernels(cudaGraph_t graph, int *replaced) {
-    *replaced = 0;
+    int n_replaced = 0;
     size_t n = 0;
     cudaError_t e = cudaGraphGetNodes(graph, nullptr, &n);
     std::vector<cudaGraphNode_t> nodes(n);
@@ -351,8 +351,9 @@ cudaError_t forge_cuda_graph_memsets_as_kernels(cudaGraph_t graph, int *replaced
         for (size_t j = 0; j < nin && e == cudaSuccess; j++) e = cudaGraphAddDependencies(graph, &in[j], &k, &ein[j], 1);
         for (size_t j = 0; j < nout && e == cudaSuccess; j++) e = cudaGraphAddDependencies(graph, &k, &out[j], &eout[j], 1);
         if (e == cudaSuccess) e = cudaGraphDestroyNode(nodes[i]);
-        if (e == cudaSuccess) ++*replaced;
+        if (e == cudaSuccess) n_replaced++;
     }
+    if (replaced) *replaced = n_replaced;
     return e;
 }
 

@@ -247,10 +247,10 @@ __device__ __forceinline__ void forge_cuda_prologue() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-// Replaces each small memset node of a captured graph (at most kGraphMemsetBytes; cuBLASLt puts
-// a 4-byte one in front of each of its persistent GEMMs) by a kernel node doing the same, with the
-// same edges (backend.cu). Run on the step's graph before it is instantiated, and on the GEMM
-// tuner's graphs, so that the tuner times what the step runs.
+// Replaces each small memset node of a captured graph (at most 4 KB; cuBLASLt puts a 4-byte one
+// in front of each of its persistent GEMMs) by a kernel node doing the same, with the same edges
+// (backend.cu); *replaced (when not NULL): how many. Run on the step's graph before it is
+// instantiated, and on the GEMM tuner's graphs, so that the tuner times what the step runs.
 cudaError_t forge_cuda_graph_memsets_as_kernels(cudaGraph_t graph, int *replaced);
 // Resident blocks per SM (at least 1) of a kernel launched with `threads` threads a block and no
 // dynamic shared memory, on the current device: asked of the runtime once per kernel, block size

@@ -225,8 +225,8 @@ void tune_plan(const forge_cuda_params *p, const gemm_key &key, gemm_plan &pl, i
         for (int r = 0; r < reps && ok; r++)
             ok = cublasLtMatmul(p->lt, pl.desc, &alpha, b, pl.la, a, pl.lb, &beta, c_in, pl.lc, dst, pl.ld, &cands[i], p->lt_workspace,
                                 p->lt_workspace_size, p->stream) == CUBLAS_STATUS_SUCCESS;
-        int memsets = 0; // as in the step's graph (backend.cu)
-        ok = cudaStreamEndCapture(p->stream, &g) == cudaSuccess && ok && forge_cuda_graph_memsets_as_kernels(g, &memsets) == cudaSuccess &&
+        // memset nodes as kernels, as in the step's graph (backend.cu)
+        ok = cudaStreamEndCapture(p->stream, &g) == cudaSuccess && ok && forge_cuda_graph_memsets_as_kernels(g, nullptr) == cudaSuccess &&
              cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
         float ms = 0.0f;
         if (ok) { // a first replay uploads the graph, the second is timed
