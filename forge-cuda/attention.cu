@@ -46,15 +46,16 @@
 // Launch shape: 1-D grids ordered so that the longest blocks (the last query tiles; the first key
 // tiles under a causal mask) are dispatched first; 2 blocks of 4 warps per SM (8 warps of one
 // block at D = 256), register-bound (~250 registers; spill stores per thread, `nvcc -Xptxas -v`:
-// none at D = 64 but 4-8 bytes in its softcap attn_cols, 0-48 in attn_cols at D = 128/256, 40 in
-// the mma.sync D = 256 forward, 140 in the mma.sync D = 128 forward at 32 rows per warp and 248 in
-// its softcap variant, where the scores and the accumulators fill the register file; the wgmma
-// forward none, attn_cols_wg 0-8). Masked work is skipped: causal and window bounds
-// give the tile range, a table of per-16-token min/max document ids (attn_doc_table; in a graph
-// the backend runs, made once per step by the first attention node and read by every layer's
-// forward and backward: forge_cuda_attention_plan_docs) skips tiles whose documents cannot meet,
-// and each warp classifies each tile for its own rows (nothing to do / every pair allowed / test
-// each pair): only boundary tiles run the element tests, in a separately compiled variant of the
+// none at D = 64 but 20 bytes in its softcap attn_cols, 0-68 in attn_cols at D = 128/256, 44-56
+// in the mma.sync D = 256 forward, 136 in the mma.sync D = 128 forward at 32 rows per warp and 200
+// in its softcap variant, where the scores and the accumulators fill the register file; the wgmma
+// forward none, attn_cols_wg 16-44, attn_dq<128, 2> 36). Masked work is skipped: causal and
+// window bounds give the tile range, each token's document span (attn_doc_spans: the run of its document id,
+// when a row's ids never decrease; in a graph the backend runs, made once per step by the first
+// attention node and read by every layer's forward and backward: forge_cuda_attention_plan_docs)
+// skips tiles whose documents cannot meet, and each warp classifies each tile for its own rows
+// (nothing to do / every pair allowed / test each pair) from the spans of the side it holds fixed,
+// read once: only boundary tiles run the element tests, in a separately compiled variant of the
 // tile step; softcap is a compile-time variant too.
 // Work per (query, key) pair: forward 4D flop, backward 10D (FA2's) and the 4 bytes of dS^T
 // traffic. Traffic: each K/V (or Q/dO) tile is read once per block from L2 and reused by every
@@ -83,7 +84,6 @@ namespace {
 typedef __nv_bfloat16 bf16;
 
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-constexpr int kDocGroup = 16; // tokens per entry of the document table
 constexpr int kThreads = 128; // threads per block of the generic kernels
 constexpr int kRowPad = 64;   // the backward's per-row scratch (D_i, LSE) pads T to a multiple of this
 constexpr int kDsTile = 64;   // the backward's dS^T is stored in tiles of kDsTile keys x kDsTile queries
@@ -91,15 +91,19 @@ static_assert(kRowPad % kDsTile == 0, "Tp is a whole number of dS^T tiles");
 
 enum { kSkip, kPartial, kFull };
 
+// A side's document span that decides nothing (see attn_args::rows_span)
+__device__ __forceinline__ int2 any_rows() { return make_int2(INT32_MIN, INT32_MIN); }
+__device__ __forceinline__ int2 any_keys() { return make_int2(INT32_MAX, INT32_MAX); }
+
 // Everything the kernels read: views of the tensors (data NULL when absent), the geometry and the
 // op parameters. Scores are kept in the log2 domain: x = s * log2(e).
 struct attn_args {
     forge_cuda_view q, k, v, dout, o, lse, doc; // sources; lse is an output in the forward
     forge_cuda_view out, dk, dv;                // O (forward) or dq; dk, dv (backward, data may be NULL)
-    const int2 *doc_mm;                         // per (b, group of kDocGroup tokens): min, max doc id
+    const int4 *doc_span;                       // per (b, token): its document span (attn_doc_spans)
     float *di, *l2;                             // backward: D_i and LSE*log2e of query row qrow(h, i, b)
     float *part;                                // backward, tensor cores, hsplit > 1: dk then dv partials [hsplit][B][Hkv][T][D]
-    int D, Hq, Hkv, T, Tp, B, group, window, doc_groups, hsplit; // Tp: T rounded up to kRowPad
+    int D, Hq, Hkv, T, Tp, B, group, window, hsplit; // Tp: T rounded up to kRowPad
     bf16 *ds;     // backward, tensor cores: dS^T of every (b, h), see ds_tile
     int ds_tiles; // tiles of dS^T per (b, h)
     float scale, cap, mul, cap2; // mul = scale/cap (softcap) or scale*log2e; cap2 = cap*log2e
@@ -134,28 +138,33 @@ struct attn_args {
     }
     __device__ int first_key(int i) const { return window > 0 ? max(0, i - window + 1) : 0; }
     __device__ int end_query(int j) const { return window > 0 ? min(T, j + window) : T; }
-    __device__ int2 doc_range(int b, int t0, int t1) const { // min, max doc id of tokens [t0, t1)
-        int2 r = make_int2(INT32_MAX, INT32_MIN);
-        for (int g = t0 / kDocGroup; g <= (t1 - 1) / kDocGroup; g++) {
-            const int2 e = doc_mm[(int64_t)b * doc_groups + g];
-            r.x = min(r.x, e.x);
-            r.y = max(r.y, e.y);
-        }
-        return r;
+    // The document spans of tokens [t0, t1) (tile bounds, may pass T) as queries, (lo, lo_all) =
+    // (the first token's run start, the last token's), and as keys, (hi, hi_all) = (the last
+    // token's run end, the first token's). When a row's ids never decrease, a key j and a query
+    // i >= j share a document iff j >= the run start of i, iff i < the run end of j: a tile's keys
+    // before lo meet none of its queries, and every key from lo_all on meets every query at or
+    // after it; the same for queries from hi on and before hi_all. any_rows() and any_keys() (no
+    // documents, or a side the caller does not hold fixed) decide nothing.
+    __device__ int2 rows_span(int b, int t0, int t1) const {
+        t1 = min(t1, T);
+        if (!doc_span || t0 >= t1) return any_rows();
+        return make_int2(doc_span[(int64_t)b * T + t0].x, doc_span[(int64_t)b * T + t1 - 1].y);
     }
-    // The min and max doc id of tokens [t0, t1) (tile bounds, may pass T); (0, 0) without
-    // documents or tokens.
-    __device__ int2 docs(int b, int t0, int t1) const { return doc_mm && t0 < min(t1, T) ? doc_range(b, t0, min(t1, T)) : make_int2(0, 0); }
-    // Queries [i0, i1) against keys [j0, j1) (tile bounds, may pass T), qd and kd their docs():
-    // none of the pairs is allowed, all are, or some. The kernels take docs() of the tile they
-    // load next while its loads are in flight and of their own rows once: looked up here, before
-    // each step, the table's loads sat on the critical path (Qwen2.5-0.5B's attention with document
-    // ids 1.27x the time without them).
-    __device__ int tile_class(int i0, int i1, int j0, int j1, int2 qd, int2 kd) const {
+    __device__ int2 keys_span(int b, int t0, int t1) const {
+        t1 = min(t1, T);
+        if (!doc_span || t0 >= t1) return any_keys();
+        return make_int2(doc_span[(int64_t)b * T + t1 - 1].z, doc_span[(int64_t)b * T + t0].w);
+    }
+    // Queries [i0, i1) against keys [j0, j1) (tile bounds, may pass T), qs and ks their spans
+    // (either may decide nothing): none of the pairs is allowed, all are, or some. The kernels take
+    // the span of the side they hold fixed once and none per step: a table of min/max ids looked
+    // up for each tile the kernels load cost Qwen2.5-0.5B's attention 15-18% (198 us against 168
+    // without the lookups, B 4 T 1024, one document a row).
+    __device__ int tile_class(int i0, int i1, int j0, int j1, int2 qs, int2 ks) const {
         const int ie = min(i1, T), je = min(j1, T);
         if (i0 >= ie || j0 > ie - 1 || (window > 0 && i0 - (je - 1) >= window)) return kSkip;
-        if (qd.y < kd.x || kd.y < qd.x) return kSkip;
-        const bool same_doc = qd.x == qd.y && kd.x == kd.y && qd.x == kd.x;
+        if (je - 1 < qs.x || i0 >= ks.x) return kSkip;
+        const bool same_doc = j0 >= qs.y && ie - 1 < ks.y;
         const bool full = i1 <= T && j1 <= T && j1 - 1 <= i0 && (window == 0 || i1 - 1 - j0 < window) && same_doc;
         return full ? kFull : kPartial;
     }
@@ -163,18 +172,49 @@ struct attn_args {
 
 // ---- small kernels shared by both paths -------------------------------------------------------
 
-__global__ void attn_doc_table(const attn_args a, int2 *mm) {
+// Each token's document span (lo, lo_all, hi, hi_all; see attn_args::rows_span): (s, s, e, e)
+// for the run [s, e) of equal ids around it when the row's ids never decrease (each document one run);
+// else (0, INT_MAX, T, INT_MIN), which skips no tile and clears none of its per-pair tests. One
+// block per batch row, each thread a contiguous chunk of it: the run starts before each chunk
+// are a max-scan of the chunks' last starts, the run ends after it a min-scan of their first.
+constexpr int kSpanThreads = 1024;
+__global__ void __launch_bounds__(kSpanThreads) attn_doc_spans(const attn_args a, int4 *span) {
     forge_cuda_prologue();
-    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (int64_t)a.B * a.doc_groups) return;
-    const int b = (int)(e / a.doc_groups), t0 = (int)(e % a.doc_groups) * kDocGroup, t1 = min(t0 + kDocGroup, a.T);
-    int2 r = make_int2(INT32_MAX, INT32_MIN);
+    __shared__ int s_last[kSpanThreads], s_first[kSpanThreads];
+    const int b = blockIdx.x, k = threadIdx.x, C = (a.T + kSpanThreads - 1) / kSpanThreads;
+    const int t0 = min(k * C, a.T), t1 = min(t0 + C, a.T);
+    auto starts_run = [&](int t) { return t == 0 || a.doc_id(t, b) != a.doc_id(t - 1, b); };
+    int last = INT32_MIN, first = INT32_MAX; // the chunk's last and first run starts
+    bool sorted = true;
     for (int t = t0; t < t1; t++) {
-        const int d = a.doc_id(t, b);
-        r.x = min(r.x, d);
-        r.y = max(r.y, d);
+        if (t > 0 && a.doc_id(t, b) < a.doc_id(t - 1, b)) sorted = false;
+        if (starts_run(t)) last = t, first = min(first, t);
     }
-    mm[e] = r;
+    s_last[k] = last;
+    s_first[k] = first;
+    sorted = __syncthreads_and(sorted);
+    for (int o = 1; o < kSpanThreads; o <<= 1) { // inclusive scans: max from the left, min from the right
+        const int l = k >= o ? s_last[k - o] : INT32_MIN, r = k + o < kSpanThreads ? s_first[k + o] : INT32_MAX;
+        __syncthreads();
+        s_last[k] = max(s_last[k], l);
+        s_first[k] = min(s_first[k], r);
+        __syncthreads();
+    }
+    int4 *row = span + (int64_t)b * a.T;
+    if (!sorted) {
+        for (int t = t0; t < t1; t++) row[t] = make_int4(0, INT32_MAX, a.T, INT32_MIN);
+        return;
+    }
+    int start = k > 0 ? s_last[k - 1] : 0; // the last run start before t0 (token 0 starts one)
+    for (int t = t0; t < t1; t++) {
+        if (starts_run(t)) start = t;
+        row[t] = make_int4(start, start, 0, 0);
+    }
+    int end = k + 1 < kSpanThreads ? min(s_first[k + 1], a.T) : a.T; // the first run start after t1 - 1
+    for (int t = t1 - 1; t >= t0; t--) {
+        row[t].z = row[t].w = end;
+        if (starts_run(t)) end = t;
+    }
 }
 
 // Sum over a warp, every lane gets the total.
@@ -568,7 +608,7 @@ __device__ __forceinline__ void rescale_o(float (&acc)[MT][ND][4], const float (
 template <int D, int BM, int BN, int NT, bool SW>
 struct rows_block {
     int h, b, hk, i0, iend, jt_hi;
-    int2 qd; // the block's rows' docs()
+    int2 qs; // the block's rows' span
     __device__ __forceinline__ explicit rows_block(const attn_args &a) {
         const int HB = a.Hq * a.B, hb = (int)(blockIdx.x % HB);
         h = hb % a.Hq;
@@ -577,7 +617,7 @@ struct rows_block {
         i0 = ((a.T + BM - 1) / BM - 1 - (int)(blockIdx.x / HB)) * BM;
         iend = min(i0 + BM, a.T);
         jt_hi = (iend - 1) / BN;
-        qd = a.docs(b, i0, i0 + BM);
+        qs = a.rows_span(b, i0, i0 + BM);
     }
     // Starts loading the q rows into sq (layout SW: sw128, else swz); zeroes the keys' document ids
     // of both stages when there are none.
@@ -587,19 +627,17 @@ struct rows_block {
         if (!a.doc.data)
             for (int r = tid; r < 2 * BN; r += NT) sdoc[r] = 0;
     }
-    // The next key tile from jt that some row may see, and its keys' docs() (kd).
-    __device__ __forceinline__ int next_tile(const attn_args &a, int jt, int2 &kd) const {
-        for (; jt <= jt_hi; jt++) {
-            kd = a.docs(b, jt * BN, jt * BN + BN);
-            if (a.tile_class(i0, i0 + BM, jt * BN, jt * BN + BN, qd, kd) != kSkip) break;
-        }
+    // The next key tile from jt that some row may see.
+    __device__ __forceinline__ int next_tile(const attn_args &a, int jt) const {
+        for (; jt <= jt_hi; jt++)
+            if (a.tile_class(i0, i0 + BM, jt * BN, jt * BN + BN, qs, any_keys()) != kSkip) break;
         return jt;
     }
-    // The key tile after jt that some row may see (kd: its keys' docs()); starts loading it
-    // (load(jn)) when there is one, then waits for the tile before.
+    // The key tile after jt that some row may see; starts loading it (load(jn)) when there is one,
+    // then waits for the tile before.
     template <typename L>
-    __device__ __forceinline__ int prefetch(const attn_args &a, int jt, int2 &kd, L &&load) const {
-        const int jn = next_tile(a, jt + 1, kd);
+    __device__ __forceinline__ int prefetch(const attn_args &a, int jt, L &&load) const {
+        const int jn = next_tile(a, jt + 1);
         if (jn <= jt_hi) {
             load(jn);
             cp_async_wait<1>();
@@ -688,8 +726,8 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
     const rows_block<D, BM, BN, NT, false> blk(a);
     const int b = blk.b, i0 = blk.i0, jt_hi = blk.jt_hi;
     blk.start(a, sQ, sDoc, tid);
-    int2 kd, kdn, wqd = a.docs(b, i0 + w0, i0 + w0 + WM); // docs() of the tile's keys, the next tile's, the warp's rows
-    int jt = blk.next_tile(a, a.first_key(i0) / BN, kd); // the diagonal tile is never skipped
+    const int2 wqs = a.rows_span(b, i0 + w0, i0 + w0 + WM); // the warp's rows' span
+    int jt = blk.next_tile(a, a.first_key(i0) / BN);   // the diagonal tile is never skipped
     blk.load_kv(a, jt, sK, sV, sDoc, tid);
     int rows[MT][2], rdoc[MT][2];
     blk.lane_rows(a, w0, lane, rows, rdoc);
@@ -711,7 +749,7 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
     const float scl = CAP ? 1.0f : a.mul;
 
     for (int st = 0; jt <= jt_hi; st ^= 1) {
-        const int jn = blk.prefetch(a, jt, kdn, [&](int j) { blk.load_kv(a, j, sK + (st ^ 1) * BN * D, sV + (st ^ 1) * BN * D, sDoc + (st ^ 1) * BN, tid); });
+        const int jn = blk.prefetch(a, jt, [&](int j) { blk.load_kv(a, j, sK + (st ^ 1) * BN * D, sV + (st ^ 1) * BN * D, sDoc + (st ^ 1) * BN, tid); });
         __syncthreads();
         const int j0 = jt * BN;
         const uint32_t tK = uK + st * BN * D * 2, tV = uV + st * BN * D * 2;
@@ -727,11 +765,11 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
             gemm_nn<MT, BN, D, D>(acc, f, tV, lo); // O += P V
         };
         // the warp's own view of the tile: nothing to do, every pair allowed, or test each pair
-        const int cls = a.tile_class(i0 + w0, i0 + w0 + WM, j0, j0 + BN, wqd, kd);
+        const int cls = a.tile_class(i0 + w0, i0 + w0 + WM, j0, j0 + BN, wqs, any_keys());
         if (cls == kFull) step(std::false_type());
         else if (cls == kPartial) step(std::true_type());
         __syncthreads();
-        jt = jn, kd = kdn;
+        jt = jn;
     }
 
     blk.finish(a, acc, rs, rows, scl, sQ, w0, lane);
@@ -792,8 +830,8 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
     auto load_kv = [&](int jt, int n) { // the n-th tile the block visits
         blk.load_kv(a, jt, sK + (n % 2) * BN * D, sV + (n % 3) * BN * D, sDoc + (n % 2) * BN, tid);
     };
-    int2 kd, kdn, wqd = a.docs(b, i0 + w0, i0 + w0 + 16); // docs() of the tile's keys, the next tile's, the warp's rows
-    int jt = blk.next_tile(a, a.first_key(i0) / BN, kd); // the diagonal tile is never skipped
+    const int2 wqs = a.rows_span(b, i0 + w0, i0 + w0 + 16); // the warp's rows' span
+    int jt = blk.next_tile(a, a.first_key(i0) / BN);  // the diagonal tile is never skipped
     load_kv(jt, 0);
     int rows[1][2], rdoc[1][2];
     blk.lane_rows(a, w0, lane, rows, rdoc);
@@ -809,7 +847,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
     };
 
     for (int n = 0; jt <= jt_hi; n++) {
-        const int jn = blk.prefetch(a, jt, kdn, [&](int j) { load_kv(j, n + 1); });
+        const int jn = blk.prefetch(a, jt, [&](int j) { load_kv(j, n + 1); });
         fence_async_smem();
         __syncthreads();
         const int j0 = jt * BN;
@@ -827,7 +865,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
         wg_pin<BN / 8>(s[0]);
         const int *tDoc = sDoc + (n % 2) * BN;
         float alpha[1][2];
-        const bool moved = a.tile_class(i0 + w0, i0 + w0 + 16, j0, j0 + BN, wqd, kd) == kFull
+        const bool moved = a.tile_class(i0 + w0, i0 + w0 + 16, j0, j0 + BN, wqs, any_keys()) == kFull
                                ? softmax_tile<CAP, false>(s, rs, alpha, a, scl, rows, rdoc, j0, tDoc, tq)
                                : softmax_tile<CAP, true>(s, rs, alpha, a, scl, rows, rdoc, j0, tDoc, tq);
         wg_wait<0>();
@@ -836,7 +874,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
         to_frags<1, BN>(s, p);
         pv = n % 3;
         __syncthreads();
-        jt = jn, kd = kdn;
+        jt = jn;
     }
     wg_fence(); // the last tile's P V
     issue_pv();
@@ -946,7 +984,7 @@ struct cols_layout {
 template <int D, int BN, int BQ, int NT, bool SW>
 struct cols_block {
     int part, g, b, j0, jend, h_lo, h_hi, qt_hi, qt_first;
-    int2 kd, qd_first; // docs() of the block's keys and of query tile qt_first
+    int2 ks; // the block's keys' span
     __device__ __forceinline__ explicit cols_block(const attn_args &a) {
         int x = (int)blockIdx.x;
         part = x % a.hsplit;
@@ -959,26 +997,24 @@ struct cols_block {
         h_hi = (part + 1) * a.group / a.hsplit;
         jend = min(j0 + BN, a.T);
         qt_hi = (a.end_query(jend - 1) - 1) / BQ;
-        kd = a.docs(b, j0, j0 + BN);
+        ks = a.keys_span(b, j0, j0 + BN);
     }
-    // The next query tile from qt that may see some key, and its queries' docs() (qd).
-    __device__ __forceinline__ int next_q(const attn_args &a, int qt, int2 &qd) const {
-        for (; qt <= qt_hi; qt++) {
-            qd = a.docs(b, qt * BQ, qt * BQ + BQ);
-            if (a.tile_class(qt * BQ, qt * BQ + BQ, j0, j0 + BN, qd, kd) != kSkip) break;
-        }
+    // The next query tile from qt that may see some key.
+    __device__ __forceinline__ int next_q(const attn_args &a, int qt) const {
+        for (; qt <= qt_hi; qt++)
+            if (a.tile_class(qt * BQ, qt * BQ + BQ, j0, j0 + BN, any_rows(), ks) != kSkip) break;
         return qt;
     }
     // (nh, nq) = the step after (hh, qt): the next query tile of head hh, else the first of the next
-    // head (nqd: its queries' docs()). Starts loading it (load(nh, nq)) when there is one, then waits
+    // head. Starts loading it (load(nh, nq)) when there is one, then waits
     // for the step before.
     template <typename L>
-    __device__ __forceinline__ void prefetch(const attn_args &a, int hh, int qt, int &nh, int &nq, int2 &nqd, L &&load) const {
+    __device__ __forceinline__ void prefetch(const attn_args &a, int hh, int qt, int &nh, int &nq, L &&load) const {
         nh = hh;
-        nq = next_q(a, qt + 1, nqd);
+        nq = next_q(a, qt + 1);
         if (nq > qt_hi) {
             nh++;
-            nq = qt_first, nqd = qd_first;
+            nq = qt_first;
         }
         if (nh < h_hi) {
             load(nh, nq);
@@ -995,7 +1031,7 @@ struct cols_block {
         cp_async_commit();
         if (!a.doc.data)
             for (int e = tid; e < 2 * BQ; e += NT) sm.doc[e] = 0;
-        qt_first = next_q(a, j0 / BQ, qd_first); // the diagonal tile is never skipped
+        qt_first = next_q(a, j0 / BQ); // the diagonal tile is never skipped
     }
     // Starts loading query tile qt of head hh of the group into stage st of sm: q and dO rows,
     // LSE*log2e, D_i, doc ids.
@@ -1067,7 +1103,7 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     blk.lane_cols(a, wj0, lane, cols, cdoc);
     auto load_q = [&](int hh, int qt, int st) { blk.load_q(a, hh, qt, sm, st, tid); };
     int hh = blk.h_lo, qt = blk.qt_first;
-    int2 qd = blk.qd_first, wkd = a.docs(b, wj0, wj0 + 16); // docs() of the tile's queries, the warp's keys
+    const int2 wks = a.keys_span(b, wj0, wj0 + 16); // the warp's keys' span
     load_q(hh, qt, 0);
     cp_async_wait<1>(); // the k and v rows
     __syncthreads();
@@ -1080,8 +1116,7 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
 
     for (int st = 0; hh < blk.h_hi; st ^= 1) {
         int nh, nq;
-        int2 nqd;
-        blk.prefetch(a, hh, qt, nh, nq, nqd, [&](int h2, int q2) { load_q(h2, q2, st ^ 1); });
+        blk.prefetch(a, hh, qt, nh, nq, [&](int h2, int q2) { load_q(h2, q2, st ^ 1); });
         __syncthreads();
         const int q0 = qt * BQ;
         // where this warp's dS^T goes: its key rows and query columns of a tile of the dq kernel's
@@ -1168,7 +1203,7 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
             gemm_nn<1, BQ, DO, D>(dk, fds, tQ + col0 * 2, lo); // dK += dS^T Q
         };
         // the warp's own view of the tile: nothing to do (dS^T = 0), every pair allowed, or test each pair
-        const int cls = a.tile_class(q0, q0 + BQ, wj0, wj0 + 16, qd, wkd);
+        const int cls = a.tile_class(q0, q0 + BQ, wj0, wj0 + 16, any_rows(), wks);
         if (cls == kFull) {
             step(std::false_type());
         } else if (cls == kPartial) {
@@ -1179,7 +1214,7 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
         }
         __syncthreads();
         hh = nh;
-        qt = nq, qd = nqd;
+        qt = nq;
     }
 
     cols_finish<DO, D>(a, dk[0], dv[0], sm.k, sm.v, slab * 16, col0, g, b, blk.part, wj0, blk.jend, cols, lane);
@@ -1218,15 +1253,14 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
     blk.lane_cols(a, wj0, lane, cols, cdoc);
     auto load_q = [&](int hh, int qt, int st) { blk.load_q(a, hh, qt, sm, st, tid); };
     int hh = blk.h_lo, qt = blk.qt_first;
-    int2 qd = blk.qd_first, wkd = a.docs(b, wj0, wj0 + 16); // docs() of the tile's queries, the warp's keys
+    const int2 wks = a.keys_span(b, wj0, wj0 + 16); // the warp's keys' span
     load_q(hh, qt, 0);
     const uint32_t uK = forge_cuda_smem_addr(sm.k), uV = forge_cuda_smem_addr(sm.v), uQ = forge_cuda_smem_addr(sm.q), udO = forge_cuda_smem_addr(sm.dO);
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};
 
     for (int st = 0; hh < blk.h_hi; st ^= 1) {
         int nh, nq;
-        int2 nqd;
-        blk.prefetch(a, hh, qt, nh, nq, nqd, [&](int h2, int q2) { load_q(h2, q2, st ^ 1); });
+        blk.prefetch(a, hh, qt, nh, nq, [&](int h2, int q2) { load_q(h2, q2, st ^ 1); });
         fence_async_smem();
         __syncthreads();
         const int q0 = qt * BQ;
@@ -1245,7 +1279,7 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
         wg_pin<BQ / 8>(dp[0]);
         const float *tL = sm.l + st * BQ, *tDi = sm.di + st * BQ;
         const int *tDoc = sm.doc + st * BQ;
-        if (a.tile_class(q0, q0 + BQ, wj0, wj0 + 16, qd, wkd) == kFull)
+        if (a.tile_class(q0, q0 + BQ, wj0, wj0 + 16, any_rows(), wks) == kFull)
             cols_pds<CAP, false>(s, dp, a, tL, tDi, tDoc, q0, 0, cols, cdoc, tq);
         else
             cols_pds<CAP, true>(s, dp, a, tL, tDi, tDoc, q0, 0, cols, cdoc, tq);
@@ -1266,7 +1300,7 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
         wg_pin<D / 8>(dk[0]);
         __syncthreads();
         hh = nh;
-        qt = nq, qd = nqd;
+        qt = nq;
     }
     cols_finish<D, D>(a, dk[0], dv[0], sm.k, sm.v, warp * 16, 0, g, b, blk.part, wj0, blk.jend, cols, lane);
 #else
@@ -1321,33 +1355,30 @@ __global__ void __launch_bounds__(32 * dq_cfg<D>::NW, dq_cfg<D>::MINB) attn_dq(c
     const int i0 = ((a.T + BM - 1) / BM - 1 - (int)(blockIdx.x / HB)) * BM; // the last (longest) query tiles first
     const int iend = min(i0 + BM, a.T), w0 = warp * WM;                    // the warp's rows: i0 + w0 + [0, WM)
     const int kt_hi = (iend - 1) / BN;
-    // docs() of the block's rows, of each of its dS^T tiles' and of the warp's
-    const int2 qd = a.docs(b, i0, i0 + BM), wqd = a.docs(b, i0 + w0, i0 + w0 + WM);
-    int2 sqd[NS];
+    // the spans of the block's rows, of each of its dS^T tiles' and of the warp's
+    const int2 qs = a.rows_span(b, i0, i0 + BM), wqs = a.rows_span(b, i0 + w0, i0 + w0 + WM);
+    int2 sqs[NS];
 #pragma unroll
-    for (int s = 0; s < NS; s++) sqd[s] = a.docs(b, i0 + s * kDsTile, i0 + s * kDsTile + kDsTile);
-    auto next_tile = [&](int kt, int2 &kd) { // the next key tile some row of the block may see, and its keys' docs()
-        for (; kt <= kt_hi; kt++) {
-            kd = a.docs(b, kt * BN, kt * BN + BN);
-            if (a.tile_class(i0, i0 + BM, kt * BN, kt * BN + BN, qd, kd) != kSkip) break;
-        }
+    for (int s = 0; s < NS; s++) sqs[s] = a.rows_span(b, i0 + s * kDsTile, i0 + s * kDsTile + kDsTile);
+    auto next_tile = [&](int kt) { // the next key tile some row of the block may see
+        for (; kt <= kt_hi; kt++)
+            if (a.tile_class(i0, i0 + BM, kt * BN, kt * BN + BN, qs, any_keys()) != kSkip) break;
         return kt;
     };
-    auto load = [&](int kt, int2 kd, int st) {
+    auto load = [&](int kt, int st) {
         const int j0 = kt * BN, n = min(BN, a.T - j0);
         load_tile<BN, D, NT>(sK + st * BN * D, a.row(a.k, hk, j0, b), a.k.nb[2], n, tid);
 #pragma unroll
         for (int s = 0; s < NS; s++) { // the query tiles of dS^T attn_cols wrote (qb >= kt), else zeros
             const int qb = i0 / kDsTile + s, q0 = qb * kDsTile;
-            const bool seen = q0 < a.T && a.tile_class(q0, q0 + kDsTile, j0, j0 + BN, sqd[s], kd) != kSkip;
+            const bool seen = q0 < a.T && a.tile_class(q0, q0 + kDsTile, j0, j0 + BN, sqs[s], any_keys()) != kSkip;
             load_tile<BN, kDsTile, NT>(sS + (st * NS + s) * BN * kDsTile, (const char *)a.ds_tile(b, h, min(max(qb, kt), a.Tp / kDsTile - 1), kt),
                                        kDsTile * sizeof(bf16), seen ? n : 0, tid);
         }
         cp_async_commit();
     };
-    int2 kd, kdn; // docs() of the tile's keys and of the next tile's
-    int kt = next_tile(a.first_key(i0) / BN, kd);
-    load(kt, kd, 0);
+    int kt = next_tile(a.first_key(i0) / BN);
+    load(kt, 0);
     const lane_offs<D> lo(lane);
     const lane_offs<kDsTile> ls(lane);
     const uint32_t uK = forge_cuda_smem_addr(sK), uS = forge_cuda_smem_addr(sS) + (w0 / kDsTile) * BN * kDsTile * 2;
@@ -1355,15 +1386,15 @@ __global__ void __launch_bounds__(32 * dq_cfg<D>::NW, dq_cfg<D>::MINB) attn_dq(c
     float acc[MT][D / 8][4] = {};
 
     for (int st = 0; kt <= kt_hi; st ^= 1) {
-        const int kn = next_tile(kt + 1, kdn);
+        const int kn = next_tile(kt + 1);
         if (kn <= kt_hi) {
-            load(kn, kdn, st ^ 1);
+            load(kn, st ^ 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (a.tile_class(i0 + w0, i0 + w0 + WM, kt * BN, kt * BN + BN, wqd, kd) != kSkip) {
+        if (a.tile_class(i0 + w0, i0 + w0 + WM, kt * BN, kt * BN + BN, wqs, any_keys()) != kSkip) {
             uint32_t f[MT][BN / 16][4];
             const uint32_t tS = uS + st * NS * BN * kDsTile * 2;
 #pragma unroll
@@ -1373,7 +1404,7 @@ __global__ void __launch_bounds__(32 * dq_cfg<D>::NW, dq_cfg<D>::MINB) attn_dq(c
             gemm_nn<MT, BN, D, D>(acc, f, uK + st * BN * D * 2, lo); // dq += dS K
         }
         __syncthreads();
-        kt = kn, kd = kdn;
+        kt = kn;
     }
     const float mul[2] = {a.scale, a.scale};
 #pragma unroll
@@ -1409,14 +1440,13 @@ __global__ void __launch_bounds__(128, 4) attn_dq_wg(const attn_args a) {
         load_tile<BN, kDsTile, NT, true>(sS + st * BN * kDsTile, (const char *)a.ds_tile(b, h, qb, kt), kDsTile * sizeof(bf16), n, tid);
         cp_async_commit();
     };
-    int2 kd; // the key tiles' docs(), only for finding them
-    int kt = blk.next_tile(a, a.first_key(i0) / BN, kd);
+    int kt = blk.next_tile(a, a.first_key(i0) / BN);
     load(kt, 0);
     const uint32_t uK = forge_cuda_smem_addr(sK), uS = forge_cuda_smem_addr(sS);
     float acc[D / 8][4] = {};
 
     for (int st = 0; kt <= blk.jt_hi; st ^= 1) {
-        const int kn = blk.prefetch(a, kt, kd, [&](int k) { load(k, st ^ 1); });
+        const int kn = blk.prefetch(a, kt, [&](int k) { load(k, st ^ 1); });
         fence_async_smem();
         __syncthreads();
         wg_fence();
@@ -1549,11 +1579,11 @@ int cols_hsplit(int64_t D, int64_t Hq, int64_t Hkv, int64_t T, int64_t B) {
     return (int)std::max<int64_t>(1, std::min<int64_t>(Hq / Hkv, cdiv(kColsWarps, warps)));
 }
 
-// The scratch: [doc table (when doc ids are given)] [D_i and LSE*log2e per query row (backward)]
+// The scratch: [the document spans (when doc ids are given)] [D_i and LSE*log2e per query row (backward)]
 // [dk/dv partials (backward, tensor cores, hsplit > 1)] [dS^T tiles (backward, tensor cores)];
 // the last two for one group of kv heads (bwd_plan).
 size_t doc_table_bytes(const forge_tensor *q, const forge_tensor *doc) {
-    return doc ? align256((size_t)q->ne[3] * cdiv(q->ne[2], kDocGroup) * sizeof(int2)) : 0;
+    return doc ? align256((size_t)q->ne[3] * q->ne[2] * sizeof(int4)) : 0;
 }
 size_t row_floats(const forge_tensor *q) { return (size_t)(q->ne[1] * cdiv(q->ne[2], kRowPad) * kRowPad * q->ne[3]); }
 size_t di_bytes(const forge_tensor *q) { return align256(2 * row_floats(q) * sizeof(float)); }
@@ -1628,7 +1658,6 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
     a.cap = node->op_f[1];
     a.mul = a.cap > 0.0f ? a.scale / a.cap : a.scale * kLog2e;
     a.cap2 = a.cap * kLog2e;
-    a.doc_groups = (int)cdiv(a.T, kDocGroup);
 
     char *work = (char *)p->work;
     if (doc) { // the step's table (made by its first attention node), or the node's own in scratch
@@ -1637,12 +1666,9 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
             auto it = p->fusions->doc_tables.find(node);
             if (it != p->fusions->doc_tables.end()) planned = &it->second;
         }
-        int2 *mm = planned ? planned->mm : (int2 *)work;
-        a.doc_mm = mm;
-        if (!planned || planned->make) {
-            const int64_t n = (int64_t)a.B * a.doc_groups;
-            forge_cuda_launch_kernel(attn_doc_table, (unsigned)((n + 255) / 256), 256, 0, p->stream, a, mm);
-        }
+        int4 *span = planned ? planned->span : (int4 *)work;
+        a.doc_span = span;
+        if (!planned || planned->make) forge_cuda_launch_kernel(attn_doc_spans, (unsigned)a.B, kSpanThreads, 0, p->stream, a, span);
     }
     if (!fwd) {
         a.di = (float *)(work + doc_table_bytes(q, doc));
@@ -1694,7 +1720,7 @@ size_t forge_cuda_attention_work(const forge_tensor *node) {
 }
 
 size_t forge_cuda_attention_plan_docs(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem) {
-    std::map<std::vector<int64_t>, int2 *> tables; // (doc ids' data, shape, strides) -> its table
+    std::map<std::vector<int64_t>, int4 *> tables; // (doc ids' data, shape, strides) -> its table
     size_t bytes = 0;
     for (const forge_tensor *t : nodes) {
         if (t->op != FORGE_OP_ATTENTION && t->op != FORGE_OP_ATTENTION_BACK) continue;
@@ -1706,7 +1732,7 @@ size_t forge_cuda_attention_plan_docs(const std::vector<forge_tensor *> &nodes, 
         auto it = tables.find(key);
         const bool make = it == tables.end();
         if (make) {
-            it = tables.emplace(key, mem ? (int2 *)(mem + bytes) : nullptr).first;
+            it = tables.emplace(key, mem ? (int4 *)(mem + bytes) : nullptr).first;
             bytes += doc_table_bytes(q, doc);
         }
         if (mem) f->doc_tables[t] = {it->second, make};

@@ -400,8 +400,8 @@ struct forge_cuda_fusions {
     int n_prep_jobs = 0, prep_blocks = 0;
     const forge_tensor *prep_first = nullptr; // the first hoisted node (a profile counts the kernel there)
     struct doc_table {
-        int2 *mm;  // per (row, group of tokens): min and max document id (attention.cu)
-        bool make; // this node makes it (the first of its document ids in the step); the rest read it
+        int4 *span; // per (row, token): its document span (attention.cu)
+        bool make;  // this node makes it (the first of its document ids in the step); the rest read it
     };
     std::unordered_map<const forge_tensor *, doc_table> doc_tables;
     // RMSNORM_BACK nodes read by one node only and not graph outputs: fused with the ADD after
@@ -426,7 +426,7 @@ forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &no
 // else fills f's preps and job table in mem (an upload: call it outside any capture).
 size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem);
 void forge_cuda_lora_run_preps(const forge_cuda_fusions &f, const forge_cuda_params *p);
-// Plans one document table per step for each leaf of document ids that ATTENTION / ATTENTION_BACK
+// Plans one table of document spans per step for each leaf of document ids that ATTENTION / ATTENTION_BACK
 // nodes read (every layer's, forward and backward): the first node makes it, the others read it,
 // where each would make its own. mem NULL: returns the device bytes needed; else fills f's doc_tables.
 size_t forge_cuda_attention_plan_docs(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem);
