@@ -282,9 +282,11 @@ FORGE_API forge_tensor *forge_lora(forge_ctx *ctx, forge_tensor *x, forge_tensor
    qualify. */
 FORGE_API forge_tensor *forge_lora_set_spare(forge_ctx *ctx, forge_tensor *lora);
 /* Exact causal attention: q [D, Hq, T, B], k and v [D, Hkv, T, B] (Hq a multiple of Hkv),
-   doc_ids I32 [T, B] or NULL (a token attends only to earlier tokens with its document id),
-   scale, softcap (0: off; else cap*tanh(s/cap) before the mask), window (0: off; else token i
-   sees j with i - j < window). Result [D, Hq, T, B]; forge_tensor_result(o, 1) is the logsumexp
+   doc_ids I32 [T, B] or NULL (a token attends only to earlier tokens with its document id; ids
+   that never decrease along a row, each document one run as packed batches have them, let the
+   CUDA kernels skip and clear whole tiles: other ids are exact but test each pair), scale,
+   softcap (0: off; else cap*tanh(s/cap) before the mask), window (0: off; else token i sees j
+   with i - j < window). Result [D, Hq, T, B]; forge_tensor_result(o, 1) is the logsumexp
    F32 [Hq, T, B] that the backward uses. */
 FORGE_API forge_tensor *forge_attention(forge_ctx *ctx, forge_tensor *q, forge_tensor *k, forge_tensor *v,
                                         forge_tensor *doc_ids, float scale, float softcap, int window);

@@ -382,14 +382,22 @@ static Case lora_down_glu_case(const std::string &shape, int64_t F, int64_t M, i
     return c;
 }
 
-// as_model: q, k and v as views of one [D, Hq + 2 Hkv, T, B] tensor and a document-id tensor (one
-// document a row), as a model's step gives them
+// as_model: q, k and v as views of one [D, Hq + 2 Hkv, T, B] tensor and a document-id tensor, as a
+// model's step gives them: one document a row, or (docs) rows packed with documents of these
+// lengths, in turn, as finetune packs them (the FLOP count is then the pairs that may meet)
 static Case attention_case(const std::string &shape, int64_t D, int64_t Hq, int64_t Hkv, int64_t T, int64_t B, float softcap,
-                           bool as_model = false) {
+                           bool as_model = false, std::vector<int64_t> docs = {}) {
     Case c{"attention", shape};
     c.bound = GEMM;
     c.grad = c.dirs3 = true;
-    c.fwd_cost = 2.0 * B * Hq * D * (double)T * (T + 1);
+    std::vector<float> ids;
+    double pairs = 0; // per (b, h)
+    for (int64_t t = 0, d = 0, left = docs.empty() ? T : docs[0]; t < T; t++, left--) {
+        if (left == 0) d++, left = docs[d % docs.size()];
+        ids.push_back((float)d);
+        pairs += docs.empty() ? (double)t + 1 : (double)docs[d % docs.size()] - left + 1; // keys t sees
+    }
+    c.fwd_cost = 4.0 * B * Hq * D * pairs;
     c.bwd_cost = 2.5 * c.fwd_cost;
     c.build = [=](Bld &b) {
         forge_tensor *q, *k, *v, *doc = NULL;
@@ -401,7 +409,9 @@ static Case attention_case(const std::string &shape, int64_t D, int64_t Hq, int6
             k = forge_view(b.ctx, qkv, 4, nkv, nb, Hq * nb[1]);
             v = forge_view(b.ctx, qkv, 4, nkv, nb, (Hq + Hkv) * nb[1]);
             doc = b.leaf(FORGE_TYPE_I32, {T, B}, FORGE_FLAG_INPUT);
-            b.fills[doc] = Fill{Fill::RANDINT, 1.0, {}}; // all 0
+            std::vector<float> all;
+            for (int64_t r = 0; r < B; r++) all.insert(all.end(), ids.begin(), ids.end());
+            b.fills[doc] = Fill{Fill::HOST, 1.0, all};
         } else {
             q = b.train({D, Hq, T, B}), k = b.train({D, Hkv, T, B}), v = b.train({D, Hkv, T, B});
         }
@@ -548,6 +558,10 @@ static std::vector<Case> make_cases() {
         cs.push_back(attention_case(fmt("%s B4 T1024 %lld/%lldx%lld causal%s, qkv view + docs", m.name, (long long)m.Hq, (long long)m.Hkv, (long long)m.D,
                                         m.gemma ? " softcap50" : ""),
                                     m.D, m.Hq, m.Hkv, 1024, 4, m.gemma ? 50.0f : 0.0f, true));
+    for (const Model &m : kModels) // and packed as finetune packs rows (documents of 300, 120, 500 and 104 tokens, in turn)
+        cs.push_back(attention_case(fmt("%s B4 T1024 %lld/%lldx%lld causal%s, qkv view + packed docs", m.name, (long long)m.Hq, (long long)m.Hkv,
+                                        (long long)m.D, m.gemma ? " softcap50" : ""),
+                                    m.D, m.Hq, m.Hkv, 1024, 4, m.gemma ? 50.0f : 0.0f, true, {300, 120, 500, 104}));
     for (const Model &m : kModels)
         for (bool g : {false, true})
             cs.push_back(cross_entropy_case(fmt("%s 4096x%lld V%lld%s", m.name, (long long)m.H, (long long)m.V, m.gemma ? " softcap30" : ""), m.H, m.V, 4096,
@@ -716,11 +730,14 @@ static std::map<std::string, double> run_variant(const Case &c, Variant v, std::
         auto it = b.fills.find(t);
         Fill f = it != b.fills.end() ? it->second : Fill{};
         const int64_t n = forge_tensor_nelements(t);
-        if (t->type == FORGE_TYPE_I32 && f.kind != Fill::IOTA && f.kind != Fill::RANDINT && f.kind != Fill::ZIPF)
+        if (t->type == FORGE_TYPE_I32 && f.kind != Fill::IOTA && f.kind != Fill::RANDINT && f.kind != Fill::ZIPF && f.kind != Fill::HOST)
             return fail("an I32 leaf without a fill rule");
         if (f.kind == Fill::ZIPF) {
             const std::vector<int32_t> ids = zipf_ids(n, (int64_t)f.a, seed++);
             CK(cudaMemcpy(t->data, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+        } else if (f.kind == Fill::HOST && t->type == FORGE_TYPE_I32) {
+            const std::vector<int32_t> v(f.host.begin(), f.host.end());
+            if ((int64_t)v.size() != n || forge_tensor_set(t, v.data(), 0, v.size() * sizeof(int32_t)) != FORGE_OK) return fail("set");
         } else if (f.kind == Fill::HOST) {
             if (forge_tensor_set_f32(t, f.host.data(), n) != FORGE_OK) return fail("set");
         } else {
