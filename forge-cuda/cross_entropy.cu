@@ -7,9 +7,10 @@
 //   1. z = h_c W^T [n, V] in W's type (forge_cuda_gemm, cuBLASLt: fp32 accumulation, one rounding;
 //      a bf16 lm_head gives bf16 logits, as in HF) into the scratch;
 //   2. ce_rows, one block of 1024 threads per token row: pass 1 reads the row once (softcap
-//      c tanh(z/c), online max and sum of exp, 16-byte loads: 4 fp32 or 8 bf16 logits) and
-//      writes the token's loss term logsumexp(z) - z[label]; pass 2 reads it again (partly from
-//      L2: the rows in flight, 300-500 KB each, fill it) and overwrites it in place with
+//      c tanh(z/c), online max and sum of exp; 16-byte loads of 4 fp32 or 8 bf16 logits, 8-byte
+//      ones of 4 bf16 when rows are not multiples of 8) and writes the token's loss term logsumexp(z) -
+//      z[label]; pass 2 reads it again (partly from L2: the rows in flight, 300-500 KB each,
+//      fill it) and overwrites it in place with
 //      dz = (softmax(z) - onehot(label)) softcap'(z) / count, in the same type;
 //   3. dH_c = dz W (forge_cuda_gemm, written straight into dH when its type allows);
 //   4. dW (F32) = dz^T h_c, beta = 0 for the first chunk and 1 after.
@@ -77,7 +78,7 @@ __device__ __forceinline__ void unpack2(uint32_t w, __half, float &a, float &b) 
     a = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))), b = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
 }
 
-// VEC elements from one 16-byte access (VEC = 16 / sizeof(T)), or one element (VEC = 1).
+// VEC elements in one access: 1, 4 (fp32: 16 bytes; two-byte types: 8) or 8 (two-byte types).
 template <typename T, int VEC>
 __device__ __forceinline__ void load_vec(const T *p, float (&v)[VEC]) {
     if constexpr (VEC == 1) {
@@ -85,7 +86,11 @@ __device__ __forceinline__ void load_vec(const T *p, float (&v)[VEC]) {
     } else if constexpr (sizeof(T) == 4) {
         const float4 f = *(const float4 *)p;
         v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-    } else { // two-byte types, eight of them
+    } else if constexpr (VEC == 4) {
+        const uint2 w = *(const uint2 *)p;
+        unpack2(w.x, T{}, v[0], v[1]);
+        unpack2(w.y, T{}, v[2], v[3]);
+    } else {
         const uint4 w = *(const uint4 *)p;
         unpack2(w.x, T{}, v[0], v[1]);
         unpack2(w.y, T{}, v[2], v[3]);
@@ -112,6 +117,8 @@ __device__ __forceinline__ void store_vec(T *p, const float (&v)[VEC]) {
         *p = from_f32<T>(v[0]);
     } else if constexpr (sizeof(T) == 4) {
         *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    } else if constexpr (VEC == 4) {
+        *(uint2 *)p = make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]));
     } else {
         *(uint4 *)p = make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7]));
     }
@@ -120,7 +127,7 @@ __device__ __forceinline__ void store_vec(T *p, const float (&v)[VEC]) {
 // One block per token row r of the chunk starting at token t0: loss term into loss[t0 + r], and
 // row r of z (rows ldz apart) turned into dz in row r of dz (rows ldd apart; the same memory as z
 // in the lm_head op, each thread overwriting what it has just read; NULL: the loss only). VEC > 1
-// needs V and the row strides to be multiples of VEC elements, and the pointers of 16 bytes.
+// needs V and the row strides to be multiples of VEC elements, and the pointers of VEC elements.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kRowThreads) ce_rows(const T *z, int64_t ldz, T *dz, int64_t ldd, int64_t V, forge_cuda_view labels,
                                                        int64_t t0, const float *count, float cap, int ignore, float *loss, int *error) {
@@ -194,7 +201,7 @@ __device__ __forceinline__ void argmax_combine(float &best, int &idx, float b2, 
 // CROSS_ENTROPY_EVAL: one block per token row r of the chunk at t0: logprob[t] = z[label] -
 // logsumexp(z) and hit[t] = 1 when the label is the row's first maximum (0 and 0 when ignored),
 // from the softcapped row of z (type T, rows ldz apart) read once. VEC > 1 needs V and ldz to be
-// multiples of VEC elements, and z of 16 bytes.
+// multiples of VEC elements, and z of VEC elements.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kRowThreads) ce_eval_rows(const T *z, int64_t ldz, int64_t V, forge_cuda_view labels, int64_t t0, float cap,
                                                             int ignore, float *logprob, float *hit, int *error) {
@@ -331,25 +338,25 @@ forge_cuda_view scratch_view(void *data, forge_type type, int64_t C, int64_t n) 
     return v;
 }
 
-// Whether rows of V elements, ld apart from p (es bytes each), can be read 16 bytes at a time.
-bool vec_ok(const void *p, int64_t V, int64_t ld, size_t es) {
-    const int64_t n = 16 / (int64_t)es;
-    return V % n == 0 && ld % n == 0 && (uintptr_t)p % 16 == 0;
-}
+// Whether rows of V elements, ld apart from p (es bytes each), can be read n at a time.
+bool vec_ok(const void *p, int64_t V, int64_t ld, size_t es, int64_t n) { return V % n == 0 && ld % n == 0 && (uintptr_t)p % (n * es) == 0; }
 
 // The row kernel of a chunk of n rows of z (ldz apart): the loss and dz (rows ldd apart, or NULL)
 // for training, or the log-probabilities and top-1 hits (eval: lp and hit not NULL).
 template <typename T>
 void launch_rows(int64_t n, const T *z, int64_t ldz, T *dz, int64_t ldd, int64_t V, const forge_cuda_view &labels, int64_t t0, const float *count,
                  float cap, int ignore, float *loss, float *lp, float *hit, const forge_cuda_params *p) {
-    constexpr int VEC = 16 / sizeof(T);
-    const bool vec = vec_ok(z, V, ldz, sizeof(T)) && (!dz || vec_ok(dz, V, ldd, sizeof(T)));
+    // 16 bytes at a time where the rows allow it (8 two-byte logits were 2-3% faster than 4 at
+    // Qwen2.5-0.5B's lm_head: bench/results/ab-h200-20261201-ce-vec16/), else 4 logits, else 1
+    constexpr int WIDE = 16 / sizeof(T);
+    auto ok = [&](int64_t n) { return vec_ok(z, V, ldz, sizeof(T), n) && (!dz || vec_ok(dz, V, ldd, sizeof(T), n)); };
+    const int vec = ok(WIDE) ? WIDE : ok(4) ? 4 : 1;
     if (lp) {
-        auto *k = vec ? ce_eval_rows<T, VEC> : ce_eval_rows<T, 1>;
+        auto *k = vec == WIDE ? ce_eval_rows<T, WIDE> : vec == 4 ? ce_eval_rows<T, 4> : ce_eval_rows<T, 1>;
         forge_cuda_launch_kernel(k, (unsigned)n, kRowThreads, 0, p->stream, z, ldz, V, labels, t0, cap, ignore, lp, hit, p->error);
         return;
     }
-    auto *k = vec ? ce_rows<T, VEC> : ce_rows<T, 1>;
+    auto *k = vec == WIDE ? ce_rows<T, WIDE> : vec == 4 ? ce_rows<T, 4> : ce_rows<T, 1>;
     forge_cuda_launch_kernel(k, (unsigned)n, kRowThreads, 0, p->stream, z, ldz, dz, ldd, V, labels, t0, count, cap, ignore, loss, p->error);
 }
 

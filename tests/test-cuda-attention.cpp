@@ -111,6 +111,9 @@ int main() {
         {"gqa 7:1 D64 H14/2 T1024 bf16 (qwen2.5 length)", 64, 14, 2, 1024, 1, s64, 0, 0, 0, BF},
         {"gqa 2:1 D128 H16/8 T1024 bf16 (qwen3 length)", 128, 16, 8, 1024, 1, s128, 0, 0, 0, BF},
         {"docs window 300 gqa 7:1 D64 T700 bf16", 64, 14, 2, 700, 1, s64, 0, 300, 1, BF},
+        // rows longer than attn_doc_spans' 1024 threads: each scans a chunk of 2-3 tokens
+        {"docs gqa 2:1 D64 T2100 B2 bf16 (long rows)", 64, 4, 2, 2100, 2, s64, 0, 0, 1, BF},
+        {"docs (repeated ids) D128 T1500 bf16 (long rows)", 128, 4, 2, 1500, 1, s128, 0, 0, 2, BF},
         {"lse D64 softcap 30 docs T300 bf16", 64, 14, 2, 300, 1, s64, 30.0f, 0, 2, BF, false, true},
         {"lse D128 window 50 T257 B2 bf16", 128, 4, 2, 257, 2, s128, 0, 50, 0, BF, false, true},
         {"negative scale D64 bf16 (generic kernels)", 64, 4, 2, 100, 1, -0.125f, 0, 0, 0, BF},

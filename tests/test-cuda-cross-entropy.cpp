@@ -108,6 +108,10 @@ int main() {
         {"chunk 1 odd V1001 C128 N9 f32", 128, 1001, 9, 1, 0, 1, F32, 2, 0.3f},
         {"chunk > N V5003 C256 N37 softcap 10 f32", 256, 5003, 37, 1, 10.0f, 100, F32, 2, 0.3f},
         {"strided h C96 V2000 N17 chunk 5 bf16", 96, 2000, 17, 1, 0, 5, BF, 2, 0.5f, true},
+        // the row kernels' access widths for two-byte logits: 8 (above), 4 (rows of 4 mod 8), 1 (odd)
+        {"V2004 C64 N24 chunk 8 bf16 dH dW (rows of 4 mod 8)", 64, 2004, 12, 2, 0, 8, BF, 2, 1.0f},
+        {"eval V2004 C64 N20 chunk 8 bf16 log-probs (rows of 4 mod 8)", 64, 2004, 10, 2, 0, 8, BF, 0, 1.0f, false, 1},
+        {"eval odd V1003 C64 N9 chunk 4 bf16 log-probs", 64, 1003, 9, 1, 0, 4, BF, 0, 1.0f, false, 1},
         {"strided h C96 V2000 N17 chunk 7 f32", 96, 2000, 17, 1, 0, 7, F32, 2, 0.5f, true},
         {"eval qwen2.5 V151936 C896 N24 chunk 16 bf16 log-probs", 896, 151936, 12, 2, 0, 16, BF, 0, 0.1f, false, 1},
         {"eval gemma2 V256000 C2304 softcap 30 N6 chunk 4 bf16 log-probs", 2304, 256000, 6, 1, 30.0f, 4, BF, 0, 0.5f, false, 1},
