@@ -50,13 +50,13 @@
 // in the mma.sync D = 256 forward, 136 in the mma.sync D = 128 forward at 32 rows per warp and 200
 // in its softcap variant, where the scores and the accumulators fill the register file; the wgmma
 // forward none, attn_cols_wg 16-44, attn_dq<128, 2> 36). Masked work is skipped: causal and
-// window bounds give the tile range, each token's document span (attn_doc_spans: the run of its document id,
-// when a row's ids never decrease; in a graph the backend runs, made once per step by the first
-// attention node and read by every layer's forward and backward: forge_cuda_attention_plan_docs)
-// skips tiles whose documents cannot meet, and each warp classifies each tile for its own rows
-// (nothing to do / every pair allowed / test each pair) from the spans of the side it holds fixed,
-// read once: only boundary tiles run the element tests, in a separately compiled variant of the
-// tile step; softcap is a compile-time variant too.
+// window bounds give the tile range, each token's document span (attn_doc_spans: the run of its
+// document id, when a row's ids never decrease; in a graph the backend runs, made once per step
+// by the first attention node and read by every layer's forward and backward:
+// forge_cuda_attention_plan_docs) skips tiles whose documents cannot meet, and each warp
+// classifies each tile for its own rows (nothing to do / every pair allowed / test each pair)
+// from the spans of the side it holds fixed, read once: only boundary tiles run the element
+// tests, in a separately compiled variant of the tile step; softcap is a compile-time variant too.
 // Work per (query, key) pair: forward 4D flop, backward 10D (FA2's) and the 4 bytes of dS^T
 // traffic. Traffic: each K/V (or Q/dO) tile is read once per block from L2 and reused by every
 // warp (~100-250 flop per byte of L2 traffic);
@@ -173,9 +173,9 @@ struct attn_args {
 // ---- small kernels shared by both paths -------------------------------------------------------
 
 // Each token's document span (lo, lo_all, hi, hi_all; see attn_args::rows_span): (s, s, e, e)
-// for the run [s, e) of equal ids around it when the row's ids never decrease (each document one run);
-// else (0, INT_MAX, T, INT_MIN), which skips no tile and clears none of its per-pair tests. One
-// block per batch row, each thread a contiguous chunk of it: the run starts before each chunk
+// for the run [s, e) of equal ids around it when the row's ids never decrease (each document one
+// run); else (0, INT_MAX, T, INT_MIN), which skips no tile and clears none of its per-pair tests.
+// One block per batch row, each thread a contiguous chunk of it: the run starts before each chunk
 // are a max-scan of the chunks' last starts, the run ends after it a min-scan of their first.
 constexpr int kSpanThreads = 1024;
 __global__ void __launch_bounds__(kSpanThreads) attn_doc_spans(const attn_args a, int4 *span) {
@@ -1579,9 +1579,9 @@ int cols_hsplit(int64_t D, int64_t Hq, int64_t Hkv, int64_t T, int64_t B) {
     return (int)std::max<int64_t>(1, std::min<int64_t>(Hq / Hkv, cdiv(kColsWarps, warps)));
 }
 
-// The scratch: [the document spans (when doc ids are given)] [D_i and LSE*log2e per query row (backward)]
-// [dk/dv partials (backward, tensor cores, hsplit > 1)] [dS^T tiles (backward, tensor cores)];
-// the last two for one group of kv heads (bwd_plan).
+// The scratch: [the document spans (when doc ids are given)] [D_i and LSE*log2e per query row
+// (backward)] [dk/dv partials (backward, tensor cores, hsplit > 1)] [dS^T tiles (backward, tensor
+// cores)]; the last two for one group of kv heads (bwd_plan).
 size_t doc_table_bytes(const forge_tensor *q, const forge_tensor *doc) {
     return doc ? align256((size_t)q->ne[3] * q->ne[2] * sizeof(int4)) : 0;
 }

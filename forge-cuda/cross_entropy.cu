@@ -8,9 +8,9 @@
 //      a bf16 lm_head gives bf16 logits, as in HF) into the scratch;
 //   2. ce_rows, one block of 1024 threads per token row: pass 1 reads the row once (softcap
 //      c tanh(z/c), online max and sum of exp; 16-byte loads of 4 fp32 or 8 bf16 logits, 8-byte
-//      ones of 4 bf16 when rows are not multiples of 8) and writes the token's loss term logsumexp(z) -
-//      z[label]; pass 2 reads it again (partly from L2: the rows in flight, 300-500 KB each,
-//      fill it) and overwrites it in place with
+//      ones of 4 bf16 when rows are not multiples of 8) and writes the token's loss term
+//      logsumexp(z) - z[label]; pass 2 reads it again (partly from L2: the rows in flight,
+//      300-500 KB each, fill it) and overwrites it in place with
 //      dz = (softmax(z) - onehot(label)) softcap'(z) / count, in the same type;
 //   3. dH_c = dz W (forge_cuda_gemm, written straight into dH when its type allows);
 //   4. dW (F32) = dz^T h_c, beta = 0 for the first chunk and 1 after.
