@@ -1582,7 +1582,7 @@ int cols_hsplit(int64_t D, int64_t Hq, int64_t Hkv, int64_t T, int64_t B) {
 // The scratch: [the document spans (when doc ids are given)] [D_i and LSE*log2e per query row
 // (backward)] [dk/dv partials (backward, tensor cores, hsplit > 1)] [dS^T tiles (backward, tensor
 // cores)]; the last two for one group of kv heads (bwd_plan).
-size_t doc_table_bytes(const forge_tensor *q, const forge_tensor *doc) {
+size_t doc_span_bytes(const forge_tensor *q, const forge_tensor *doc) {
     return doc ? align256((size_t)q->ne[3] * q->ne[2] * sizeof(int4)) : 0;
 }
 size_t row_floats(const forge_tensor *q) { return (size_t)(q->ne[1] * cdiv(q->ne[2], kRowPad) * kRowPad * q->ne[3]); }
@@ -1661,17 +1661,17 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
 
     char *work = (char *)p->work;
     if (doc) { // the step's table (made by its first attention node), or the node's own in scratch
-        const forge_cuda_fusions::doc_table *planned = nullptr;
+        const forge_cuda_fusions::doc_span_table *planned = nullptr;
         if (p->fusions) {
-            auto it = p->fusions->doc_tables.find(node);
-            if (it != p->fusions->doc_tables.end()) planned = &it->second;
+            auto it = p->fusions->doc_span_tables.find(node);
+            if (it != p->fusions->doc_span_tables.end()) planned = &it->second;
         }
         int4 *span = planned ? planned->span : (int4 *)work;
         a.doc_span = span;
         if (!planned || planned->make) forge_cuda_launch_kernel(attn_doc_spans, (unsigned)a.B, kSpanThreads, 0, p->stream, a, span);
     }
     if (!fwd) {
-        a.di = (float *)(work + doc_table_bytes(q, doc));
+        a.di = (float *)(work + doc_span_bytes(q, doc));
         a.l2 = a.di + row_floats(q);
     }
 
@@ -1690,7 +1690,7 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
             return;
         }
         const bwd_plan g(q, node->src[2]);
-        a.part = (float *)(work + doc_table_bytes(q, doc) + di_bytes(q));
+        a.part = (float *)(work + doc_span_bytes(q, doc) + di_bytes(q));
         a.ds = (bf16 *)((char *)a.part + g.part);
         a.ds_tiles = (int)ds_tiles(a.T);
         a.hsplit = g.hsplit;
@@ -1713,10 +1713,10 @@ void forge_cuda_attention(forge_tensor *node, const forge_cuda_params *p) {
 size_t forge_cuda_attention_work(const forge_tensor *node) {
     const bool fwd = node->op == FORGE_OP_ATTENTION;
     const forge_tensor *q = node->src[fwd ? 0 : 1], *doc = node->src[fwd ? 3 : 6];
-    if (fwd) return doc_table_bytes(q, doc);
-    if (!tc_shape(node)) return doc_table_bytes(q, doc) + di_bytes(q);
+    if (fwd) return doc_span_bytes(q, doc);
+    if (!tc_shape(node)) return doc_span_bytes(q, doc) + di_bytes(q);
     const bwd_plan g(q, node->src[2]);
-    return doc_table_bytes(q, doc) + di_bytes(q) + g.part + g.ds;
+    return doc_span_bytes(q, doc) + di_bytes(q) + g.part + g.ds;
 }
 
 size_t forge_cuda_attention_plan_docs(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem) {
@@ -1733,9 +1733,9 @@ size_t forge_cuda_attention_plan_docs(const std::vector<forge_tensor *> &nodes, 
         const bool make = it == tables.end();
         if (make) {
             it = tables.emplace(key, mem ? (int4 *)(mem + bytes) : nullptr).first;
-            bytes += doc_table_bytes(q, doc);
+            bytes += doc_span_bytes(q, doc);
         }
-        if (mem) f->doc_tables[t] = {it->second, make};
+        if (mem) f->doc_span_tables[t] = {it->second, make};
     }
     return bytes;
 }

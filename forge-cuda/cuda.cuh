@@ -399,11 +399,11 @@ struct forge_cuda_fusions {
     const void *prep_jobs = nullptr; // device table of n_prep_jobs jobs
     int n_prep_jobs = 0, prep_blocks = 0;
     const forge_tensor *prep_first = nullptr; // the first hoisted node (a profile counts the kernel there)
-    struct doc_table {
+    struct doc_span_table {
         int4 *span; // per (row, token): its document span (attention.cu)
         bool make;  // this node makes it (the first of its document ids in the step); the rest read it
     };
-    std::unordered_map<const forge_tensor *, doc_table> doc_tables;
+    std::unordered_map<const forge_tensor *, doc_span_table> doc_span_tables;
     // RMSNORM_BACK nodes read by one node only and not graph outputs: fused with the ADD after
     // them (forge_cuda_rmsnorm_back_add), their dx is dead once the sum is made and is not stored
     std::unordered_set<const forge_tensor *> dead_dx;
@@ -426,9 +426,10 @@ forge_cuda_fusions forge_cuda_find_fusions(const std::vector<forge_tensor *> &no
 // else fills f's preps and job table in mem (an upload: call it outside any capture).
 size_t forge_cuda_lora_plan_preps(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem);
 void forge_cuda_lora_run_preps(const forge_cuda_fusions &f, const forge_cuda_params *p);
-// Plans one table of document spans per step for each leaf of document ids that ATTENTION / ATTENTION_BACK
-// nodes read (every layer's, forward and backward): the first node makes it, the others read it,
-// where each would make its own. mem NULL: returns the device bytes needed; else fills f's doc_tables.
+// Plans one table of document spans per step for each leaf of document ids that ATTENTION /
+// ATTENTION_BACK nodes read (every layer's, forward and backward): the first node makes it, the
+// others read it, where each would make its own. mem NULL: returns the device bytes needed; else
+// fills f's doc_span_tables.
 size_t forge_cuda_attention_plan_docs(const std::vector<forge_tensor *> &nodes, forge_cuda_fusions *f, char *mem);
 // Pairs each GLU_BACK with the LORA_BACK that reads its output as dy when that LORA_BACK adds its
 // dB into a persistent gradient (acc_into) and the shapes and types fit (glu.cu): the GLU_BACK's
