@@ -10,7 +10,8 @@
 // --grad-accum micro-batches per step, each with the step's global target count, apply = 1 on
 // the last. Progress goes to stderr (a live line on a terminal), every step to metrics.jsonl and
 // the curve to loss.svg. Checkpoints (adapter in both formats + optimizer state + data cursor)
-// are written to a temporary directory and renamed; --resume continues one bit for bit (on CUDA
+// are written to a temporary directory and renamed; --merge then folds the adapter into the base
+// (models/lora-convert.h); --resume continues one bit for bit (on CUDA
 // the checkpoint keeps the GEMM algorithms the run chose by timing, and the resumed process takes
 // them).
 //
@@ -31,6 +32,7 @@
 #include "../models/data.h"
 #include "../models/dist.h"
 #include "../models/gguf-model.h"
+#include "../models/lora-convert.h"
 #include "../models/safetensors.h"
 
 #include <algorithm>
@@ -154,7 +156,10 @@ const char *kUsageText =
     "  --logits-out FILE      after training, write the logits of one eval row (with its ids) to a\n"
     "                         safetensors file, to compare with PEFT (tests/check-peft-adapter.py)\n"
     "  --log-every N          plain progress line every N steps when stderr is not a terminal\n"
-    "  --merge                write the base with the adapter merged (not available yet)\n"
+    "  --merge [PATH]         after training, write the base with the adapter merged into it: an HF\n"
+    "                         directory (default <out>/merged) from an HF base, GGUF (default\n"
+    "                         <out>/merged.gguf; K-quant weights become Q8_0) from a GGUF base; a\n"
+    "                         PATH ending in .gguf gives GGUF from an HF base too\n"
     "\n"
     "device:\n"
     "  --device DEV           cpu, cuda or cuda:N (default: cuda when a GPU is present, else cpu)\n"
@@ -173,7 +178,7 @@ const char *kUsageText =
 // ---- options -------------------------------------------------------------------------------------
 
 struct Options {
-    std::string model, data, eval_data, out, resume, base_model, logits_out, chat_template;
+    std::string model, data, eval_data, out, resume, base_model, logits_out, chat_template, merge;
     std::string device, dtype, text_split = "paragraph";
     double eval_split = 0.05, lr = 2e-4, weight_decay = 0.0, clip = 1.0, epochs = 1.0, lora_alpha = 32.0;
     int64_t seq_len = 1024, batch = 4, grad_accum = 1, steps = 0, warmup = -1, seed = 42, eval_every = -1;
@@ -181,7 +186,7 @@ struct Options {
     double bucket_mb = 4.0;
     std::string lora_targets = "q,k,v,o,gate,up,down";
     int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
-    bool rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false;
+    bool rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false, merge_flag = false;
 };
 
 int64_t parse_int(const std::string &opt, const char *s, int64_t lo) {
@@ -254,7 +259,10 @@ Options parse_args(int argc, char **argv) {
             o.recompute = -1;
             if (i + 1 < argc && std::isdigit((unsigned char)argv[i + 1][0])) o.recompute = parse_int(a, argv[++i], 0);
         }
-        else if (a == "--merge") die(kUsage, "--merge: writing the merged base is not implemented yet; the adapter is written as PEFT and GGUF");
+        else if (a == "--merge") {
+            o.merge_flag = true;
+            if (i + 1 < argc && argv[i + 1][0] != '-') o.merge = argv[++i];
+        }
         else die(kUsage, "unknown option '%s' (see --help)", a.c_str());
     }
     if (o.model.empty()) die(kUsage, "no model: pass -m MODEL (see --help)");
@@ -1119,6 +1127,14 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
     if (!adapter_write_peft(r.lm.m, o.out, r.rm.base_name, &err) || !adapter_write_gguf(r.lm.m, o.out + "/adapter.gguf", &err))
         die(kError, "writing the adapter: %s", err.c_str());
     if (!o.logits_out.empty()) write_logits(r);
+    if (!o.merge.empty()) {
+        info("merge   %s + the adapter -> %s\n", r.rm.path.c_str(), o.merge.c_str());
+        LoraFile ad;
+        std::string notes;
+        if (!lora_read_peft(o.out, &ad, &err) || !lora_merge(r.rm.path, ad, o.merge, "auto", &err, &notes))
+            die(kError, "--merge: %s", err.c_str());
+        for (size_t p = 0, nl; (nl = notes.find('\n', p)) != std::string::npos; p = nl + 1) info("note    %s\n", notes.substr(p, nl - p).c_str());
+    }
     double best = INFINITY;
     int64_t best_step = 0;
     for (const Point &p : r.metrics.eval)
@@ -1131,6 +1147,7 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
     info("\nwrote   %s/adapter_config.json + adapter_model.safetensors (PEFT), %s/adapter.gguf (llama.cpp),\n"
          "        metrics.jsonl, loss.svg, training_args.json, %s\n",
          o.out.c_str(), o.out.c_str(), r.last_ckpt.c_str());
+    if (!o.merge.empty()) info("        %s: the base with the adapter merged\n", o.merge.c_str());
 }
 
 } // namespace
@@ -1154,6 +1171,11 @@ int main(int argc, char **argv) {
         base = base.substr(base.rfind('/') + 1);
         if (ends_with(lower(base), ".gguf")) base.resize(base.size() - 5);
         o.out = "runs/" + base + "-lora";
+    }
+    if (o.merge_flag) { // a merge the base cannot take fails now, not after the training
+        if (o.merge.empty()) o.merge = o.out + (r.rm.gguf ? "/merged.gguf" : "/merged");
+        std::string err;
+        if (!lora_merge_target_ok(r.rm.path, o.merge, "auto", &err)) die(kUsage, "--merge: %s", err.c_str());
     }
     std::string ckpt;
     if (o.resume_flag) {

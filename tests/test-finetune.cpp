@@ -8,6 +8,8 @@
 //  * --resume from a mid-run checkpoint (with --recompute) reproduces the uninterrupted run's
 //    losses bit for bit, and on CUDA too when a GPU is present (the checkpoint keeps the GEMM
 //    algorithms the run chose by timing);
+//  * --merge: the merged HF directory gives the run's logits; from GGUF bases (F32, Q8_0) every
+//    tensor keeps its type and only the adapted projections change;
 //  * gradient accumulation matches one large batch; model names resolve through $FORGE_MODELS and
 //    the Hugging Face cache layout;
 //  * every bad input of the issue: its message and its exit status, and nothing half-written.
@@ -16,7 +18,9 @@
 #include "../models/adapter.h"
 #include "../models/config.h"
 #include "../models/data.h"
+#include "../models/gguf-model.h"
 #include "../models/gguf.h"
+#include "../models/quants.h"
 #include "../models/safetensors.h"
 
 #include <algorithm>
@@ -295,10 +299,11 @@ static void test_gguf_rules(const std::string &path, const ModelConfig &cfg, int
     variant("transposed", kvs, t2, "lora_a tensor is not transposed");
 }
 
-// Logits of the tiny model with a LoRA read by `load` for the ids of a --logits-out file.
+// Logits of a model (the tiny one by default; an HF directory or a .gguf file) with a LoRA read
+// by `load` for the ids of a --logits-out file.
 static std::vector<float> logits_with(const std::string &what, const std::vector<int32_t> &ids,
                                       const std::function<bool(Model &, LoraConfig *, std::string *)> &config,
-                                      const std::function<bool(Model &, forge_graph *, std::string *)> &load) {
+                                      const std::function<bool(Model &, forge_graph *, std::string *)> &load, const std::string &model = kModel) {
     const int64_t T = (int64_t)ids.size();
     forge_ctx *ctx = forge_ctx_new();
     Model m;
@@ -309,7 +314,9 @@ static std::vector<float> logits_with(const std::string &what, const std::vector
     forge_backend *be = forge_backend_cpu_new(2);
     forge_graph *g = forge_graph_new(ctx);
     forge_tensor *hyper = forge_tensor_new_1d(ctx, FORGE_TYPE_F32, 8);
-    bool ok = model_load_hf(m, kModel, ctx, FORGE_TYPE_F32, &err) && (!config || config(m, &lc, &err));
+    const bool gguf = model.size() > 5 && model.compare(model.size() - 5, 5, ".gguf") == 0;
+    bool ok = (gguf ? model_load_gguf(m, model, ctx, FORGE_TYPE_F32, &err) : model_load_hf(m, model, ctx, FORGE_TYPE_F32, &err)) &&
+              (!config || config(m, &lc, &err));
     if (ok && config) model_add_lora(m, lc);
     ok = ok && model_build(m, T, 1, FORGE_TYPE_F32, config != nullptr, true, &mg, &err);
     if (ok) {
@@ -334,15 +341,26 @@ static std::vector<float> logits_with(const std::string &what, const std::vector
     return out;
 }
 
-static void test_reload(const std::string &run_dir) {
+// The ids and logits of a --logits-out file.
+static bool read_logits(const std::string &path, std::vector<int32_t> *ids, std::vector<float> *logits) {
     SafetensorsFile lf;
     std::string err;
-    if (!lf.open(run_dir + "/logits.safetensors", &err)) { CHECK(false, "%s", err.c_str()); return; }
-    const SafetensorsTensor *ti = lf.find("input_ids"), *tl = lf.find("logits");
-    std::vector<int32_t> ids((size_t)ti->numel());
-    std::memcpy(ids.data(), ti->data, ids.size() * 4);
-    std::vector<float> ref((size_t)tl->numel());
-    safetensors_read_f32(*tl, ref.data(), (int64_t)ref.size(), &err);
+    const SafetensorsTensor *ti = nullptr, *tl = nullptr;
+    bool ok = lf.open(path, &err) && (ti = lf.find("input_ids")) && (tl = lf.find("logits"));
+    if (ok) {
+        ids->resize((size_t)ti->numel());
+        std::memcpy(ids->data(), ti->data, ids->size() * 4);
+        logits->resize((size_t)tl->numel());
+        ok = safetensors_read_f32(*tl, logits->data(), (int64_t)logits->size(), &err);
+    }
+    CHECK(ok, "%s: %s", path.c_str(), err.empty() ? "no input_ids or logits" : err.c_str());
+    return ok;
+}
+
+static void test_reload(const std::string &run_dir) {
+    std::vector<int32_t> ids;
+    std::vector<float> ref;
+    if (!read_logits(run_dir + "/logits.safetensors", &ids, &ref)) return;
     std::vector<float> peft = logits_with("PEFT", ids, [&](Model &, LoraConfig *lc, std::string *e) { return lora_config_from_peft(run_dir, lc, e); },
                                           [&](Model &m, forge_graph *, std::string *e) { return model_load_peft(m, run_dir, e); });
     std::vector<float> gguf = logits_with("GGUF", ids,
@@ -355,11 +373,52 @@ static void test_reload(const std::string &run_dir) {
                                               return checkpoint_load(m, g, ck, &st, e) && st.step == 30;
                                           });
     std::vector<float> base = logits_with("base", ids, nullptr, nullptr);
+    std::vector<float> merged = logits_with("merged", ids, nullptr, nullptr, run_dir + "/merged");
     CHECK(max_err(peft, ref, 1e-5, 1e-5) <= 1, "PEFT adapter reloaded: logits differ from the run's (%g)", max_err(peft, ref, 1e-5, 1e-5));
     CHECK(max_err(gguf, ref, 1e-5, 1e-5) <= 1, "GGUF adapter reloaded: logits differ from the run's (%g)", max_err(gguf, ref, 1e-5, 1e-5));
     CHECK(max_err(ckpt, ref, 1e-5, 1e-5) <= 1, "checkpoint reloaded: logits differ from the run's (%g)", max_err(ckpt, ref, 1e-5, 1e-5));
+    CHECK(max_err(merged, ref, 1e-5, 1e-5) <= 1, "--merge: the merged model's logits differ from the run's (%g)", max_err(merged, ref, 1e-5, 1e-5));
     CHECK(peft == gguf, "PEFT and GGUF adapters give bitwise the same logits");
     CHECK(max_err(base, ref, 1e-2, 1e-2) > 1, "the adapter changes the logits");
+}
+
+// --merge from GGUF bases: every tensor keeps its type, the unadapted ones their bytes; from an
+// F32 base the merged model gives the run's logits, from a Q8_0 base it carries the adapter's
+// effect up to the rounding of the merged weights back to Q8_0.
+static void test_merge_gguf(const std::string &data) {
+    for (uint32_t type : {(uint32_t)GGML_TYPE_F32, (uint32_t)GGML_TYPE_Q8_0}) {
+        const std::string name = ggml_type_name(type), base = g_tmp + "/tiny-" + name + ".gguf", dir = g_tmp + "/merge-" + name;
+        std::string err;
+        CHECK(gguf_from_hf(kModel, base, type, &err), "%s", err.c_str());
+        Result r = run("-m " + base + " --data " + data + " --device cpu --threads 2 --seq-len 64 --batch 4 --seed 1 --steps 3 --lr 1e-2 --out " +
+                       dir + " --logits-out " + dir + "/logits.safetensors --merge");
+        CHECK(r.rc == 0 && has(r, dir + "/merged.gguf: the base with the adapter merged"), "%s base: exit %d\n%s", name.c_str(), r.rc, r.out.c_str());
+        std::unique_ptr<gguf_file> bf = gguf_file::open(base, &err), mf = gguf_file::open(dir + "/merged.gguf", &err);
+        if (!bf || !mf) { CHECK(false, "%s", err.c_str()); continue; }
+        int adapted = 0;
+        bool same = bf->tensors().size() == mf->tensors().size() && bf->kvs().size() == mf->kvs().size();
+        for (size_t i = 0; same && i < bf->tensors().size(); i++) {
+            const gguf_tensor_info &b = bf->tensors()[i], &m = mf->tensors()[i];
+            bool lora = false; // blk.N.<projection>.weight
+            for (const char *proj : {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"})
+                lora = lora || b.name.find(std::string(".") + proj + ".weight") != std::string::npos;
+            const bool equal = b.nbytes == m.nbytes && std::memcmp(b.data, m.data, b.nbytes) == 0;
+            same = b.name == m.name && b.type == m.type && lora != equal;
+            adapted += lora;
+        }
+        CHECK(same && adapted == 14, "%s base: merged GGUF has the base's keys, tensors and types, and only the 14 projections changed (%d)",
+              name.c_str(), adapted);
+        std::vector<int32_t> ids;
+        std::vector<float> ref;
+        if (!read_logits(dir + "/logits.safetensors", &ids, &ref)) continue;
+        std::vector<float> merged = logits_with("merged " + name, ids, nullptr, nullptr, dir + "/merged.gguf");
+        std::vector<float> plain = logits_with("base " + name, ids, nullptr, nullptr, base);
+        const double d = rel_l2(merged, ref), moved = rel_l2(plain, ref);
+        if (type == GGML_TYPE_F32) CHECK(max_err(merged, ref, 1e-5, 1e-5) <= 1, "F32 base: merged logits differ from the run's (%g)", max_err(merged, ref, 1e-5, 1e-5));
+        else CHECK(d < 0.05 * moved, "Q8_0 base: merged vs run: relative L2 %.3g; the adapter moves the logits by %.3g", d, moved);
+        std::printf("test-finetune: --merge from a %s GGUF: merged vs the run's logits relative L2 %.2g (the adapter moves them %.2g)\n",
+                    name.c_str(), d, moved);
+    }
 }
 
 int main() {
@@ -377,7 +436,7 @@ int main() {
     put(data, slurp(kSrc + "/examples/data/forge-docs.jsonl"));
     const std::string common = "-m " + kModel + " --data " + data + " --device cpu --threads 2 --seq-len 64 --batch 4 --seed 1 ";
     const std::string train = common + "--steps 30 --lr 1e-2 --save-every 10 --eval-every 10 ";
-    Result r = run(train + "--out " + run1 + " --logits-out " + run1 + "/logits.safetensors");
+    Result r = run(train + "--out " + run1 + " --logits-out " + run1 + "/logits.safetensors --merge");
     CHECK(r.rc == 0, "training run: exit %d\n%s", r.rc, r.out.c_str());
     std::map<int64_t, double> loss = metric(run1 + "/metrics.jsonl", "loss"), eval = metric(run1 + "/metrics.jsonl", "eval_loss");
     double head = 0, tail = 0;
@@ -389,7 +448,8 @@ int main() {
     for (const auto &a : top1) in_range = in_range && a.second > 0 && a.second < 1;
     CHECK(in_range, "eval top-1 accuracy logged with every eval, in (0, 1): %.3f -> %.3f", top1[0], top1[30]);
     for (const char *f : {"adapter_config.json", "adapter_model.safetensors", "adapter.gguf", "loss.svg", "metrics.jsonl", "training_args.json",
-                          "checkpoint-10/state.safetensors", "checkpoint-20/adapter.gguf", "checkpoint-30/adapter_model.safetensors"})
+                          "checkpoint-10/state.safetensors", "checkpoint-20/adapter.gguf", "checkpoint-30/adapter_model.safetensors",
+                          "merged/model.safetensors", "merged/config.json", "merged/tokenizer.json"})
         CHECK(exists(run1 + "/" + f), "%s written", f);
     CHECK(slurp(run1 + "/loss.svg").compare(0, 4, "<svg") == 0 && slurp(run1 + "/loss.svg").find("<polyline") != std::string::npos, "loss.svg");
     CHECK(!exists(run1 + "/.checkpoint-30.tmp"), "no temporary directory left");
@@ -411,6 +471,7 @@ int main() {
     config_from_hf(hf, kModel, &mc, &err);
     test_gguf_rules(run1 + "/adapter.gguf", mc, 16, 32.0f);
     test_reload(run1);
+    test_merge_gguf(data);
 
     // --resume from step 10 continues bit for bit: the same losses, the same adapter bytes (with
     // --recompute 1: the first layer's GLU output recomputed, the second's kept, which must not
@@ -484,6 +545,9 @@ int main() {
     expect_fail("partial q/k/v", common + "--data " + data + " --lora-targets q,v" + out, 2, {"adapts all three or none"});
     expect_fail("gate without up", common + "--data " + data + " --lora-targets gate" + out, 2, {"adapts both or neither"});
     expect_fail("bad number", common + "--data " + data + " --lr fast" + out, 2, {"--lr: 'fast' is not a number"});
+    expect_fail("merge a GGUF base into a directory", "-m " + g_tmp + "/tiny-F32.gguf --data " + data + " --merge " + g_tmp + "/m" + out, 2,
+                {"--merge: " + g_tmp + "/m: the base " + g_tmp + "/tiny-F32.gguf is a GGUF file, so the merged model is written as GGUF"});
+    expect_fail("merge onto the base", common + "--data " + data + " --merge " + kModel + out, 2, {"is the base model itself"});
     expect_fail("model name not found", "-m qwen2.5-0.5b --data " + data + out, 1,
                 {"model 'qwen2.5-0.5b' not found", g_tmp + "/nohome/.cache/huggingface/hub/models--*--qwen2.5-0.5b", "./models/qwen2.5-0.5b",
                  "huggingface-cli download Qwen/Qwen2.5-0.5B"},

@@ -8,12 +8,14 @@
 //    for the fixture adapters and for generated ones with rank_pattern, rsLoRA, BF16, and an
 //    alpha_pattern (folded into lora_b); bad adapters fail naming the file and the tensor or key;
 //  * gguf-lora merge gives a model whose logits equal the base with the adapter at run time, as
-//    safetensors and as GGUF, from a PEFT or a GGUF adapter.
+//    safetensors and as GGUF, from a PEFT or a GGUF adapter; into a GGUF base of a type forge
+//    cannot quantize (Q4_K), the merged weight is Q8_0 and within its rounding of W + scale B A.
 #include "test-util.h"
 #include "../models/config.h"
 #include "../models/gguf-model.h"
 #include "../models/gguf.h"
 #include "../models/json.h"
+#include "../models/lora-convert.h"
 #include "../models/quants.h"
 #include "../models/safetensors.h"
 
@@ -267,13 +269,6 @@ static bool logits(const std::string &path, bool gguf, const std::string &adapte
     return ok;
 }
 
-static double rel_l2(const std::vector<float> &a, const std::vector<float> &b) {
-    if (a.size() != b.size() || a.empty()) return INFINITY;
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
-    return std::sqrt(num / (den > 0 ? den : 1));
-}
-
 static const char *const kArchs[4] = {"qwen2", "qwen3", "gemma", "gemma2"};
 static std::string fixture(const char *arch) { return std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/models/" + arch; }
 
@@ -522,6 +517,54 @@ static void test_merge() {
           "qwen2: merging the GGUF LoRA must equal merging the PEFT adapter (exit %d: %s)", st, err.c_str());
 }
 
+// A GGUF base whose weight is Q4_K (random blocks): lora_merge writes it as Q8_0, says so, and
+// the result is W + scale B A within Q8_0's rounding: half a step d = amax / 127, plus 127 times
+// the F16 rounding of d (2^-11 d).
+static void test_merge_kquant() {
+    const int64_t in = 512, out = 6, r = 3;
+    Rng rng(7);
+    std::vector<uint8_t> q4k((size_t)(out * in / 256 * 144));
+    for (size_t i = 0; i < q4k.size(); i++) q4k[i] = (uint8_t)rng.next();
+    for (size_t blk = 0; blk < q4k.size(); blk += 144) q4k[blk] = 0, q4k[blk + 1] = 0x20, q4k[blk + 2] = 0, q4k[blk + 3] = 0x1C; // d 2^-7, dmin 2^-8
+    std::vector<float> bias((size_t)out, 0.5f);
+    gguf_tensor_out w, other;
+    w.name = "blk.0.attn_q.weight", w.type = GGML_TYPE_Q4_K, w.n_dims = 2, w.ne[0] = in, w.ne[1] = out, w.data = q4k.data();
+    other.name = "blk.0.attn_q.bias", other.type = GGML_TYPE_F32, other.ne[0] = out, other.data = bias.data();
+    const std::string base = g_tmp + "/q4k-base.gguf", merged = g_tmp + "/q4k-merged.gguf";
+    std::string err, notes;
+    CHECK(gguf_write(base, {gguf_kv::string("general.architecture", "qwen2")}, {w, other}, &err), "%s", err.c_str());
+    LoraFile ad;
+    LoraPair p;
+    p.module = "model.layers.0.self_attn.q_proj", p.layer = 0, p.kind = 0, p.scale = 2.0;
+    std::vector<float> a = random_vec(rng, (size_t)(r * in), 0.1f), bm = random_vec(rng, (size_t)(out * r), 0.1f);
+    p.a.adopt(std::vector<uint8_t>((uint8_t *)a.data(), (uint8_t *)(a.data() + a.size())), "F32"), p.a.rows = r, p.a.cols = in;
+    p.b.adopt(std::vector<uint8_t>((uint8_t *)bm.data(), (uint8_t *)(bm.data() + bm.size())), "F32"), p.b.rows = out, p.b.cols = r;
+    ad.pairs.push_back(std::move(p));
+    ad.source = "in-memory adapter";
+    const bool ok = lora_merge(base, ad, merged, "auto", &err, &notes);
+    CHECK(ok && notes.find("blk.0.attn_q.weight: Q4_K is written as Q8_0") != std::string::npos, "Q4_K base: %s / notes: %s", err.c_str(), notes.c_str());
+    std::unique_ptr<gguf_file> bf = gguf_file::open(base, &err), mf = ok ? gguf_file::open(merged, &err) : nullptr;
+    const gguf_tensor_info *mw = mf ? mf->find_tensor("blk.0.attn_q.weight") : nullptr, *mb = mf ? mf->find_tensor("blk.0.attn_q.bias") : nullptr;
+    if (!bf || !mw || !mb) { CHECK(false, "Q4_K base: %s", err.c_str()); return; }
+    CHECK(mw->type == GGML_TYPE_Q8_0 && mb->type == GGML_TYPE_F32 && !std::memcmp(mb->data, bias.data(), bias.size() * 4),
+          "Q4_K base: the weight becomes Q8_0, the bias is copied");
+    std::vector<float> w0((size_t)(out * in)), w1((size_t)(out * in));
+    CHECK(bf->load_f32(bf->tensors()[0], w0.data(), &err) && mf->load_f32(*mw, w1.data(), &err), "%s", err.c_str());
+    double worst = 0;
+    for (int64_t o = 0; o < out; o++)
+        for (int64_t b0 = 0; b0 < in; b0 += 32) {
+            double want[32], amax = 0;
+            for (int64_t i = b0; i < b0 + 32; i++) {
+                double d = w0[(size_t)(o * in + i)];
+                for (int64_t k = 0; k < r; k++) d += 2.0 * bm[(size_t)(o * r + k)] * a[(size_t)(k * in + i)];
+                want[i - b0] = d, amax = std::max(amax, std::fabs(d));
+            }
+            for (int64_t i = b0; i < b0 + 32; i++)
+                worst = std::max(worst, std::fabs(w1[(size_t)(o * in + i)] - want[i - b0]) / (amax / 127.0 * (0.5 + 127.0 / 2048) + 1e-6));
+        }
+    CHECK(worst <= 1, "Q4_K base: merged Q8_0 weight is off W + scale B A by %.3g of Q8_0's rounding bound", worst);
+}
+
 int main() {
     char tmpl[] = "/tmp/forge-gguf-tools-XXXXXX";
     if (!mkdtemp(tmpl)) return std::perror("mkdtemp"), 1;
@@ -530,6 +573,7 @@ int main() {
     test_convert();
     test_lora();
     test_merge();
+    test_merge_kquant();
     if (!g_failures) std::system(("rm -rf " + g_tmp).c_str());
     else std::fprintf(stderr, "files kept in %s\n", g_tmp.c_str());
     return test_finish("test-gguf-tools");

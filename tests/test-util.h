@@ -83,6 +83,14 @@ static inline double max_err(const std::vector<float> &a, const std::vector<floa
     return m;
 }
 
+// ||a - b|| / ||b|| (infinite for different or empty sizes).
+static inline double rel_l2(const std::vector<float> &a, const std::vector<float> &b) {
+    if (a.size() != b.size() || a.empty()) return INFINITY;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return std::sqrt(num / (den > 0 ? den : 1));
+}
+
 // Aborts the test with the context's message when a constructor returned NULL.
 #define REQUIRE_T(ctx, t)                                                                        \
     do {                                                                                         \

@@ -1,0 +1,628 @@
+// models/lora-convert.cpp - LoRA adapter files between PEFT and GGUF, and merged into a base
+// (lora-convert.h).
+#include "lora-convert.h"
+
+#include "config.h"
+#include "gguf-model.h"
+#include "quants.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace forge {
+
+static const char *const kConfigKey = "forge.peft.adapter_config";
+
+struct Module {
+    const char *group, *hf, *gguf;
+};
+static const Module kModules[7] = {{"self_attn", "q_proj", "attn_q"},      {"self_attn", "k_proj", "attn_k"}, {"self_attn", "v_proj", "attn_v"},
+                                   {"self_attn", "o_proj", "attn_output"}, {"mlp", "gate_proj", "ffn_gate"},  {"mlp", "up_proj", "ffn_up"},
+                                   {"mlp", "down_proj", "ffn_down"}};
+static const int kLmHead = 7; // module index of lm_head <-> output
+
+std::string LoraPair::gguf() const {
+    return kind == kLmHead ? "output.weight" : "blk." + std::to_string(layer) + "." + kModules[kind].gguf + ".weight";
+}
+std::string LoraPair::peft(bool is_a) const { return "base_model.model." + module + (is_a ? ".lora_A.weight" : ".lora_B.weight"); }
+
+static bool fail(std::string *err, const std::string &msg) {
+    *err = msg;
+    return false;
+}
+
+
+
+
+// "model.layers.N.<group>.<proj>" or "lm_head" -> layer and module index.
+static bool parse_module(const std::string &m, int *layer, int *kind) {
+    if (m == "lm_head") return *layer = -1, *kind = kLmHead, true;
+    int l, n = 0;
+    char g[16], p[16];
+    if (std::sscanf(m.c_str(), "model.layers.%d.%15[a-z_].%15[a-z_]%n", &l, g, p, &n) != 3 || (size_t)n != m.size() || l < 0) return false;
+    for (int i = 0; i < 7; i++)
+        if (!std::strcmp(g, kModules[i].group) && !std::strcmp(p, kModules[i].hf)) return *layer = l, *kind = i, true;
+    return false;
+}
+
+// "blk.N.<proj>.weight" or "output.weight" -> layer, module index and the HF module path.
+static bool parse_gguf_base(const std::string &b, int *layer, int *kind, std::string *module) {
+    if (b == "output.weight") return *layer = -1, *kind = kLmHead, *module = "lm_head", true;
+    int l, n = 0;
+    char p[24];
+    if (std::sscanf(b.c_str(), "blk.%d.%23[a-z_].weight%n", &l, p, &n) != 2 || (size_t)n != b.size() || l < 0) return false;
+    for (int i = 0; i < 7; i++)
+        if (!std::strcmp(p, kModules[i].gguf)) {
+            *layer = l, *kind = i;
+            *module = "model.layers." + std::to_string(l) + "." + kModules[i].group + "." + kModules[i].hf;
+            return true;
+        }
+    return false;
+}
+
+static void sort_pairs(std::vector<LoraPair> &p) {
+    std::stable_sort(p.begin(), p.end(), [](const LoraPair &x, const LoraPair &y) {
+        return x.kind == kLmHead || y.kind == kLmHead ? x.kind < y.kind : x.layer != y.layer ? x.layer < y.layer : x.kind < y.kind;
+    });
+}
+
+static uint32_t ggml_of(const std::string &dtype) {
+    return dtype == "F16" ? GGML_TYPE_F16 : dtype == "BF16" ? GGML_TYPE_BF16 : GGML_TYPE_F32;
+}
+
+// The half's elements as floats.
+static std::vector<float> floats(const LoraHalf &h) {
+    std::vector<float> v((size_t)(h.rows * h.cols));
+    std::string e;
+    dequantize_f32(ggml_of(h.dtype), h.data, h.cols, h.rows, v.data(), &e); // F32/F16/BF16, checked when read
+    return v;
+}
+
+// Re-encodes the half as dtype ("F32", "F16", "BF16"); a no-op when it already is.
+static bool convert(LoraHalf &h, const std::string &dtype, std::string *err) {
+    if (h.dtype == dtype) return true;
+    std::vector<float> v = floats(h);
+    std::vector<uint8_t> out((size_t)(h.rows * h.cols) * (dtype == "F32" ? 4 : 2));
+    if (!quantize(ggml_of(dtype), v.data(), h.cols, h.rows, out.data(), err)) return false;
+    h.adopt(std::move(out), dtype);
+    return true;
+}
+
+// PEFT's pattern match (tuners_utils.get_pattern_key): the first key k of patterns for which
+// module matches "(.*\.)?(k)$"; nullptr when none does.
+static const json::Value *pattern_value(const json::Value &patterns, const std::string &module, const std::string &path, std::string *err) {
+    for (size_t i = 0; i < patterns.size(); i++) {
+        try {
+            if (std::regex_match(module, std::regex("(.*\\.)?(" + patterns.key(i) + ")"))) return &patterns.at(i);
+        } catch (const std::regex_error &) {
+            *err = path + ": pattern \"" + patterns.key(i) + "\" is not a valid regular expression";
+            return nullptr;
+        }
+    }
+    return nullptr;
+}
+
+// ---- PEFT in -------------------------------------------------------------------------------------
+
+bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err) {
+    const std::string cpath = dir + "/adapter_config.json", wpath = dir + "/adapter_model.safetensors";
+    json::Value c;
+    if (!json::parse_file(cpath, &c, err)) return false;
+    if (!c.is_object()) return fail(err, cpath + ": not a JSON object");
+    if (c["peft_type"].get_string() != "LORA") return fail(err, cpath + ": \"peft_type\" is \"" + c["peft_type"].get_string() + "\", not \"LORA\"");
+    if (c["use_dora"].get_bool(false)) return fail(err, cpath + ": \"use_dora\" is true: DoRA adapters have no GGUF LoRA form");
+    if (c["bias"].get_string("none") != "none" || c["lora_bias"].get_bool(false))
+        return fail(err, cpath + ": adapters with trained biases (\"bias\" / \"lora_bias\") have no GGUF LoRA form");
+    if (c["fan_in_fan_out"].get_bool(false)) return fail(err, cpath + ": \"fan_in_fan_out\" is true: transposed (Conv1D) weights are not supported");
+    if (c["modules_to_save"].size() > 0) return fail(err, cpath + ": \"modules_to_save\" (fully trained modules) has no GGUF LoRA form");
+    if (!c["r"].is_int() || c["r"].get_int() <= 0) return fail(err, cpath + ": \"r\" is missing or not a positive integer");
+    const json::Value *alpha_v = c.find("lora_alpha");
+    if (alpha_v && !alpha_v->is_number()) return fail(err, cpath + ": \"lora_alpha\" is not a number");
+    const double r0 = (double)c["r"].get_int(), alpha0 = alpha_v ? alpha_v->get_double() : 8.0; // PEFT's default alpha is 8
+    const bool rslora = c["use_rslora"].get_bool(false);
+    const json::Value &rp = c["rank_pattern"], &ap = c["alpha_pattern"];
+    for (const json::Value *p : {&rp, &ap})
+        if (!p->is_null() && !p->is_object()) return fail(err, cpath + ": \"rank_pattern\" / \"alpha_pattern\" must be objects");
+    struct stat st;
+    if (stat(wpath.c_str(), &st) != 0 && stat((dir + "/adapter_model.bin").c_str(), &st) == 0)
+        return fail(err, dir + "/adapter_model.bin: pickled (.bin) adapters are not read; save the adapter with safetensors");
+    ad->st.reset(new SafetensorsFile());
+    if (!ad->st->open(wpath, err)) return false;
+    std::map<std::string, LoraPair> by_module;
+    const std::string pre = "base_model.model.";
+    for (const SafetensorsTensor &t : ad->st->tensors()) {
+        const std::string &n = t.name;
+        bool is_a = n.size() > 14 && !n.compare(n.size() - 14, 14, ".lora_A.weight");
+        bool is_b = n.size() > 14 && !n.compare(n.size() - 14, 14, ".lora_B.weight");
+        if (n.compare(0, pre.size(), pre) != 0 || (!is_a && !is_b))
+            return fail(err, wpath + ": tensor '" + n + "' is not a LoRA weight (expected base_model.model.<module>.lora_A.weight or .lora_B.weight)");
+        std::string module = n.substr(pre.size(), n.size() - pre.size() - 14);
+        LoraPair &p = by_module[module];
+        if (p.module.empty()) {
+            p.module = module;
+            if (!parse_module(module, &p.layer, &p.kind))
+                return fail(err, wpath + ": tensor '" + n + "': module '" + module +
+                                     "' has no GGUF name (adaptable: model.layers.N.self_attn.{q,k,v,o}_proj, model.layers.N.mlp.{gate,up,down}_proj, lm_head)");
+        }
+        if (t.dtype != "F32" && t.dtype != "F16" && t.dtype != "BF16")
+            return fail(err, wpath + ": tensor '" + n + "': dtype " + t.dtype + " is not F32, F16 or BF16");
+        if (t.shape.size() != 2) return fail(err, wpath + ": tensor '" + n + "' is not 2-D");
+        LoraHalf &h = is_a ? p.a : p.b;
+        h.dtype = t.dtype, h.rows = t.shape[0], h.cols = t.shape[1], h.data = t.data, h.nbytes = t.nbytes;
+    }
+    if (by_module.empty()) return fail(err, wpath + ": no LoRA tensors");
+    for (auto &kv : by_module) {
+        LoraPair &p = kv.second;
+        if (!p.a.data || !p.b.data)
+            return fail(err, wpath + ": tensor '" + p.peft(!p.a.data) + "' is missing (its other half is present)");
+        if (p.a.rows != p.b.cols)
+            return fail(err, wpath + ": tensor '" + p.peft(false) + "' has " + std::to_string(p.b.cols) + " columns, '" + p.peft(true) +
+                                 "' has rank " + std::to_string(p.a.rows));
+        std::string e;
+        const json::Value *rv = pattern_value(rp, p.module, cpath, &e), *av = pattern_value(ap, p.module, cpath, &e);
+        if (!e.empty()) return fail(err, e);
+        const int64_t r = rv ? rv->get_int(-1) : (int64_t)r0;
+        if (r != p.a.rows)
+            return fail(err, wpath + ": tensor '" + p.peft(true) + "' has rank " + std::to_string(p.a.rows) + ", " + cpath + " says " +
+                                 std::to_string(r) + (rv ? " (rank_pattern)" : " (r)"));
+        const double alpha = av ? av->get_double(alpha0) : alpha0;
+        p.scale = rslora ? alpha / std::sqrt((double)r) : alpha / (double)r;
+        ad->pairs.push_back(std::move(p));
+    }
+    sort_pairs(ad->pairs);
+    ad->source = dir;
+    ad->config = c;
+    ad->has_config = true;
+    return true;
+}
+
+// ---- GGUF in -------------------------------------------------------------------------------------
+
+bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err) {
+    ad->gg = gguf_file::open(path, err);
+    if (!ad->gg) return false;
+    const gguf_file &f = *ad->gg;
+    std::string s;
+    if (!f.get_str("general.type", &s, err)) return false;
+    if (s != "adapter") return fail(err, path + ": key 'general.type' is \"" + s + "\", expected \"adapter\"");
+    if (!f.get_str("adapter.type", &s, err)) return false;
+    if (s != "lora") return fail(err, path + ": key 'adapter.type' is \"" + s + "\", expected \"lora\"");
+    float alpha = 0; // llama.cpp: a missing alpha means scale 1
+    if (const gguf_kv *kv = f.find("adapter.lora.alpha")) {
+        if (kv->type != GGUF_TYPE_FLOAT32)
+            return fail(err, path + ": key 'adapter.lora.alpha' is " + gguf_type_name(kv->type) + ", llama.cpp requires FLOAT32");
+        std::memcpy(&alpha, kv->raw.data(), 4);
+    }
+    std::map<std::string, LoraPair> by_base;
+    for (const gguf_tensor_info &t : f.tensors()) {
+        const std::string &n = t.name;
+        bool is_a = n.size() > 7 && !n.compare(n.size() - 7, 7, ".lora_a"), is_b = n.size() > 7 && !n.compare(n.size() - 7, 7, ".lora_b");
+        if (!is_a && !is_b) {
+            if (n.size() > 12 && !n.compare(n.size() - 12, 12, "_norm.weight")) continue; // llama.cpp ignores these too
+            return fail(err, path + ": tensor '" + n + "' has an unexpected suffix (expected .lora_a or .lora_b)");
+        }
+        const std::string base = n.substr(0, n.size() - 7);
+        LoraPair &p = by_base[base];
+        if (p.module.empty() && !parse_gguf_base(base, &p.layer, &p.kind, &p.module))
+            return fail(err, path + ": tensor '" + n + "': base tensor '" + base + "' is not a projection (blk.N.attn_q/k/v/output, ffn_gate/up/down, output)");
+        if (t.n_dims > 2) return fail(err, path + ": tensor '" + n + "' has " + std::to_string(t.n_dims) + " dimensions, expected 2");
+        LoraHalf &h = is_a ? p.a : p.b;
+        h.rows = t.ne[1], h.cols = t.ne[0];
+        if (t.type == GGML_TYPE_F32 || t.type == GGML_TYPE_F16 || t.type == GGML_TYPE_BF16) {
+            h.dtype = t.type == GGML_TYPE_F32 ? "F32" : t.type == GGML_TYPE_F16 ? "F16" : "BF16";
+            h.data = t.data, h.nbytes = t.nbytes;
+        } else {
+            std::vector<uint8_t> v((size_t)t.nelements() * 4);
+            if (!f.load_f32(t, (float *)v.data(), err)) return false;
+            h.adopt(std::move(v), "F32");
+        }
+    }
+    if (by_base.empty()) return fail(err, path + ": no LoRA tensors");
+    for (auto &kv : by_base) {
+        LoraPair &p = kv.second;
+        if (!p.a.data || !p.b.data) return fail(err, path + ": tensor '" + kv.first + (p.a.data ? ".lora_b" : ".lora_a") + "' is missing (its other half is present)");
+        if (p.a.rows != p.b.cols)
+            return fail(err, path + ": tensor '" + kv.first + ".lora_a' ne [" + std::to_string(p.a.cols) + ", " + std::to_string(p.a.rows) + "] and '" +
+                                 kv.first + ".lora_b' ne [" + std::to_string(p.b.cols) + ", " + std::to_string(p.b.rows) +
+                                 "] do not chain (lora_a ne[1] must equal lora_b ne[0]; is lora_a transposed?)");
+        p.scale = alpha != 0 ? (double)alpha / (double)p.r() : 1.0;
+        ad->pairs.push_back(std::move(p));
+    }
+    sort_pairs(ad->pairs);
+    ad->source = path;
+    if (f.has(kConfigKey)) {
+        std::string text;
+        if (!f.get_str(kConfigKey, &text, err) || !json::parse(text, &ad->config, err, path + ": key '" + kConfigKey + "'")) return false;
+        ad->has_config = true;
+    }
+    return true;
+}
+
+bool lora_read(const std::string &path, LoraFile *ad, std::string *err) {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) return fail(err, path + ": " + std::strerror(errno));
+    return S_ISDIR(st.st_mode) ? lora_read_peft(path, ad, err) : lora_read_gguf(path, ad, err);
+}
+
+// ---- base models ---------------------------------------------------------------------------------
+
+bool lora_read_base(const std::string &path, LoraBase *b, std::string *err) {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) return fail(err, path + ": " + std::strerror(errno));
+    b->source = path;
+    if (!S_ISDIR(st.st_mode)) {
+        std::unique_ptr<gguf_file> f = gguf_file::open(path, err);
+        if (!f || !f->get_str("general.architecture", &b->arch, err)) return false;
+        for (const gguf_tensor_info &t : f->tensors()) b->shapes[t.name] = {t.ne[0], t.ne[1]};
+        b->tied = !f->find_tensor("output.weight"), b->gguf = true;
+        return true;
+    }
+    json::Value cfg;
+    ModelConfig mc;
+    SafetensorsCheckpoint ck;
+    if (!load_hf_config(path, &cfg, err) || !config_from_hf(cfg, path + "/config.json", &mc, err) || !ck.open(path, err)) return false;
+    b->arch = mc.arch_name, b->tied = mc.tied;
+    for (const SafetensorsTensor *t : ck.tensors()) {
+        int layer, kind;
+        const std::string module = t->name.size() > 7 ? t->name.substr(0, t->name.size() - 7) : "";
+        if (t->shape.size() == 2 && parse_module(module, &layer, &kind)) {
+            LoraPair p;
+            p.layer = layer, p.kind = kind;
+            b->shapes[p.gguf()] = {t->shape[1], t->shape[0]};
+        }
+    }
+    return true;
+}
+
+bool lora_check_base(const LoraFile &ad, const LoraBase &b, std::string *err) {
+    for (const LoraPair &p : ad.pairs) {
+        if (p.kind == kLmHead && b.tied)
+            return fail(err, ad.source + ": module 'lm_head' is adapted but " + b.source + " ties it to the token embedding");
+        auto it = b.shapes.find(p.gguf());
+        if (it == b.shapes.end()) return fail(err, ad.source + ": module '" + p.module + "': " + b.source + " has no weight '" + p.gguf() + "'");
+        if (it->second.first != p.a.cols || it->second.second != p.b.rows)
+            return fail(err, ad.source + ": module '" + p.module + "': LoRA maps " + std::to_string(p.a.cols) + " -> " + std::to_string(p.b.rows) +
+                                 " features, the base weight '" + p.gguf() + "' " + std::to_string(it->second.first) + " -> " +
+                                 std::to_string(it->second.second));
+    }
+    return true;
+}
+
+bool lora_peft_arch(const LoraFile &ad, std::string *arch, std::string *err) {
+    const std::string cls = ad.config["auto_mapping"]["base_model_class"].get_string();
+    const std::map<std::string, std::string> classes = {{"Qwen2ForCausalLM", "qwen2"}, {"Qwen3ForCausalLM", "qwen3"}, {"GemmaForCausalLM", "gemma"},
+                                                        {"Gemma2ForCausalLM", "gemma2"}, {"Gemma3ForCausalLM", "gemma3"}};
+    if (classes.count(cls)) return *arch = classes.at(cls), true;
+    const std::string base = ad.config["base_model_name_or_path"].get_string();
+    std::string e;
+    struct stat st;
+    if (!base.empty() && stat(base.c_str(), &st) == 0) { // a local model: an HF directory or a GGUF file
+        LoraBase b;
+        if (lora_read_base(base, &b, &e)) return *arch = b.arch, true;
+    }
+    return fail(err, ad.source + "/adapter_config.json: cannot tell the base model's architecture (no known auto_mapping.base_model_class, "
+                                 "base_model_name_or_path is not a local model); pass --arch qwen2|qwen3|gemma|gemma2 or --base MODEL");
+}
+
+// ---- GGUF out ------------------------------------------------------------------------------------
+
+bool lora_write_gguf(LoraFile &ad, const std::string &arch, const std::string &type, const std::string &out, std::string *err) {
+    // alpha: the most common scale * rank; every other module's B is folded by c_i / c
+    std::map<float, int> count;
+    for (const LoraPair &p : ad.pairs) count[(float)(p.scale * (double)p.r())]++;
+    float alpha = 0;
+    int best = 0;
+    for (const auto &c : count)
+        if (c.second > best) alpha = c.first, best = c.second;
+    int folded = 0;
+    for (LoraPair &p : ad.pairs) {
+        if ((float)(p.scale * (double)p.r()) == alpha) continue;
+        const double f = p.scale * (double)p.r() / (double)alpha;
+        std::vector<float> b = floats(p.b);
+        for (float &x : b) x = (float)(x * f);
+        std::vector<uint8_t> bytes(b.size() * 4);
+        std::memcpy(bytes.data(), b.data(), bytes.size());
+        p.b.adopt(std::move(bytes), "F32");
+        folded++;
+    }
+    if (folded)
+        std::fprintf(stderr, "gguf-lora: note: GGUF LoRA has one alpha; the scale of %d of %zu modules is folded into their lora_b "
+                             "(alpha %g); to-peft will give an equivalent plain-LoRA configuration\n",
+                     folded, ad.pairs.size(), (double)alpha);
+    std::vector<gguf_kv> kvs = {gguf_kv::string("general.architecture", arch), gguf_kv::string("general.type", "adapter"),
+                                gguf_kv::string("adapter.type", "lora"), gguf_kv::f32("adapter.lora.alpha", alpha)};
+    if (ad.has_config && !folded) kvs.push_back(gguf_kv::string(kConfigKey, json::write(ad.config, -1)));
+    std::vector<gguf_tensor_out> ts;
+    for (LoraPair &p : ad.pairs) {
+        if (type != "keep" && (!convert(p.a, type, err) || !convert(p.b, type, err))) return fail(err, out + ": module '" + p.module + "': " + *err);
+        for (bool is_a : {true, false}) {
+            const LoraHalf &h = is_a ? p.a : p.b;
+            gguf_tensor_out t;
+            t.name = p.gguf() + (is_a ? ".lora_a" : ".lora_b");
+            t.type = ggml_of(h.dtype);
+            t.n_dims = 2;
+            t.ne[0] = h.cols, t.ne[1] = h.rows;
+            t.data = h.data;
+            ts.push_back(std::move(t));
+        }
+    }
+    return gguf_write(out, kvs, ts, err);
+}
+
+// ---- PEFT out ------------------------------------------------------------------------------------
+
+// The rank of every module of one kind, or -1 when they differ.
+static std::map<int, int64_t> kind_ranks(const std::vector<LoraPair> &pairs) {
+    std::map<int, int64_t> k;
+    for (const LoraPair &p : pairs) {
+        auto it = k.find(p.kind);
+        if (it == k.end()) k[p.kind] = p.r();
+        else if (it->second != p.r()) it->second = -1;
+    }
+    return k;
+}
+
+// A plain-LoRA adapter_config.json equivalent to the pairs' ranks and scales: r and lora_alpha
+// are the most common rank and scale * rank, rank_pattern / alpha_pattern give the others, keyed
+// by module kind ("q_proj") when every module of that kind agrees, else by module path.
+static json::Value derive_config(const LoraFile &ad, const std::string &base_model) {
+    std::map<int64_t, int> rc;
+    std::map<double, int> ac;
+    for (const LoraPair &p : ad.pairs) rc[p.r()]++, ac[(double)(float)(p.scale * (double)p.r())]++;
+    int64_t r = 0;
+    double alpha = 0;
+    int best = 0;
+    for (const auto &c : rc)
+        if (c.second > best) r = c.first, best = c.second;
+    best = 0;
+    for (const auto &c : ac)
+        if (c.second > best) alpha = c.first, best = c.second;
+    json::Value rank_pattern = json::Value::object(), alpha_pattern = json::Value::object();
+    std::map<int, int64_t> kr = kind_ranks(ad.pairs);
+    std::map<int, double> ka;
+    for (const LoraPair &p : ad.pairs) {
+        const double c = (double)(float)(p.scale * (double)p.r());
+        auto it = ka.find(p.kind);
+        if (it == ka.end()) ka[p.kind] = c;
+        else if (it->second != c) it->second = NAN;
+    }
+    for (const LoraPair &p : ad.pairs) {
+        const std::string kind = p.kind == kLmHead ? "lm_head" : kModules[p.kind].hf;
+        const double c = (double)(float)(p.scale * (double)p.r());
+        if (p.r() != r) rank_pattern.set(kr[p.kind] > 0 ? kind : p.module, p.r());
+        if (c != alpha) alpha_pattern.set(ka[p.kind] == c ? kind : p.module, c);
+    }
+    std::set<std::string> targets;
+    for (const LoraPair &p : ad.pairs) targets.insert(p.kind == kLmHead ? "lm_head" : kModules[p.kind].hf);
+    json::Value tm = json::Value::array();
+    for (const auto &t : targets) tm.push(t);
+    json::Value c = json::Value::object();
+    c.set("peft_type", "LORA");
+    c.set("task_type", "CAUSAL_LM");
+    c.set("base_model_name_or_path", base_model.empty() ? json::Value() : json::Value(base_model));
+    c.set("revision", json::Value());
+    c.set("inference_mode", true);
+    c.set("r", r);
+    c.set("lora_alpha", alpha);
+    c.set("lora_dropout", 0.0);
+    c.set("target_modules", tm);
+    c.set("exclude_modules", json::Value());
+    c.set("bias", "none");
+    c.set("fan_in_fan_out", false);
+    c.set("use_rslora", false);
+    c.set("use_dora", false);
+    c.set("lora_bias", false);
+    c.set("init_lora_weights", true);
+    c.set("modules_to_save", json::Value());
+    c.set("layers_to_transform", json::Value());
+    c.set("layers_pattern", json::Value());
+    c.set("rank_pattern", rank_pattern);
+    c.set("alpha_pattern", alpha_pattern);
+    c.set("peft_version", std::string("forge gguf-lora ") + forge_version());
+    return c;
+}
+
+static bool make_dir(const std::string &dir, std::string *err) {
+    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return fail(err, dir + ": cannot create the directory: " + std::strerror(errno));
+    return true;
+}
+
+bool lora_write_peft(const LoraFile &ad, const std::string &dir, const std::string &base_model, std::string *err) {
+    json::Value config;
+    bool stored_ok = ad.has_config;
+    if (stored_ok) { // trust the stored configuration only when it gives these tensors their scales
+        std::string e;
+        for (const LoraPair &p : ad.pairs) {
+            const json::Value *rv = pattern_value(ad.config["rank_pattern"], p.module, ad.source, &e);
+            const json::Value *av = pattern_value(ad.config["alpha_pattern"], p.module, ad.source, &e);
+            const double r = (double)(rv ? rv->get_int(-1) : ad.config["r"].get_int(-1));
+            const double alpha = av ? av->get_double() : ad.config["lora_alpha"].get_double(8.0);
+            const double s = ad.config["use_rslora"].get_bool(false) ? alpha / std::sqrt(r) : alpha / r;
+            stored_ok = stored_ok && e.empty() && r == (double)p.r() && std::fabs(s - p.scale) <= 1e-6 * std::fabs(s);
+        }
+        if (!stored_ok) std::fprintf(stderr, "gguf-lora: note: %s: key %s does not match the tensors; writing a derived configuration\n", ad.source.c_str(), kConfigKey);
+    }
+    if (stored_ok) {
+        config = ad.config;
+        if (!base_model.empty()) config.set("base_model_name_or_path", base_model);
+    } else config = derive_config(ad, base_model);
+    std::vector<SafetensorsWriteTensor> ts;
+    for (const LoraPair &p : ad.pairs)
+        for (bool is_a : {true, false}) {
+            const LoraHalf &h = is_a ? p.a : p.b;
+            ts.push_back({p.peft(is_a), h.dtype, {h.rows, h.cols}, h.data, h.nbytes});
+        }
+    std::sort(ts.begin(), ts.end(), [](const auto &x, const auto &y) { return x.name < y.name; });
+    return make_dir(dir, err) && safetensors_write(dir + "/adapter_model.safetensors", ts, {{"format", "pt"}}, err) &&
+           json::write_file(dir + "/adapter_config.json", config, err);
+}
+
+// ---- merge ---------------------------------------------------------------------------------------
+
+static bool copy_file(const std::string &from, const std::string &to, std::string *err) {
+    std::ifstream in(from, std::ios::binary);
+    std::ofstream out(to, std::ios::binary | std::ios::trunc);
+    if (!in) return fail(err, from + ": cannot open");
+    if (!(out << in.rdbuf()) || !out.flush()) return fail(err, to + ": cannot write");
+    return true;
+}
+
+static bool ends_with(const std::string &s, const std::string &t) { return s.size() >= t.size() && !s.compare(s.size() - t.size(), t.size(), t); }
+
+// w [out, in] (F32) += scale * B A, row by row in parallel.
+static void add_delta(const LoraPair &p, float *w) {
+    const int64_t out = p.b.rows, in = p.a.cols, r = p.r();
+    const std::vector<float> a = floats(p.a), b = floats(p.b);
+    const float s = (float)p.scale;
+#pragma omp parallel for
+    for (int64_t o = 0; o < out; o++) {
+        std::vector<float> acc((size_t)in, 0.0f);
+        for (int64_t k = 0; k < r; k++) {
+            const float bk = b[(size_t)(o * r + k)];
+            const float *ak = a.data() + k * in;
+            for (int64_t i = 0; i < in; i++) acc[(size_t)i] += bk * ak[i];
+        }
+        float *wo = w + o * in;
+        for (int64_t i = 0; i < in; i++) wo[i] += s * acc[(size_t)i];
+    }
+}
+
+// Writes the merged checkpoint into dir (model.safetensors and the base's non-weight files).
+static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, const std::string &dir, std::string *err) {
+    SafetensorsCheckpoint ck;
+    if (!ck.open(base_dir, err) || !make_dir(dir, err)) return false;
+    struct stat st;
+    if (stat((dir + "/model.safetensors.index.json").c_str(), &st) == 0)
+        return fail(err, dir + ": holds a sharded checkpoint (model.safetensors.index.json); write the merged model to another directory");
+    std::map<std::string, const LoraPair *> by_weight;
+    for (const LoraPair &p : ad.pairs) by_weight[p.module + ".weight"] = &p;
+    std::vector<SafetensorsWriteTensor> ts;
+    std::vector<std::vector<uint8_t>> owned;
+    for (const SafetensorsTensor *t : ck.tensors()) {
+        ts.push_back({t->name, t->dtype, t->shape, t->data, t->nbytes});
+        auto it = by_weight.find(t->name);
+        if (it == by_weight.end()) continue;
+        const LoraPair &p = *it->second;
+        const int64_t out = p.b.rows, in = p.a.cols;
+        if (t->shape != std::vector<int64_t>{out, in})
+            return fail(err, t->file + ": tensor '" + t->name + "' is not [" + std::to_string(out) + ", " + std::to_string(in) + "] as the adapter's module '" +
+                                 p.module + "' needs");
+        std::vector<float> w((size_t)(out * in));
+        if (!safetensors_read_f32(*t, w.data(), out * in, err)) return false;
+        add_delta(p, w.data());
+        owned.emplace_back(t->nbytes);
+        if (!quantize(ggml_of(t->dtype), w.data(), in, out, owned.back().data(), err)) return fail(err, t->file + ": tensor '" + t->name + "': " + *err);
+        ts.back().data = owned.back().data();
+        by_weight.erase(it);
+    }
+    if (!by_weight.empty())
+        return fail(err, base_dir + ": no weight '" + by_weight.begin()->first + "' for the adapter's module '" + by_weight.begin()->second->module + "'");
+    if (!safetensors_write(dir + "/model.safetensors", ts, {{"format", "pt"}}, err)) return false;
+    for (const char *f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                          "tokenizer.model", "chat_template.jinja", "vocab.json", "merges.txt"})
+        if (stat((base_dir + "/" + f).c_str(), &st) == 0 && !copy_file(base_dir + "/" + f, dir + "/" + f, err)) return false;
+    return true;
+}
+
+// A GGUF base into a GGUF out: keys and tensors copied, each adapted weight dequantized, merged
+// and quantized again as it is written (one weight in memory at a time).
+static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::string &out, std::string *err, std::string *notes) {
+    std::unique_ptr<gguf_file> f = gguf_file::open(base, err);
+    if (!f) return false;
+    std::map<std::string, const LoraPair *> by_weight;
+    for (const LoraPair &p : ad.pairs) by_weight[p.gguf()] = &p;
+    std::vector<gguf_tensor_out> ts;
+    for (const gguf_tensor_info &t : f->tensors()) {
+        gguf_tensor_out o;
+        o.name = t.name, o.type = t.type, o.n_dims = t.n_dims, o.data = t.data;
+        std::copy(t.ne, t.ne + GGUF_MAX_DIMS, o.ne);
+        auto it = by_weight.find(t.name);
+        if (it != by_weight.end()) {
+            const LoraPair *p = it->second;
+            if (t.n_dims != 2 || t.ne[0] != p->a.cols || t.ne[1] != p->b.rows)
+                return fail(err, base + ": tensor '" + t.name + "' is not ne [" + std::to_string(p->a.cols) + ", " + std::to_string(p->b.rows) +
+                                     "] as the adapter's module '" + p->module + "' needs");
+            if (!ggml_can_dequantize(t.type))
+                return fail(err, base + ": tensor '" + t.name + "' is " + ggml_type_name(t.type) + ", which forge cannot dequantize to merge into");
+            if (!ggml_can_quantize(t.type)) {
+                o.type = t.ne[0] % 32 == 0 ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+                if (notes)
+                    *notes += t.name + ": " + ggml_type_name(t.type) + " is written as " + ggml_type_name(o.type) +
+                              " (forge does not quantize to " + ggml_type_name(t.type) + ")\n";
+            }
+            const gguf_tensor_info *ti = &t;
+            const gguf_file *fp = f.get();
+            const uint32_t type = o.type;
+            o.data = nullptr;
+            o.fill = [fp, ti, p, type](uint8_t *dst, uint64_t, std::string *e) {
+                std::vector<float> w((size_t)ti->nelements());
+                if (!fp->load_f32(*ti, w.data(), e)) return false;
+                add_delta(*p, w.data());
+                if (quantize(type, w.data(), ti->ne[0], ti->ne[1], dst, e)) return true;
+                *e = ti->name + ": " + *e;
+                return false;
+            };
+            by_weight.erase(it);
+        }
+        ts.push_back(std::move(o));
+    }
+    if (!by_weight.empty())
+        return fail(err, base + ": no tensor '" + by_weight.begin()->first + "' for the adapter's module '" + by_weight.begin()->second->module + "'");
+    return gguf_write(out, f->kvs(), ts, err);
+}
+
+static void remove_tree(const std::string &dir) {
+    if (DIR *d = opendir(dir.c_str())) {
+        while (struct dirent *e = readdir(d))
+            if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) unlink((dir + "/" + e->d_name).c_str());
+        closedir(d);
+    }
+    rmdir(dir.c_str());
+}
+
+bool lora_merge_target_ok(const std::string &base, const std::string &out, const std::string &type, std::string *err) {
+    struct stat st;
+    if (stat(base.c_str(), &st) != 0) return fail(err, base + ": " + std::strerror(errno));
+    const bool base_dir = S_ISDIR(st.st_mode);
+    if (base_dir && stat((base + "/config.json").c_str(), &st) != 0)
+        return fail(err, base + ": the merge's base must be an HF model directory (config.json + safetensors) or a GGUF file");
+    if (!base_dir && !ends_with(out, ".gguf"))
+        return fail(err, out + ": the base " + base + " is a GGUF file, so the merged model is written as GGUF: give a path ending in .gguf");
+    if (!base_dir && type != "auto")
+        return fail(err, "--type " + type + ": a GGUF base keeps each weight's own type; leave --type out");
+    char *rb = realpath(base.c_str(), nullptr), *ro = realpath(out.c_str(), nullptr);
+    const bool same = rb && ro && !std::strcmp(rb, ro);
+    std::free(rb), std::free(ro);
+    if (same) return fail(err, out + ": is the base model itself; write the merged model elsewhere");
+    return true;
+}
+
+bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &out, const std::string &type, std::string *err, std::string *notes) {
+    LoraBase b;
+    if (!lora_merge_target_ok(base, out, type, err) || !lora_read_base(base, &b, err) || !lora_check_base(ad, b, err)) return false;
+    if (b.gguf) return merge_gguf(base, ad, out, err, notes);
+    if (!ends_with(out, ".gguf")) return merge_into_dir(base, ad, out, err);
+    uint32_t gtype = 0;
+    if (type == "auto") {
+        SafetensorsCheckpoint ck;
+        if (!ck.open(base, err)) return false;
+        const SafetensorsTensor *t = ck.find("model.embed_tokens.weight");
+        gtype = t ? ggml_of(t->dtype) : GGML_TYPE_F32;
+    } else gtype = type == "f32" ? GGML_TYPE_F32 : type == "f16" ? GGML_TYPE_F16 : type == "bf16" ? GGML_TYPE_BF16 : GGML_TYPE_Q8_0;
+    std::string tmp = out + ".merge-XXXXXX";
+    if (!mkdtemp(&tmp[0])) return fail(err, out + ": cannot create a temporary directory " + tmp + ": " + std::strerror(errno));
+    bool ok = merge_into_dir(base, ad, tmp, err) && gguf_from_hf(tmp, out, gtype, err);
+    remove_tree(tmp);
+    return ok;
+}
+
+} // namespace forge

@@ -1,0 +1,107 @@
+// models/lora-convert.h - LoRA adapter files as tensors, without a model (formats.md 5.1, 5.2):
+// read a PEFT directory or a llama.cpp GGUF LoRA, write either, and merge one into its base. The
+// engine of gguf-tools/gguf-lora and of `finetune --merge`.
+//
+// It takes what the engine does not (yet) train: per-module ranks and alphas (rank_pattern /
+// alpha_pattern), partial target sets. The bytes of lora_A [r, in] and lora_B [out, r] are
+// GGUF's .lora_a ne [in, r] and .lora_b ne [r, out] unchanged; names map by formats.md 3.2
+// (q_proj <-> attn_q, ..., lm_head <-> output).
+//
+// Scales: llama.cpp applies alpha / rank with one alpha per file, PEFT alpha_i / r_i (or
+// alpha_i / sqrt(r_i) with rsLoRA). When every module's scale times its rank is the same value c
+// (plain LoRA with any rank_pattern; rsLoRA with one rank), the GGUF file gets alpha = c and the
+// tensors are copied bit for bit; the PEFT adapter_config.json is kept in the key
+// forge.peft.adapter_config, so the way back restores it exactly. Otherwise (alpha_pattern,
+// rsLoRA with several ranks) the file gets the most common c and every other module's lora_b is
+// multiplied by c_i / c in F32; the way back then writes the equivalent plain configuration.
+//
+// Merging writes W + scale * B A, computed in F32 and rounded once to W's type.
+#pragma once
+
+#include "gguf.h"
+#include "json.h"
+#include "safetensors.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace forge {
+
+// One half of a pair: bytes of a 2-D matrix [rows, cols] (HF order) of a float dtype.
+struct LoraHalf {
+    std::string dtype; // "F32", "F16", "BF16"
+    int64_t rows = 0, cols = 0;
+    const uint8_t *data = nullptr;
+    uint64_t nbytes = 0;
+    std::vector<uint8_t> own; // when converted, folded or dequantized
+    void adopt(std::vector<uint8_t> bytes, const std::string &dt) {
+        own = std::move(bytes), data = own.data(), nbytes = own.size(), dtype = dt;
+    }
+};
+
+// One adapted weight: A [r, in], B [out, r], PEFT's scaling.
+struct LoraPair {
+    std::string module; // HF module path, "model.layers.3.self_attn.q_proj" or "lm_head"
+    int layer = -1, kind = 0; // kind: 0..6 = q, k, v, o, gate, up, down; 7 = lm_head
+    LoraHalf a, b;
+    double scale = 1;
+    int64_t r() const { return a.rows; }
+    std::string gguf() const;            // "blk.3.attn_q.weight" or "output.weight"
+    std::string peft(bool is_a) const;   // "base_model.model.<module>.lora_A.weight" / lora_B
+};
+
+struct LoraFile {
+    std::string source;
+    std::vector<LoraPair> pairs; // by layer, then module order
+    json::Value config;          // the PEFT adapter_config.json (read from PEFT or the GGUF key)
+    bool has_config = false;
+    std::unique_ptr<SafetensorsFile> st; // the mappings the halves point into
+    std::unique_ptr<gguf_file> gg;
+};
+
+// A PEFT adapter directory (adapter_config.json + adapter_model.safetensors), a GGUF LoRA file,
+// or either (by whether path is a directory). Errors name the file and the tensor or key.
+bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err);
+bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err);
+bool lora_read(const std::string &path, LoraFile *ad, std::string *err);
+
+// in_features / out_features of every weight of a base model (HF directory or GGUF), by GGUF name.
+struct LoraBase {
+    std::string arch, source;
+    bool gguf = false, tied = false;
+    std::map<std::string, std::pair<int64_t, int64_t>> shapes;
+};
+bool lora_read_base(const std::string &path, LoraBase *b, std::string *err);
+// llama.cpp's loader checks of an adapter against its base: every module's weight exists, with
+// the adapter's in and out features; no lm_head adapter on a tied base.
+bool lora_check_base(const LoraFile &ad, const LoraBase &b, std::string *err);
+// The architecture of a PEFT adapter's base from its own config (auto_mapping, or a local
+// base_model_name_or_path).
+bool lora_peft_arch(const LoraFile &ad, std::string *arch, std::string *err);
+
+// GGUF LoRA at out for a base of general.architecture arch; type "keep" copies each half's
+// bytes, "F32" / "F16" / "BF16" converts them. Folds scales into lora_b as the top says.
+bool lora_write_gguf(LoraFile &ad, const std::string &arch, const std::string &type, const std::string &out, std::string *err);
+// PEFT directory: the stored configuration when it gives these tensors their scales, else a
+// derived plain-LoRA one; base_model (when not empty) goes into base_model_name_or_path.
+bool lora_write_peft(const LoraFile &ad, const std::string &dir, const std::string &base_model, std::string *err);
+
+// The merged model at out, from a base that is
+//  * an HF directory: out ending in .gguf is written as GGUF of type (auto: the embedding's
+//    type, f32, f16, bf16 or q8_0, as gguf-convert), any other out as an HF directory
+//    (model.safetensors in the base's dtypes + the base's config and tokenizer files);
+//  * a GGUF file: out must end in .gguf; every key and tensor is copied, and each adapted weight
+//    keeps its type when forge can quantize it (F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1), else
+//    (K-quants, IQ4_NL) it is written as Q8_0, or F16 for rows that are not whole Q8_0 blocks;
+//    type must be auto.
+// *notes gets one line per weight whose type changed (nullptr: not wanted).
+bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &out, const std::string &type, std::string *err,
+                std::string *notes = nullptr);
+// Checks, before any work, that lora_merge(base, ..., out, type) can be asked for: base is an HF
+// directory or a GGUF file, out is not the base, a GGUF base goes to a .gguf out.
+bool lora_merge_target_ok(const std::string &base, const std::string &out, const std::string &type, std::string *err);
+
+} // namespace forge
