@@ -150,15 +150,33 @@ struct Builder {
         d->n_prompt++;
         return true;
     }
-    bool chat(const json::Value &msgs, std::string *err) {
-        if (!msgs.is_array() || msgs.size() == 0) return fail(err, "\"messages\" is not a non-empty list");
+    // "messages" (role / content, as OpenAI and TRL write them) or "conversations" (ShareGPT:
+    // from / value, with human -> user and gpt -> assistant)
+    bool chat(const json::Value &msgs, bool sharegpt, std::string *err) {
+        const char *list = sharegpt ? "conversations" : "messages", *role = sharegpt ? "from" : "role", *content = sharegpt ? "value" : "content";
+        if (!msgs.is_array() || msgs.size() == 0) return fail(err, std::string("\"") + list + "\" is not a non-empty list");
         std::vector<ChatMessage> m;
         for (size_t i = 0; i < msgs.size(); i++) {
             const json::Value &x = msgs.at(i);
-            if (!x["role"].is_string() || !x["content"].is_string())
-                return fail(err, "messages[" + std::to_string(i) + "] needs string \"role\" and \"content\"");
-            m.push_back({x["role"].str(), x["content"].str(), x["reasoning_content"].get_string()});
+            if (!x[role].is_string() || !x[content].is_string())
+                return fail(err, std::string(list) + "[" + std::to_string(i) + "] needs string \"" + role + "\" and \"" + content + "\"");
+            std::string r = x[role].str();
+            if (sharegpt) r = r == "human" ? "user" : r == "gpt" ? "assistant" : r;
+            m.push_back({r, x[content].str(), x["reasoning_content"].get_string()});
         }
+        return chat(m, err);
+    }
+    // Alpaca: the instruction (and the input, after a blank line, when there is one) as the
+    // user's message, the output as the assistant's
+    bool alpaca(const json::Value &v, std::string *err) {
+        const json::Value &ins = v["instruction"], &in = v["input"], &outp = v["output"];
+        if (!ins.is_string() || !outp.is_string() || !(in.is_null() || in.is_string()))
+            return fail(err, "\"instruction\" and \"output\" (and \"input\" when present) must be strings");
+        std::string user = ins.str();
+        if (!in.get_string().empty()) user += "\n\n" + in.str();
+        return chat(std::vector<ChatMessage>{{"user", user, ""}, {"assistant", outp.str(), ""}}, err);
+    }
+    bool chat(const std::vector<ChatMessage> &m, std::string *err) {
         std::vector<int32_t> ids;
         std::vector<uint8_t> mask;
         if (!chat_tokenize(tok, opt.chat, m, ChatOptions(), &ids, &mask, err)) return false;
@@ -195,8 +213,10 @@ bool read_jsonl(const std::string &path, const std::string &text, Builder &b, st
             ok = false;
         } else if (!v.is_object()) {
             ok = fail(&e, "the line is not a JSON object");
-        } else if (v.find("messages")) {
-            ok = b.chat(v["messages"], &e);
+        } else if (v.find("messages") || v.find("conversations")) {
+            ok = b.chat(v.find("messages") ? v["messages"] : v["conversations"], !v.find("messages"), &e);
+        } else if (v.find("instruction")) {
+            ok = b.alpaca(v, &e);
         } else if (v.find("prompt") || v.find("completion")) {
             ok = v["prompt"].is_string() && v["completion"].is_string()
                      ? b.prompt_completion(v["prompt"].str(), v["completion"].str(), &e)
@@ -206,7 +226,7 @@ bool read_jsonl(const std::string &path, const std::string &text, Builder &b, st
         } else {
             std::string keys;
             for (size_t i = 0; i < v.size() && i < 6; i++) keys += (i ? ", " : "") + v.key(i);
-            ok = fail(&e, "a line needs \"text\", \"messages\" or \"prompt\" + \"completion\" (it has: " +
+            ok = fail(&e, "a line needs \"text\", \"messages\", \"conversations\", \"instruction\" + \"output\" or \"prompt\" + \"completion\" (it has: " +
                               (keys.empty() ? std::string("no keys") : keys) + ")");
         }
         if (ok) continue;

@@ -1,13 +1,16 @@
 // models/data.h - training data for ./finetune: reading a dataset (.txt, or JSONL with "text",
-// "messages" or "prompt"/"completion"), tokenising it once into documents with a loss mask (cached
+// "messages" (role/content), "conversations" (ShareGPT: from/value), "instruction"/"input"/"output"
+// (Alpaca) or "prompt"/"completion"), tokenising it once into documents with a loss mask (cached
 // next to the data), cutting documents into pieces of at most --seq-len tokens, the eval split,
 // packing pieces into rows, and filling the host buffers of one row (ids, positions restarting at
 // each document, document ids for the attention mask, labels).
 //
 // A document is a token sequence d[0..n) with a mask: mask[j] = 1 when d[j] is a target, i.e. the
 // loss trains the model to predict d[j] from d[0..j). Text trains on every token (the appended EOS
-// included); chat on the assistant's tokens (models/tokenizer.h, chat_tokenize); prompt/completion
-// on the completion and its EOS.
+// included); chat on the assistant's tokens (models/tokenizer.h, chat_tokenize), and ShareGPT and
+// Alpaca lines are chats (human/gpt are user/assistant; the instruction, with the input after a
+// blank line, is the user's message and the output the assistant's); prompt/completion on the
+// completion and its EOS.
 //
 // Every error names the file, and for JSONL the line: "data.jsonl:12: \"messages\" is not a list".
 #pragma once

@@ -136,6 +136,51 @@ static void test_data() {
     json::parse(line0.substr(0, line0.find('\n')), &first, &err);
     const std::string answer = first["messages"].at(2)["content"].str();
     CHECK(decode_masked(tok, chat, 0) == answer + "<|im_end|>", "chat mask covers '%s'", decode_masked(tok, chat, 0).c_str());
+    // ShareGPT ("conversations", from / value, human / gpt) and Alpaca (instruction, input,
+    // output) lines give exactly the tokens and mask of the same chat written as "messages"
+    std::string sharegpt, alpaca, as_messages;
+    for (size_t p = 0, nl; (nl = line0.find('\n', p)) != std::string::npos; p = nl + 1) {
+        json::Value v, conv = json::Value::array();
+        json::parse(line0.substr(p, nl - p), &v, &err);
+        for (size_t i = 0; i < v["messages"].size(); i++) {
+            const std::string role = v["messages"].at(i)["role"].str();
+            json::Value m = json::Value::object();
+            m.set("from", role == "user" ? "human" : role == "assistant" ? "gpt" : role);
+            m.set("value", v["messages"].at(i)["content"].str());
+            conv.push(m);
+        }
+        json::Value line = json::Value::object();
+        line.set("conversations", conv);
+        sharegpt += json::write(line, -1) + "\n";
+    }
+    put(g_tmp + "/sharegpt.jsonl", sharegpt);
+    TokenizedData sg;
+    CHECK(data_load(g_tmp + "/sharegpt.jsonl", tok, opt, &sg, &err) && sg.ids == chat.ids && sg.mask == chat.mask && sg.start == chat.start,
+          "ShareGPT lines give the tokens and mask of their \"messages\" form: %s", err.c_str());
+    for (const char *in : {"", "the input"}) {
+        json::Value a = json::Value::object(), m = json::Value::object(), msgs = json::Value::array(), u = json::Value::object(),
+                    asst = json::Value::object();
+        a.set("instruction", "Say what forge is."), a.set("input", in), a.set("output", "A LoRA fine-tuning engine.");
+        u.set("role", "user"), u.set("content", std::string("Say what forge is.") + (*in ? "\n\nthe input" : ""));
+        asst.set("role", "assistant"), asst.set("content", "A LoRA fine-tuning engine.");
+        msgs.push(u), msgs.push(asst), m.set("messages", msgs);
+        alpaca += json::write(a, -1) + "\n", as_messages += json::write(m, -1) + "\n";
+    }
+    put(g_tmp + "/alpaca.jsonl", alpaca + "{\"instruction\": \"no input key\", \"output\": \"fine\"}\n");
+    put(g_tmp + "/alpaca-messages.jsonl", as_messages + "{\"messages\": [{\"role\": \"user\", \"content\": \"no input key\"}, "
+                                                        "{\"role\": \"assistant\", \"content\": \"fine\"}]}\n");
+    TokenizedData al, alm;
+    CHECK(data_load(g_tmp + "/alpaca.jsonl", tok, opt, &al, &err) && data_load(g_tmp + "/alpaca-messages.jsonl", tok, opt, &alm, &err) &&
+              al.n_chat == 3 && al.ids == alm.ids && al.mask == alm.mask && al.start == alm.start,
+          "Alpaca lines give the tokens and mask of their \"messages\" form: %s", err.c_str());
+    put(g_tmp + "/alpaca-bad.jsonl", "{\"instruction\": 3, \"output\": \"x\"}\n");
+    CHECK(!data_load(g_tmp + "/alpaca-bad.jsonl", tok, opt, &al, &err) &&
+              err.find("alpaca-bad.jsonl:1: \"instruction\" and \"output\" (and \"input\" when present) must be strings") != std::string::npos,
+          "a bad Alpaca line is named: %s", err.c_str());
+    put(g_tmp + "/sharegpt-bad.jsonl", "{\"conversations\": [{\"from\": \"human\", \"text\": \"x\"}]}\n");
+    CHECK(!data_load(g_tmp + "/sharegpt-bad.jsonl", tok, opt, &al, &err) &&
+              err.find("sharegpt-bad.jsonl:1: conversations[0] needs string \"from\" and \"value\"") != std::string::npos,
+          "a bad ShareGPT line is named: %s", err.c_str());
     // prompt/completion: the completion and the EOS
     put(g_tmp + "/qa.jsonl", slurp(kSrc + "/examples/data/forge-qa.jsonl"));
     TokenizedData qa;
