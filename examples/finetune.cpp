@@ -132,7 +132,8 @@ const char *kUsageText =
     "  --rslora               rank-stabilised scaling\n"
     "\n"
     "training:\n"
-    "  --lr F                 peak learning rate (default 2e-4), linear warm-up then cosine decay to 0\n"
+    "  --lr F                 peak learning rate (default 2e-4), reached by a linear warm-up\n"
+    "  --lr-schedule S        after the warm-up: cosine (default) or linear decay to 0, or constant\n"
     "  --warmup N             warm-up steps (default 3% of the steps)\n"
     "  --weight-decay F       AdamW decoupled weight decay (default 0)\n"
     "  --clip F               clip the global gradient norm (default 1.0; 0: off)\n"
@@ -180,7 +181,7 @@ const char *kUsageText =
 
 struct Options {
     std::string model, data, eval_data, out, resume, base_model, logits_out, chat_template, merge;
-    std::string device, dtype, text_split = "paragraph";
+    std::string device, dtype, text_split = "paragraph", lr_schedule = "cosine";
     double eval_split = 0.05, lr = 2e-4, weight_decay = 0.0, clip = 1.0, epochs = 1.0, lora_alpha = 32.0;
     int64_t seq_len = 1024, batch = 4, grad_accum = 1, steps = 0, warmup = -1, seed = 42, eval_every = -1;
     int64_t save_every = 0, log_every = 0, lora_r = 16, threads = 0;
@@ -235,6 +236,7 @@ Options parse_args(int argc, char **argv) {
         else if (a == "--rslora") o.rslora = true;
         else if (a == "--lr") o.lr = parse_num(a, val(), 0.0, true);
         else if (a == "--warmup") o.warmup = parse_int(a, val(), 0);
+        else if (a == "--lr-schedule") o.lr_schedule = val();
         else if (a == "--weight-decay") o.weight_decay = parse_num(a, val(), 0.0, false);
         else if (a == "--clip") o.clip = parse_num(a, val(), 0.0, false);
         else if (a == "--batch") o.batch = parse_int(a, val(), 1);
@@ -271,6 +273,8 @@ Options parse_args(int argc, char **argv) {
     if (o.text_split != "paragraph" && o.text_split != "line" && o.text_split != "file")
         die(kUsage, "--text-split: '%s' is not paragraph, line or file", o.text_split.c_str());
     if (!o.dtype.empty() && o.dtype != "f32" && o.dtype != "bf16") die(kUsage, "--dtype: '%s' is not f32 or bf16", o.dtype.c_str());
+    if (o.lr_schedule != "cosine" && o.lr_schedule != "linear" && o.lr_schedule != "constant")
+        die(kUsage, "--lr-schedule: '%s' is not cosine, linear or constant", o.lr_schedule.c_str());
     if (o.eval_split >= 1.0) die(kUsage, "--eval-split: %g leaves nothing to train on (must be < 1)", o.eval_split);
     return o;
 }
@@ -673,11 +677,12 @@ void set_batch(const Batch &in, const HostBatch &hb, float count) {
     forge_tensor_set(in.count, &count, 0, 4);
 }
 
-// Warm-up linear to lr over W steps, then cosine to 0 over the rest (step s is 1-based).
+// Warm-up linear to lr over W steps, then --lr-schedule over the rest (step s is 1-based): cosine
+// or linear from lr towards 0, or lr constant.
 double lr_at(const Options &o, int64_t s, int64_t total, int64_t warmup) {
     if (s <= warmup) return o.lr * (double)s / (double)warmup;
     double p = (double)(s - warmup - 1) / (double)std::max<int64_t>(1, total - warmup);
-    return o.lr * 0.5 * (1.0 + std::cos(M_PI * p));
+    return o.lr_schedule == "constant" ? o.lr : o.lr_schedule == "linear" ? o.lr * (1.0 - p) : o.lr * 0.5 * (1.0 + std::cos(M_PI * p));
 }
 
 struct Run {
@@ -815,7 +820,7 @@ std::string config_json(const Run &r) {
     json::Value t = json::Value::array();
     for (const std::string &m : lora_target_modules(r.lm.m.lora)) t.push(m);
     c.set("lora_targets", t);
-    c.set("lr", o.lr), c.set("warmup", r.warmup), c.set("schedule", "linear warm-up, cosine to 0");
+    c.set("lr", o.lr), c.set("warmup", r.warmup), c.set("schedule", "linear warm-up, " + (o.lr_schedule == "constant" ? o.lr_schedule : o.lr_schedule + " to 0"));
     c.set("weight_decay", o.weight_decay), c.set("clip", o.clip), c.set("adam_beta1", 0.9), c.set("adam_beta2", 0.999), c.set("adam_eps", 1e-8);
     c.set("batch", o.batch), c.set("grad_accum", o.grad_accum), c.set("steps", r.total_steps), c.set("seed", o.seed);
     c.set("dtype", forge_type_name(r.dtype)), c.set("device", r.device_name), c.set("world_size", (int64_t)g_dist.env.world);
@@ -833,7 +838,7 @@ void check_resume_config(const std::string &ckpt, const std::string &saved, cons
         die(kError, "--resume %s: the checkpoint was trained on %lld rank(s), this run has %lld; resume with the same number of ranks "
                     "(forge-run -n %lld)", ckpt.c_str(), (long long)saved_world, (long long)world, (long long)saved_world);
     for (const char *k : {"arch", "data_key", "eval_split", "text_split", "chat_template", "seq_len", "packing", "lora_r", "lora_alpha", "rslora",
-                          "lora_targets", "lr", "warmup", "weight_decay", "clip", "batch", "grad_accum", "steps", "seed", "dtype"}) {
+                          "lora_targets", "lr", "warmup", "schedule", "weight_decay", "clip", "batch", "grad_accum", "steps", "seed", "dtype"}) {
         if (a[k] == b[k]) continue;
         if (!std::strcmp(k, "data_key"))
             die(kError, "--resume %s: the training data (or the tokenizer) differs from the checkpoint's run; resume on the same data",
@@ -1221,10 +1226,10 @@ int main(int argc, char **argv) {
     for (const std::string &t : lora_target_modules(lc)) targets += (targets.empty() ? "" : ",") + t.substr(0, t.size() - 5);
     info("lora    r %d, alpha %g%s (scale %g) on %s: %.2f M parameters\n", lc.r, (double)lc.alpha, lc.rslora ? ", rsLoRA" : "", (double)lc.scale(),
          targets.c_str(), (double)n_lora / 1e6);
-    info("train   %lld steps (%.2f epochs of %lld rows), %s%lld x %lld rows of %lld tokens per step, lr %g, warm-up %lld then cosine, seed %lld\n",
+    info("train   %lld steps (%.2f epochs of %lld rows), %s%lld x %lld rows of %lld tokens per step, lr %g, warm-up %lld then %s, seed %lld\n",
          (long long)r.total_steps, (double)(r.total_steps * per_step) / (double)n_rows, (long long)n_rows,
          g_dist.on() ? (std::to_string(g_dist.env.world) + " ranks x ").c_str() : "", (long long)o.grad_accum,
-         (long long)o.batch, (long long)o.seq_len, o.lr, (long long)r.warmup, (long long)o.seed);
+         (long long)o.batch, (long long)o.seq_len, o.lr, (long long)r.warmup, o.lr_schedule.c_str(), (long long)o.seed);
 
     int64_t start_step = 0, rows_done = 0;
     std::string err, cfg = config_json(r);

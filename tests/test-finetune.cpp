@@ -552,6 +552,18 @@ int main() {
     }
     expect_fail("resume with other options", train + "--lora-r 8 --out " + g_tmp + "/run3 --resume " + run1 + "/checkpoint-10", 1,
                 {"the checkpoint was trained with lora_r = 16, this run has lora_r = 8"});
+    expect_fail("resume with another schedule", train + "--lr-schedule linear --out " + g_tmp + "/run3 --resume " + run1 + "/checkpoint-10", 1,
+                {"the checkpoint was trained with schedule = \"linear warm-up, cosine to 0\", this run has schedule = \"linear warm-up, linear to 0\""});
+    // --lr-schedule: after one warm-up step, linear from lr to 0 over the other four, or constant
+    for (const char *sched : {"linear", "constant"}) {
+        const std::string dir = g_tmp + "/sched-" + sched;
+        r = run(common + "--data " + data + " --eval-split 0 --steps 5 --warmup 1 --lr 1e-2 --lr-schedule " + sched + " --out " + dir);
+        std::map<int64_t, double> lr = metric(dir + "/metrics.jsonl", "lr");
+        const bool lin = !std::strcmp(sched, "linear");
+        bool ok = r.rc == 0 && lr.size() == 5;
+        for (int s = 1; s <= 5; s++) ok = ok && std::fabs(lr[s] - 1e-2 * (lin && s > 1 ? 1.0 - (s - 2) / 4.0 : 1.0)) < 1e-8;
+        CHECK(ok, "--lr-schedule %s: lr %g %g %g %g %g (exit %d)\n%s", sched, lr[1], lr[2], lr[3], lr[4], lr[5], r.rc, r.out.c_str());
+    }
     expect_fail("an existing run without --resume", train + "--out " + run1, 1, {"already holds a run; continue it with --resume"});
 
     // gradient accumulation is exact; $FORGE_MODELS resolves a name; chat and prompt/completion data train
@@ -590,6 +602,7 @@ int main() {
     expect_fail("partial q/k/v", common + "--data " + data + " --lora-targets q,v" + out, 2, {"adapts all three or none"});
     expect_fail("gate without up", common + "--data " + data + " --lora-targets gate" + out, 2, {"adapts both or neither"});
     expect_fail("bad number", common + "--data " + data + " --lr fast" + out, 2, {"--lr: 'fast' is not a number"});
+    expect_fail("bad schedule", common + "--data " + data + " --lr-schedule step" + out, 2, {"--lr-schedule: 'step' is not cosine, linear or constant"});
     expect_fail("merge a GGUF base into a directory", "-m " + g_tmp + "/tiny-F32.gguf --data " + data + " --merge " + g_tmp + "/m" + out, 2,
                 {"--merge: " + g_tmp + "/m: the base " + g_tmp + "/tiny-F32.gguf is a GGUF file, so the merged model is written as GGUF"});
     expect_fail("merge onto the base", common + "--data " + data + " --merge " + kModel + out, 2, {"is the base model itself"});
