@@ -1,10 +1,11 @@
 // examples/generate.cpp - text generation from a GGUF file or an HF model directory, optionally
-// with a PEFT LoRA adapter, on the CPU or a CUDA device:
-//   ./generate -m MODEL(.gguf | HF dir) [--lora DIR] -p PROMPT [-n N] [--temp T] [--top-k K]
-//              [--top-p P] [--seed S] [--chat] [--device cpu|cuda]
+// with a LoRA adapter (PEFT directory or llama.cpp GGUF), on the CPU or a CUDA device:
+//   ./generate -m MODEL(.gguf | HF dir) [--lora DIR | FILE.gguf] -p PROMPT [-n N] [--temp T]
+//              [--top-k K] [--top-p P] [--seed S] [--chat] [--device cpu|cuda]
 // The continuation streams to stdout; the token counts and speed go to stderr. --chat wraps the
 // prompt as one user turn with the model's chat template (and stops at its end-of-turn token).
 // The CPU runs f32 weights and activations, CUDA bf16.
+#include "../models/adapter.h"
 #include "../models/config.h"
 #include "../models/generate.h"
 #include "../models/gguf-model.h"
@@ -25,14 +26,15 @@ const char *kUsage =
     "usage: generate -m MODEL -p PROMPT [options]\n"
     "  -m MODEL          a .gguf file or an HF model directory (config.json + safetensors + tokenizer.json)\n"
     "  -p PROMPT         the text to continue\n"
-    "  --lora DIR        a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors)\n"
+    "  --lora PATH       a LoRA adapter: a PEFT directory (adapter_config.json + adapter_model.safetensors)\n"
+    "                    or a llama.cpp GGUF LoRA file (finetune writes both)\n"
     "  -n N              new tokens at most (default 32)\n"
     "  --temp T          sampling temperature; 0 = greedy (default 0)\n"
     "  --top-k K         keep the K most likely tokens (default 0 = all)\n"
     "  --top-p P         keep the smallest set with probability >= P (default 1 = all)\n"
     "  --seed S          seed of the sampler (default 0)\n"
     "  --chat            wrap the prompt as a user turn with the model's chat template\n"
-    "  --device cpu|cuda (default cpu)\n";
+    "  --device cpu|cuda (default cuda when a GPU is present, else cpu)\n";
 
 [[noreturn]] void die(const std::string &msg) {
     std::fprintf(stderr, "generate: %s\n", msg.c_str());
@@ -61,7 +63,7 @@ bool is_dir(const std::string &p) {
 } // namespace
 
 int main(int argc, char **argv) {
-    std::string model_path, lora, prompt, device = "cpu";
+    std::string model_path, lora, prompt, device = forge_cuda_device_count() > 0 ? "cuda" : "cpu";
     bool have_prompt = false, chat = false;
     long long n_new = 32;
     SamplingParams sp;
@@ -122,9 +124,10 @@ int main(int argc, char **argv) {
     Tokenizer tok;
     if (!tok.init(spec, &err)) die(err);
     if (tok.n_vocab() > m.cfg.vocab) die(model_path + ": the tokenizer has " + std::to_string(tok.n_vocab()) + " tokens, the model's embedding " + std::to_string(m.cfg.vocab));
+    const bool lora_gguf = !lora.empty() && !is_dir(lora);
     if (!lora.empty()) {
         LoraConfig lc;
-        if (!lora_config_from_peft(lora, &lc, &err)) die(err);
+        if (!(lora_gguf ? adapter_gguf_config(lora, m.cfg, &lc, &err) : lora_config_from_peft(lora, &lc, &err))) die(err);
         model_add_lora(m, lc);
     }
 
@@ -149,7 +152,8 @@ int main(int argc, char **argv) {
 
     // run
     Generator gen;
-    if (!gen.init(m, be, (int64_t)ids.size() + n_new, act, &err) || !model_upload(m, &err) || (!lora.empty() && !model_load_peft(m, lora, &err)))
+    if (!gen.init(m, be, (int64_t)ids.size() + n_new, act, &err) || !model_upload(m, &err) ||
+        (!lora.empty() && !(lora_gguf ? adapter_load_gguf(m, lora, &err) : model_load_peft(m, lora, &err))))
         die(err);
     auto t1 = std::chrono::steady_clock::now();
     std::vector<int32_t> out;

@@ -36,6 +36,9 @@
 #ifndef FORGE_FINETUNE_BIN
 #define FORGE_FINETUNE_BIN "./finetune"
 #endif
+#ifndef FORGE_GENERATE_BIN
+#define FORGE_GENERATE_BIN "./generate"
+#endif
 
 using namespace forge;
 
@@ -47,8 +50,8 @@ struct Result {
     std::string out;
 };
 
-static Result run(const std::string &args, const std::string &env = "") {
-    std::string cmd = "env OMP_WAIT_POLICY=passive " + env + " " + FORGE_FINETUNE_BIN + " " + args + " 2>&1";
+static Result run(const std::string &args, const std::string &env = "", const char *bin = FORGE_FINETUNE_BIN) {
+    std::string cmd = "env OMP_WAIT_POLICY=passive " + env + " " + bin + " " + args + " 2>&1";
     Result r{-1, ""};
     FILE *p = popen(cmd.c_str(), "r");
     if (!p) return r;
@@ -516,6 +519,15 @@ int main() {
     config_from_hf(hf, kModel, &mc, &err);
     test_gguf_rules(run1 + "/adapter.gguf", mc, 16, 32.0f);
     test_reload(run1);
+    // ./generate takes the adapter in either format, and the merged model needs none: the same
+    // greedy continuation three times, not the base's
+    const std::string gen = "-p 'forge is' -n 12 --device cpu -m ";
+    Result gp = run(gen + kModel + " --lora " + run1, "", FORGE_GENERATE_BIN), gg = run(gen + kModel + " --lora " + run1 + "/adapter.gguf", "", FORGE_GENERATE_BIN),
+           gm = run(gen + run1 + "/merged", "", FORGE_GENERATE_BIN), gb = run(gen + kModel, "", FORGE_GENERATE_BIN);
+    auto text = [](const Result &x) { return x.out.substr(0, x.out.find("generate: ")); };
+    CHECK(gp.rc == 0 && gg.rc == 0 && gm.rc == 0 && gb.rc == 0 && text(gp) == text(gg) && text(gp) == text(gm) && text(gp) != text(gb),
+          "generate with the PEFT adapter, the GGUF adapter, the merged model, the base:\n%s\n%s\n%s\n%s", gp.out.c_str(), gg.out.c_str(),
+          gm.out.c_str(), gb.out.c_str());
     test_merge_gguf(data);
 
     // --resume from step 10 continues bit for bit: the same losses, the same adapter bytes (with
