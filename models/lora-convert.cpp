@@ -496,7 +496,8 @@ static void add_delta(const LoraPair &p, float *w) {
     }
 }
 
-// Writes the merged checkpoint into dir (model.safetensors and the base's non-weight files).
+// Writes the merged checkpoint into dir: model.safetensors (each merged weight made as it is
+// written, one in memory at a time) and the base's non-weight files.
 static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, const std::string &dir, std::string *err) {
     SafetensorsCheckpoint ck;
     if (!ck.open(base_dir, err) || !make_dir(dir, err)) return false;
@@ -506,27 +507,32 @@ static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, cons
     std::map<std::string, const LoraPair *> by_weight;
     for (const LoraPair &p : ad.pairs) by_weight[p.module + ".weight"] = &p;
     std::vector<SafetensorsWriteTensor> ts;
-    std::vector<std::vector<uint8_t>> owned;
+    std::map<size_t, std::pair<const SafetensorsTensor *, const LoraPair *>> merged; // by index in ts
     for (const SafetensorsTensor *t : ck.tensors()) {
         ts.push_back({t->name, t->dtype, t->shape, t->data, t->nbytes});
         auto it = by_weight.find(t->name);
         if (it == by_weight.end()) continue;
-        const LoraPair &p = *it->second;
-        const int64_t out = p.b.rows, in = p.a.cols;
+        const LoraPair *p = it->second;
+        const int64_t out = p->b.rows, in = p->a.cols;
         if (t->shape != std::vector<int64_t>{out, in})
             return fail(err, t->file + ": tensor '" + t->name + "' is not [" + std::to_string(out) + ", " + std::to_string(in) + "] as the adapter's module '" +
-                                 p.module + "' needs");
-        std::vector<float> w((size_t)(out * in));
-        if (!safetensors_read_f32(*t, w.data(), out * in, err)) return false;
-        add_delta(p, w.data());
-        owned.emplace_back(t->nbytes);
-        if (!quantize(ggml_of(t->dtype), w.data(), in, out, owned.back().data(), err)) return fail(err, t->file + ": tensor '" + t->name + "': " + *err);
-        ts.back().data = owned.back().data();
+                                 p->module + "' needs");
+        ts.back().data = nullptr; // made by fill below
+        merged[ts.size() - 1] = {t, p};
         by_weight.erase(it);
     }
     if (!by_weight.empty())
         return fail(err, base_dir + ": no weight '" + by_weight.begin()->first + "' for the adapter's module '" + by_weight.begin()->second->module + "'");
-    if (!safetensors_write(dir + "/model.safetensors", ts, {{"format", "pt"}}, err)) return false;
+    auto fill = [&](size_t i, uint8_t *dst, std::string *e) { // one merged weight in memory at a time
+        const SafetensorsTensor *t = merged.at(i).first;
+        const LoraPair &p = *merged.at(i).second;
+        const int64_t out = p.b.rows, in = p.a.cols;
+        std::vector<float> w((size_t)(out * in));
+        if (!safetensors_read_f32(*t, w.data(), out * in, e)) return false;
+        add_delta(p, w.data());
+        return quantize(ggml_of(t->dtype), w.data(), in, out, dst, e);
+    };
+    if (!safetensors_write(dir + "/model.safetensors", ts, {{"format", "pt"}}, err, fill)) return false;
     for (const char *f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                           "tokenizer.model", "chat_template.jinja", "vocab.json", "merges.txt"})
         if (stat((base_dir + "/" + f).c_str(), &st) == 0 && !copy_file(base_dir + "/" + f, dir + "/" + f, err)) return false;

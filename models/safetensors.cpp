@@ -331,8 +331,8 @@ bool safetensors_read_f32(const SafetensorsTensor &t, float *dst, int64_t n, std
 
 // ---- writing --------------------------------------------------------------------------------
 
-bool safetensors_header(const std::vector<SafetensorsWriteTensor> &tensors, const SafetensorsMetadata &metadata,
-                        std::string *out, std::string *err) {
+static bool header_of(const std::vector<SafetensorsWriteTensor> &tensors, const SafetensorsMetadata &metadata, bool filled,
+                      std::string *out, std::string *err) {
     json::Value h = json::Value::object();
     if (!metadata.empty()) {
         json::Value &m = h.set("__metadata__", json::Value::object());
@@ -350,7 +350,7 @@ bool safetensors_header(const std::vector<SafetensorsWriteTensor> &tensors, cons
         if (!tensor_bytes(t.shape, bits, &want, &why)) return fail(err, where + why + " for " + t.dtype);
         if (want != t.nbytes)
             return fail(err, where + "shape " + shape_str(t.shape) + " of " + t.dtype + " needs " + num(want) + " bytes, not " + num(t.nbytes));
-        if (t.nbytes && !t.data) return fail(err, where + "no data");
+        if (t.nbytes && !t.data && !filled) return fail(err, where + "no data");
         if (offset + t.nbytes < offset) return fail(err, where + "the file would exceed 2^64 bytes");
         json::Value e = json::Value::object();
         e.set("dtype", t.dtype);
@@ -371,15 +371,31 @@ bool safetensors_header(const std::vector<SafetensorsWriteTensor> &tensors, cons
     return true;
 }
 
+bool safetensors_header(const std::vector<SafetensorsWriteTensor> &tensors, const SafetensorsMetadata &metadata,
+                        std::string *out, std::string *err) {
+    return header_of(tensors, metadata, false, out, err);
+}
+
 bool safetensors_write(const std::string &path, const std::vector<SafetensorsWriteTensor> &tensors,
-                       const SafetensorsMetadata &metadata, std::string *err) {
+                       const SafetensorsMetadata &metadata, std::string *err, const SafetensorsFill &fill) {
     std::string header, why;
-    if (!safetensors_header(tensors, metadata, &header, &why)) return fail(err, path + ": " + why);
+    if (!header_of(tensors, metadata, fill != nullptr, &header, &why)) return fail(err, path + ": " + why);
     std::string tmp = path + ".tmp-XXXXXX";
     const int fd = mkstemp(&tmp[0]);
     if (fd < 0) return fail(err, path + ": cannot create a temporary file: " + std::strerror(errno));
     bool ok = write_all(fd, header.data(), header.size());
-    for (size_t i = 0; ok && i < tensors.size(); i++) ok = write_all(fd, tensors[i].data, tensors[i].nbytes);
+    std::vector<uint8_t> buf;
+    for (size_t i = 0; ok && i < tensors.size(); i++) {
+        const SafetensorsWriteTensor &t = tensors[i];
+        if (!t.data && t.nbytes) {
+            buf.resize(t.nbytes);
+            if (!fill(i, buf.data(), &why)) {
+                ::close(fd), ::unlink(tmp.c_str());
+                return fail(err, path + ": tensor '" + t.name + "': " + why);
+            }
+        }
+        ok = write_all(fd, t.data ? t.data : buf.data(), t.nbytes);
+    }
     ok = ok && fchmod(fd, 0644) == 0 && fsync(fd) == 0;
     int e = ok ? 0 : errno;
     if (::close(fd) != 0 && ok) { ok = false; e = errno; }

@@ -10,6 +10,7 @@
 #include "json.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -120,8 +121,12 @@ struct SafetensorsWriteTensor {
 bool safetensors_header(const std::vector<SafetensorsWriteTensor> &tensors, const SafetensorsMetadata &metadata,
                         std::string *out, std::string *err);
 // Writes a safetensors file atomically (a temporary file in the same directory, then rename).
+// fill, when given, produces the bytes of every tensor whose data is null, one at a time at
+// write time (fill(i, dst, err) fills tensors[i].nbytes bytes), so that tensors computed on the
+// fly are in memory only while they are written.
+using SafetensorsFill = std::function<bool(size_t i, uint8_t *dst, std::string *err)>;
 bool safetensors_write(const std::string &path, const std::vector<SafetensorsWriteTensor> &tensors,
-                       const SafetensorsMetadata &metadata, std::string *err);
+                       const SafetensorsMetadata &metadata, std::string *err, const SafetensorsFill &fill = nullptr);
 
 // Parses <dir>/config.json (it must hold a JSON object); errors name the file.
 bool load_hf_config(const std::string &dir, json::Value *out, std::string *err);
