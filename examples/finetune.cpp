@@ -10,10 +10,10 @@
 // --grad-accum micro-batches per step, each with the step's global target count, apply = 1 on
 // the last. Progress goes to stderr (a live line on a terminal), every step to metrics.jsonl and
 // the curve to loss.svg. Checkpoints (adapter in both formats + optimizer state + data cursor)
-// are written to a temporary directory and renamed; --merge then folds the adapter into the base
-// (models/lora-convert.h); --resume continues one bit for bit (on CUDA
+// are written to a temporary directory and renamed; --resume continues one bit for bit (on CUDA
 // the checkpoint keeps the GEMM algorithms the run chose by timing, and the resumed process takes
-// them).
+// them). Ctrl-C checkpoints the step under way before stopping. At the end the adapter is
+// written in both formats, and --merge folds it into the base (models/lora-convert.h).
 //
 // Several GPUs (forge-run -n N ./finetune ..., or torchrun / srun / mpirun; docs/multi-gpu.md):
 // one process per GPU, cuda:LOCAL_RANK. Every rank reads the same row stream; micro-batch j of a
@@ -57,7 +57,19 @@ using namespace forge;
 
 namespace {
 
-enum Exit { kOk = 0, kError = 1, kUsage = 2, kOom = 3, kNonFinite = 4 };
+enum Exit { kOk = 0, kError = 1, kUsage = 2, kOom = 3, kNonFinite = 4, kInterrupted = 130 };
+
+// Ctrl-C (SIGINT) or SIGTERM during the steps: the step under way finishes, rank 0 writes a
+// checkpoint of it, and the run stops (kInterrupted); a second signal ends the process at once.
+// Other ranks ignore both (stop_interrupted).
+volatile std::sig_atomic_t g_interrupted = 0;
+void on_interrupt(int sig) {
+    if (g_interrupted) {
+        std::signal(sig, SIG_DFL);
+        std::raise(sig);
+    }
+    g_interrupted = sig;
+}
 
 // This process's place in a data-parallel run (world 1: the only process).
 struct Dist {
@@ -175,7 +187,9 @@ const char *kUsageText =
     "  -h, --help             this text;  --version  forge's version\n"
     "\n"
     "exit status: 0 done, 1 bad input or a failure while running, 2 bad command line,\n"
-    "3 out of memory, 4 the loss became NaN or infinite (the last good checkpoint is kept)\n";
+    "3 out of memory, 4 the loss became NaN or infinite (the last good checkpoint is kept),\n"
+    "130 interrupted (Ctrl-C or SIGTERM: the step under way finishes and is checkpointed;\n"
+    "a second Ctrl-C stops at once)\n";
 
 // ---- options -------------------------------------------------------------------------------------
 
@@ -1018,6 +1032,22 @@ bool lora_finite(const Model &m) {
                                " (the run's options are in its state; lower --lr in a new run if it diverges again)").c_str());
 }
 
+// After step `step` of an interrupted run, on rank 0: checkpoints it and tells the other ranks,
+// whose watchdogs stop them. They ignore the signals themselves, so that the ranks cannot stop
+// after different steps: with several ranks, rank 0 (the terminal's Ctrl-C reaches it) decides.
+[[noreturn]] void stop_interrupted(Run &r, int64_t step, int64_t rows_done, bool open_line) {
+    if (open_line) info("\n");
+    if (r.last_ckpt != r.o.out + "/checkpoint-" + std::to_string(step)) save_checkpoint(r, step, rows_done);
+    std::string err;
+    if (!write_atomic(r.o.out + "/loss.svg", loss_svg(r.metrics, "finetune " + r.o.model + " on " + r.o.data, r.total_steps), &err))
+        die(kError, "%s", err.c_str());
+    const std::string msg = "interrupted (" + std::string(g_interrupted == SIGTERM ? "SIGTERM" : "SIGINT") + ") after step " + std::to_string(step) +
+                            " of " + std::to_string(r.total_steps) + "; " + r.last_ckpt + " holds it: continue with --resume " + r.last_ckpt;
+    std::fprintf(stderr, "finetune: %s\n", msg.c_str());
+    g_dist.link.fail(msg);
+    std::exit(kInterrupted);
+}
+
 void train(Run &r, int64_t start_step, int64_t rows_done) {
     const Options &o = r.o;
     const int64_t T = o.seq_len, B = o.batch, K = o.grad_accum;
@@ -1038,6 +1068,7 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
     bool open_line = false; // a live progress line without its newline yet
     char line[512];
     double acc = NAN;
+    std::signal(SIGINT, R == 0 ? on_interrupt : SIG_IGN), std::signal(SIGTERM, R == 0 ? on_interrupt : SIG_IGN);
     if (r.ge && start_step == 0) {
         last_eval = evaluate(r, &acc);
         std::snprintf(line, sizeof line, "{\"step\":0,\"eval_loss\":%.9g,\"eval_accuracy\":%.6g}", last_eval, acc);
@@ -1123,8 +1154,10 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
             save_checkpoint(r, step, rows_done);
         }
         if (R == 0 && (do_eval || step == r.total_steps || (o.save_every > 0 && step % o.save_every == 0))) write_curve();
+        if (R == 0 && g_interrupted && step < r.total_steps) stop_interrupted(r, step, rows_done, open_line);
     }
     if (open_line) info("\n");
+    std::signal(SIGINT, SIG_DFL), std::signal(SIGTERM, SIG_DFL); // writing the results is short
     if (R != 0) { // rank 0 writes the results
         g_dist.link.done();
         return;

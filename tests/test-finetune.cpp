@@ -5,6 +5,7 @@
 //  * a 30-step run: the loss falls, the adapter is written in both formats, the GGUF adapter obeys
 //    every llama.cpp loader rule of formats.md 5.2 (and corrupt variants are refused), and a
 //    reloaded adapter (PEFT, GGUF, checkpoint) gives the logits the run computed;
+//  * SIGINT in the middle of a run checkpoints the step under way and exits 130;
 //  * --resume from a mid-run checkpoint (with --recompute) reproduces the uninterrupted run's
 //    losses bit for bit, and on CUDA too when a GPU is present (the checkpoint keeps the GEMM
 //    algorithms the run chose by timing);
@@ -24,7 +25,9 @@
 #include "../models/safetensors.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -469,6 +472,35 @@ static void test_merge_gguf(const std::string &data) {
     }
 }
 
+// SIGINT in the middle of a run: the step under way finishes and is checkpointed, exit 130.
+static void test_interrupt(const std::string &args) {
+    const std::string dir = g_tmp + "/intr";
+    std::system(("(sh -c 'echo $$ > " + dir + ".pid; exec env OMP_WAIT_POLICY=passive " + FORGE_FINETUNE_BIN + " " + args +
+                 " --steps 1000000 --eval-split 0 --out " + dir + " > " + dir + ".log 2>&1'; echo $? > " + dir + ".rc) &")
+                    .c_str());
+    auto wait_for = [](const std::function<bool()> &ready) {
+        for (int i = 0; i < 1200 && !ready(); i++) usleep(50000); // 60 s at most
+        return ready();
+    };
+    const bool started = wait_for([&] { return metric(dir + "/metrics.jsonl", "loss").size() >= 3; });
+    const pid_t pid = (pid_t)std::atol(slurp(dir + ".pid").c_str());
+    if (pid > 0) kill(pid, SIGINT);
+    const bool ended = wait_for([&] { return !slurp(dir + ".rc").empty(); });
+    if (!ended && pid > 0) kill(pid, SIGKILL);
+    const std::map<int64_t, double> loss = metric(dir + "/metrics.jsonl", "loss");
+    const int64_t last = loss.empty() ? -1 : loss.rbegin()->first;
+    const std::string ck = dir + "/checkpoint-" + std::to_string(last), log = slurp(dir + ".log");
+    TrainState st;
+    std::string err;
+    CHECK(started && ended && std::atoi(slurp(dir + ".rc").c_str()) == 130 &&
+              log.find("interrupted (SIGINT) after step " + std::to_string(last) + " of 1000000; " + ck + " holds it: continue with --resume " + ck) !=
+                  std::string::npos,
+          "SIGINT: exit %s, output:\n%s", slurp(dir + ".rc").c_str(), log.c_str());
+    CHECK(checkpoint_read_state(ck + "/state.safetensors", &st, &err) && st.step == last && st.rows_done == 4 * last &&
+              metric(ck + "/metrics.jsonl", "loss").size() == (size_t)last && !exists(dir + "/.checkpoint-" + std::to_string(last) + ".tmp"),
+          "SIGINT: the checkpoint holds the last step (%lld): %s", (long long)last, err.c_str());
+}
+
 int main() {
     if (access(FORGE_FINETUNE_BIN, X_OK) != 0) {
         std::fprintf(stderr, "test-finetune: %s is not an executable: build the finetune target first\n", FORGE_FINETUNE_BIN);
@@ -576,6 +608,7 @@ int main() {
         for (int s = 1; s <= 5; s++) ok = ok && std::fabs(lr[s] - 1e-2 * (lin && s > 1 ? 1.0 - (s - 2) / 4.0 : 1.0)) < 1e-8;
         CHECK(ok, "--lr-schedule %s: lr %g %g %g %g %g (exit %d)\n%s", sched, lr[1], lr[2], lr[3], lr[4], lr[5], r.rc, r.out.c_str());
     }
+    test_interrupt(common + "--data " + data);
     expect_fail("an existing run without --resume", train + "--out " + run1, 1, {"already holds a run; continue it with --resume"});
 
     // gradient accumulation is exact; $FORGE_MODELS resolves a name; chat and prompt/completion data train
