@@ -47,6 +47,7 @@
 #include <csignal>
 #include <cstring>
 #include <dirent.h>
+#include <map>
 #include <memory>
 #include <string>
 #include <sys/stat.h>
@@ -165,6 +166,7 @@ const char *kUsageText =
     "  --out DIR              run directory (default runs/<model>-lora): adapter files, metrics.jsonl,\n"
     "                         loss.svg, training_args.json, checkpoint-N/\n"
     "  --save-every N         checkpoint every N steps (default 0: at the end only)\n"
+    "  --save-total-limit N   keep only the N newest checkpoints (default 0: all)\n"
     "  --resume [DIR]         continue from a checkpoint (DIR, or the latest in --out) exactly\n"
     "  --base-model NAME      base_model_name_or_path written to adapter_config.json\n"
     "  --logits-out FILE      after training, write the logits of one eval row (with its ids) to a\n"
@@ -198,7 +200,7 @@ struct Options {
     std::string device, dtype, text_split = "paragraph", lr_schedule = "cosine";
     double eval_split = 0.05, lr = 2e-4, weight_decay = 0.0, clip = 1.0, epochs = 1.0, lora_alpha = 32.0;
     int64_t seq_len = 1024, batch = 4, grad_accum = 1, steps = 0, warmup = -1, seed = 42, eval_every = -1;
-    int64_t save_every = 0, log_every = 0, lora_r = 16, threads = 0;
+    int64_t save_every = 0, save_total_limit = 0, log_every = 0, lora_r = 16, threads = 0;
     double bucket_mb = 4.0;
     std::string lora_targets = "q,k,v,o,gate,up,down";
     int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
@@ -260,6 +262,7 @@ Options parse_args(int argc, char **argv) {
         else if (a == "--seed") o.seed = parse_int(a, val(), 0);
         else if (a == "--eval-every") o.eval_every = parse_int(a, val(), 0);
         else if (a == "--save-every") o.save_every = parse_int(a, val(), 0);
+        else if (a == "--save-total-limit") o.save_total_limit = parse_int(a, val(), 0);
         else if (a == "--log-every") o.log_every = parse_int(a, val(), 1);
         else if (a == "--out") o.out = val();
         else if (a == "--resume") {
@@ -863,17 +866,22 @@ void check_resume_config(const std::string &ckpt, const std::string &saved, cons
     }
 }
 
-std::string find_checkpoint(const std::string &dir) {
-    if (is_file(dir + "/state.safetensors")) return dir;
-    std::string best;
-    long long best_n = -1;
+// The checkpoints in a run directory (checkpoint-N with a state.safetensors), by step.
+std::map<long long, std::string> checkpoints(const std::string &dir) {
+    std::map<long long, std::string> out;
     for (const std::string &e : list_dir(dir)) {
         long long n;
         char tail;
-        if (std::sscanf(e.c_str(), "checkpoint-%lld%c", &n, &tail) == 1 && n > best_n && is_file(dir + "/" + e + "/state.safetensors"))
-            best_n = n, best = dir + "/" + e;
+        if (std::sscanf(e.c_str(), "checkpoint-%lld%c", &n, &tail) == 1 && is_file(dir + "/" + e + "/state.safetensors")) out[n] = dir + "/" + e;
     }
-    return best;
+    return out;
+}
+
+// dir itself when it is a checkpoint, else its latest one ("" when none).
+std::string find_checkpoint(const std::string &dir) {
+    if (is_file(dir + "/state.safetensors")) return dir;
+    const std::map<long long, std::string> all = checkpoints(dir);
+    return all.empty() ? "" : all.rbegin()->second;
 }
 
 void build(Run &r) {
@@ -974,6 +982,10 @@ void save_checkpoint(Run &r, int64_t step, int64_t rows_done) {
     if (is_dir(dir)) remove_dir(dir);
     if (std::rename(tmp.c_str(), dir.c_str()) != 0) die(kError, "%s: cannot rename to %s: %s", tmp.c_str(), dir.c_str(), std::strerror(errno));
     r.last_ckpt = dir;
+    if (r.o.save_total_limit > 0) { // the oldest go once the new one is in place
+        std::map<long long, std::string> all = checkpoints(r.o.out);
+        for (auto it = all.begin(); (int64_t)all.size() > r.o.save_total_limit && it->second != dir; it = all.erase(it)) remove_dir(it->second);
+    }
 }
 
 void write_logits(Run &r) {

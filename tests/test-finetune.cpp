@@ -609,6 +609,10 @@ int main() {
         CHECK(ok, "--lr-schedule %s: lr %g %g %g %g %g (exit %d)\n%s", sched, lr[1], lr[2], lr[3], lr[4], lr[5], r.rc, r.out.c_str());
     }
     test_interrupt(common + "--data " + data);
+    r = run(common + "--data " + data + " --eval-split 0 --steps 7 --save-every 2 --save-total-limit 2 --out " + g_tmp + "/limit");
+    CHECK(r.rc == 0 && !exists(g_tmp + "/limit/checkpoint-2") && !exists(g_tmp + "/limit/checkpoint-4") && exists(g_tmp + "/limit/checkpoint-6") &&
+              exists(g_tmp + "/limit/checkpoint-7/state.safetensors"),
+          "--save-total-limit 2 keeps checkpoint-6 and -7 only (exit %d)\n%s", r.rc, r.out.c_str());
     expect_fail("an existing run without --resume", train + "--out " + run1, 1, {"already holds a run; continue it with --resume"});
 
     // gradient accumulation is exact; $FORGE_MODELS resolves a name; chat and prompt/completion data train
