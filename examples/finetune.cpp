@@ -143,6 +143,8 @@ const char *kUsageText =
     "  --lora-targets LIST    of q,k,v,o,gate,up,down (default: all; also attn, mlp, all);\n"
     "                         q/k/v and gate/up are one GEMM each and are adapted together\n"
     "  --rslora               rank-stabilised scaling\n"
+    "  --init-adapter PATH    start from a trained adapter (PEFT directory or GGUF LoRA) instead of\n"
+    "                         a fresh one; its rank, alpha and targets replace the options above\n"
     "\n"
     "training:\n"
     "  --lr F                 peak learning rate (default 2e-4), reached by a linear warm-up\n"
@@ -196,7 +198,7 @@ const char *kUsageText =
 // ---- options -------------------------------------------------------------------------------------
 
 struct Options {
-    std::string model, data, eval_data, out, resume, base_model, logits_out, chat_template, merge;
+    std::string model, data, eval_data, out, resume, base_model, logits_out, chat_template, merge, init_adapter;
     std::string device, dtype, text_split = "paragraph", lr_schedule = "cosine";
     double eval_split = 0.05, lr = 2e-4, weight_decay = 0.0, clip = 1.0, epochs = 1.0, lora_alpha = 32.0;
     int64_t seq_len = 1024, batch = 4, grad_accum = 1, steps = 0, warmup = -1, seed = 42, eval_every = -1;
@@ -205,6 +207,7 @@ struct Options {
     std::string lora_targets = "q,k,v,o,gate,up,down";
     int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
     bool rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false, merge_flag = false;
+    bool lora_given = false; // --lora-r, --lora-alpha, --lora-targets or --rslora on the command line
 };
 
 int64_t parse_int(const std::string &opt, const char *s, int64_t lo) {
@@ -246,10 +249,11 @@ Options parse_args(int argc, char **argv) {
         else if (a == "--no-cache") o.use_cache = false;
         else if (a == "--lora") {}
         else if (a == "--no-lora") die(kUsage, "--no-lora: full fine-tuning is not supported yet; forge trains LoRA adapters");
-        else if (a == "--lora-r") o.lora_r = parse_int(a, val(), 1);
-        else if (a == "--lora-alpha") o.lora_alpha = parse_num(a, val(), 0.0, true);
-        else if (a == "--lora-targets") o.lora_targets = val();
-        else if (a == "--rslora") o.rslora = true;
+        else if (a == "--lora-r") o.lora_r = parse_int(a, val(), 1), o.lora_given = true;
+        else if (a == "--lora-alpha") o.lora_alpha = parse_num(a, val(), 0.0, true), o.lora_given = true;
+        else if (a == "--lora-targets") o.lora_targets = val(), o.lora_given = true;
+        else if (a == "--rslora") o.rslora = true, o.lora_given = true;
+        else if (a == "--init-adapter") o.init_adapter = val();
         else if (a == "--lr") o.lr = parse_num(a, val(), 0.0, true);
         else if (a == "--warmup") o.warmup = parse_int(a, val(), 0);
         else if (a == "--lr-schedule") o.lr_schedule = val();
@@ -293,6 +297,9 @@ Options parse_args(int argc, char **argv) {
     if (o.lr_schedule != "cosine" && o.lr_schedule != "linear" && o.lr_schedule != "constant")
         die(kUsage, "--lr-schedule: '%s' is not cosine, linear or constant", o.lr_schedule.c_str());
     if (o.eval_split >= 1.0) die(kUsage, "--eval-split: %g leaves nothing to train on (must be < 1)", o.eval_split);
+    if (!o.init_adapter.empty() && o.lora_given)
+        die(kUsage, "--init-adapter: the rank, alpha, targets and rsLoRA come from the adapter; drop --lora-r, --lora-alpha, --lora-targets "
+                    "and --rslora");
     return o;
 }
 
@@ -834,6 +841,7 @@ std::string config_json(const Run &r) {
     c.set("eval_split", o.eval_split), c.set("text_split", o.text_split), c.set("chat_template", chat_format_name(r.lm.chat));
     c.set("seq_len", o.seq_len), c.set("packing", o.packing), c.set("skip_bad_lines", o.skip_bad_lines);
     c.set("lora_r", o.lora_r), c.set("lora_alpha", o.lora_alpha), c.set("rslora", o.rslora);
+    c.set("init_adapter", o.init_adapter.empty() ? json::Value() : json::Value(absolute(o.init_adapter)));
     json::Value t = json::Value::array();
     for (const std::string &m : lora_target_modules(r.lm.m.lora)) t.push(m);
     c.set("lora_targets", t);
@@ -1253,6 +1261,14 @@ int main(int argc, char **argv) {
     if (r.lm.max_positions > 0 && o.seq_len > r.lm.max_positions)
         die(kError, "--seq-len %lld is larger than the model allows (%lld positions: %s of %s)", (long long)o.seq_len,
             (long long)r.lm.max_positions, r.lm.max_positions_key.c_str(), o.model.c_str());
+    if (!o.init_adapter.empty()) { // the adapter's configuration becomes the run's
+        LoraConfig lc;
+        std::string err;
+        if (!(is_dir(o.init_adapter) ? lora_config_from_peft(o.init_adapter, &lc, &err) : adapter_gguf_config(o.init_adapter, c, &lc, &err)))
+            die(kError, "--init-adapter: %s", err.c_str());
+        o.lora_r = lc.r, o.lora_alpha = lc.alpha, o.rslora = lc.rslora, o.lora_targets.clear();
+        for (const std::string &t : lora_target_modules(lc)) o.lora_targets += (o.lora_targets.empty() ? "" : ",") + t;
+    }
     lora_config(o, c.arch_name); // reject bad targets before reading the data
     const TokenizerSpec &ts = r.lm.tok.spec();
     r.pad_id = ts.pad >= 0 ? ts.pad : ts.eos >= 0 ? ts.eos : 0;
@@ -1298,6 +1314,10 @@ int main(int argc, char **argv) {
                      algos.c_str(), n == -1 ? "unreadable or malformed" : "written on another GPU or cuBLASLt version");
         }
         if (start_step >= r.total_steps) die(kError, "--resume %s: the run is already complete (%lld of %lld steps)", ckpt.c_str(), (long long)start_step, (long long)r.total_steps);
+    } else if (!o.init_adapter.empty()) {
+        if (!(is_dir(o.init_adapter) ? model_load_peft(r.lm.m, o.init_adapter, &err) : adapter_load_gguf(r.lm.m, o.init_adapter, &err)))
+            die(kError, "--init-adapter: %s", err.c_str());
+        info("init    the LoRA weights of %s\n", o.init_adapter.c_str());
     } else {
         model_init_lora(r.lm.m, (uint64_t)o.seed);
     }

@@ -608,6 +608,18 @@ int main() {
         for (int s = 1; s <= 5; s++) ok = ok && std::fabs(lr[s] - 1e-2 * (lin && s > 1 ? 1.0 - (s - 2) / 4.0 : 1.0)) < 1e-8;
         CHECK(ok, "--lr-schedule %s: lr %g %g %g %g %g (exit %d)\n%s", sched, lr[1], lr[2], lr[3], lr[4], lr[5], r.rc, r.out.c_str());
     }
+    // --init-adapter: a run that starts from run1's adapter evaluates, before its first step, what
+    // run1 evaluated after its last (same data, seed and eval split), from either format
+    for (const std::string &from : {run1, run1 + "/adapter.gguf"}) {
+        const std::string dir = g_tmp + "/init-" + std::to_string(from.size());
+        r = run(common + "--data " + data + " --steps 1 --lr 1e-2 --init-adapter " + from + " --out " + dir);
+        std::map<int64_t, double> e = metric(dir + "/metrics.jsonl", "eval_loss");
+        CHECK(r.rc == 0 && has(r, "lora    r 16, alpha 32 (scale 2) on q,k,v,o,gate,up,down") && e.count(0) && std::fabs(e[0] - eval[30]) <= 1e-6 * eval[30],
+              "--init-adapter %s: eval loss before the first step %.7f, run1's last %.7f (exit %d)\n%s", from.c_str(), e[0], eval[30], r.rc,
+              r.out.c_str());
+    }
+    expect_fail("init adapter with a rank", train + "--lora-r 8 --init-adapter " + run1 + " --out " + g_tmp + "/init-bad", 2,
+                {"--init-adapter: the rank, alpha, targets and rsLoRA come from the adapter"});
     test_interrupt(common + "--data " + data);
     r = run(common + "--data " + data + " --eval-split 0 --steps 7 --save-every 2 --save-total-limit 2 --out " + g_tmp + "/limit");
     CHECK(r.rc == 0 && !exists(g_tmp + "/limit/checkpoint-2") && !exists(g_tmp + "/limit/checkpoint-4") && exists(g_tmp + "/limit/checkpoint-6") &&
