@@ -1322,6 +1322,11 @@ int main(int argc, char **argv) {
         model_init_lora(r.lm.m, (uint64_t)o.seed);
     }
     if (rank0) { // the run directory is rank 0's
+        // --merge's directory, unless it is the run directory (made next), must take the model
+        const std::string merge_parent = o.merge.find('/') == std::string::npos ? "./" : o.merge.substr(0, o.merge.rfind('/') + 1);
+        if (!o.merge.empty() && merge_parent != o.out + "/" && (!is_dir(merge_parent) || access(merge_parent.c_str(), W_OK) != 0))
+            die(kError, "--merge %s: cannot write into %s: %s", o.merge.c_str(), merge_parent.c_str(),
+                is_dir(merge_parent) ? "permission denied" : "no such directory");
         if (!make_dirs(o.out)) die(kError, "--out %s: cannot create the directory: %s", o.out.c_str(), std::strerror(errno));
         json::Value args;
         json::parse(cfg, &args, &err);

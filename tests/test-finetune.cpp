@@ -666,6 +666,8 @@ int main() {
     expect_fail("bad schedule", common + "--data " + data + " --lr-schedule step" + out, 2, {"--lr-schedule: 'step' is not cosine, linear or constant"});
     expect_fail("merge a GGUF base into a directory", "-m " + g_tmp + "/tiny-F32.gguf --data " + data + " --merge " + g_tmp + "/m" + out, 2,
                 {"--merge: " + g_tmp + "/m: the base " + g_tmp + "/tiny-F32.gguf is a GGUF file, so the merged model is written as GGUF"});
+    expect_fail("merge into a missing directory", common + "--data " + data + " --merge " + g_tmp + "/no/such/merged" + out, 1,
+                {"--merge " + g_tmp + "/no/such/merged: cannot write into " + g_tmp + "/no/such/: no such directory"});
     expect_fail("merge onto the base", common + "--data " + data + " --merge " + kModel + out, 2, {"is the base model itself"});
     expect_fail("model name not found", "-m qwen2.5-0.5b --data " + data + out, 1,
                 {"model 'qwen2.5-0.5b' not found", g_tmp + "/nohome/.cache/huggingface/hub/models--*--qwen2.5-0.5b", "./models/qwen2.5-0.5b",
