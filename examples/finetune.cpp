@@ -1052,15 +1052,19 @@ bool lora_finite(const Model &m) {
                                " (the run's options are in its state; lower --lr in a new run if it diverges again)").c_str());
 }
 
+void write_loss_svg(const Run &r) {
+    std::string err;
+    if (!write_atomic(r.o.out + "/loss.svg", loss_svg(r.metrics, "finetune " + r.o.model + " on " + r.o.data, r.total_steps), &err))
+        die(kError, "%s", err.c_str());
+}
+
 // After step `step` of an interrupted run, on rank 0: checkpoints it and tells the other ranks,
 // whose watchdogs stop them. They ignore the signals themselves, so that the ranks cannot stop
 // after different steps: with several ranks, rank 0 (the terminal's Ctrl-C reaches it) decides.
 [[noreturn]] void stop_interrupted(Run &r, int64_t step, int64_t rows_done, bool open_line) {
     if (open_line) info("\n");
     if (r.last_ckpt != r.o.out + "/checkpoint-" + std::to_string(step)) save_checkpoint(r, step, rows_done);
-    std::string err;
-    if (!write_atomic(r.o.out + "/loss.svg", loss_svg(r.metrics, "finetune " + r.o.model + " on " + r.o.data, r.total_steps), &err))
-        die(kError, "%s", err.c_str());
+    write_loss_svg(r);
     const std::string msg = "interrupted (" + std::string(g_interrupted == SIGTERM ? "SIGTERM" : "SIGINT") + ") after step " + std::to_string(step) +
                             " of " + std::to_string(r.total_steps) + "; " + r.last_ckpt + " holds it: continue with --resume " + r.last_ckpt;
     std::fprintf(stderr, "finetune: %s\n", msg.c_str());
@@ -1079,10 +1083,7 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
     HostBatch other; // another rank's row, filled only to count its targets and tokens
     other.resize(T);
     RowStream stream((int64_t)r.train_rows.size(), (uint64_t)o.seed);
-    std::string err, curve_title = "finetune " + o.model + " on " + o.data;
-    auto write_curve = [&]() {
-        if (!write_atomic(o.out + "/loss.svg", loss_svg(r.metrics, curve_title, r.total_steps), &err)) die(kError, "%s", err.c_str());
-    };
+    std::string err;
     double last_eval = NAN, elapsed = 0, first_loss = NAN, last_loss = NAN;
     int64_t timed_steps = 0, tokens_total = 0;
     bool open_line = false; // a live progress line without its newline yet
@@ -1173,7 +1174,7 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
             if (!lora_finite(r.lm.m)) stop_non_finite(r, step, "the LoRA weights are no longer finite after the update", open_line, false);
             save_checkpoint(r, step, rows_done);
         }
-        if (R == 0 && (do_eval || step == r.total_steps || (o.save_every > 0 && step % o.save_every == 0))) write_curve();
+        if (R == 0 && (do_eval || step == r.total_steps || (o.save_every > 0 && step % o.save_every == 0))) write_loss_svg(r);
         if (R == 0 && g_interrupted && step < r.total_steps) stop_interrupted(r, step, rows_done, open_line);
     }
     if (open_line) info("\n");
