@@ -128,6 +128,7 @@ const char *kUsageText =
     "                         (Alpaca, as a chat) or \"prompt\"/\"completion\" (loss on the completion)\n"
     "  --eval-data FILE       held-out data (default: --eval-split of --data)\n"
     "  --eval-split F         fraction of the documents held out for eval (default 0.05; 0: none)\n"
+    "  --eval-rows N          evaluate on N rows of the eval set, chosen by the seed (default 256; 0: all)\n"
     "  --text-split MODE      .txt documents: paragraph (default), line or file\n"
     "  --chat-template NAME   qwen2, qwen2.5, qwen3, gemma or gemma3 (default: from the model)\n"
     "  --seq-len N            tokens per row (default 1024)\n"
@@ -202,7 +203,7 @@ struct Options {
     std::string device, dtype, text_split = "paragraph", lr_schedule = "cosine";
     double eval_split = 0.05, lr = 2e-4, weight_decay = 0.0, clip = 1.0, epochs = 1.0, lora_alpha = 32.0;
     int64_t seq_len = 1024, batch = 4, grad_accum = 1, steps = 0, warmup = -1, seed = 42, eval_every = -1;
-    int64_t save_every = 0, save_total_limit = 0, log_every = 0, lora_r = 16, threads = 0;
+    int64_t save_every = 0, save_total_limit = 0, log_every = 0, lora_r = 16, threads = 0, eval_rows = 256;
     double bucket_mb = 4.0;
     std::string lora_targets = "q,k,v,o,gate,up,down";
     int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
@@ -241,6 +242,7 @@ Options parse_args(int argc, char **argv) {
         else if (a == "--data") o.data = val();
         else if (a == "--eval-data") o.eval_data = val();
         else if (a == "--eval-split") o.eval_split = parse_num(a, val(), 0.0, false);
+        else if (a == "--eval-rows") o.eval_rows = parse_int(a, val(), 0);
         else if (a == "--text-split") o.text_split = val();
         else if (a == "--chat-template") o.chat_template = val();
         else if (a == "--seq-len") o.seq_len = parse_int(a, val(), 2);
@@ -821,12 +823,18 @@ void setup_data(Run &r) {
     if (train.empty()) die(kError, "%s: nothing left to train on after the eval split (--eval-split %g)", o.data.c_str(), o.eval_split);
     r.train_rows = data_pack(train, o.seq_len, o.packing, (uint64_t)o.seed);
     r.eval_rows = data_pack(eval, o.seq_len, o.packing, (uint64_t)o.seed + 1);
+    const size_t all_eval = r.eval_rows.size();
+    if (o.eval_rows > 0 && all_eval > (size_t)o.eval_rows) { // a sample of rows chosen by the seed (packed rows come longest first)
+        data_shuffle(&r.eval_rows, (uint64_t)o.seed + 2);
+        r.eval_rows.resize((size_t)o.eval_rows);
+    }
     int64_t used = 0;
     for (const Row &row : r.train_rows)
         for (const Segment &s : row) used += s.len;
-    info("        train %zu pieces -> %zu rows of %lld tokens (%s, %.0f%% filled); eval %zu pieces -> %zu rows\n", train.size(),
+    info("        train %zu pieces -> %zu rows of %lld tokens (%s, %.0f%% filled); eval %zu pieces -> %zu rows%s\n", train.size(),
          r.train_rows.size(), (long long)o.seq_len, o.packing ? "packed" : "padded",
-         100.0 * (double)used / (double)(r.train_rows.size() * o.seq_len), eval.size(), r.eval_rows.size());
+         100.0 * (double)used / (double)(r.train_rows.size() * o.seq_len), eval.size(), all_eval,
+         all_eval > r.eval_rows.size() ? (", " + std::to_string(r.eval_rows.size()) + " of them evaluated (--eval-rows)").c_str() : "");
     std::vector<int32_t> buf(4 * (size_t)o.seq_len);
     for (const Row &row : r.eval_rows)
         r.eval_targets += data_fill_row(*r.eval_src, &row, o.seq_len, 0, buf.data(), buf.data() + o.seq_len, buf.data() + 2 * o.seq_len,
@@ -838,7 +846,7 @@ std::string config_json(const Run &r) {
     json::Value c = json::Value::object();
     c.set("model", o.model), c.set("model_path", absolute(r.rm.path)), c.set("arch", r.lm.m.cfg.arch_name);
     c.set("data", o.data), c.set("data_key", (int64_t)(r.train_data.key >> 1)), c.set("eval_data", o.eval_data);
-    c.set("eval_split", o.eval_split), c.set("text_split", o.text_split), c.set("chat_template", chat_format_name(r.lm.chat));
+    c.set("eval_split", o.eval_split), c.set("eval_rows", o.eval_rows), c.set("text_split", o.text_split), c.set("chat_template", chat_format_name(r.lm.chat));
     c.set("seq_len", o.seq_len), c.set("packing", o.packing), c.set("skip_bad_lines", o.skip_bad_lines);
     c.set("lora_r", o.lora_r), c.set("lora_alpha", o.lora_alpha), c.set("rslora", o.rslora);
     c.set("init_adapter", o.init_adapter.empty() ? json::Value() : json::Value(absolute(o.init_adapter)));
@@ -954,7 +962,9 @@ double evaluate(Run &r, double *accuracy) {
     hb.resize(T * B);
     std::vector<float> lp((size_t)(T * B)), hit((size_t)(T * B));
     double nll = 0, hits = 0;
+    const bool tty = isatty(2);
     for (size_t i = 0; i < r.eval_rows.size(); i += (size_t)B) {
+        if (tty) info("\r\x1b[Keval    row %zu of %zu", i, r.eval_rows.size());
         for (int64_t b = 0; b < B; b++) {
             const Row *row = i + (size_t)b < r.eval_rows.size() ? &r.eval_rows[i + (size_t)b] : nullptr;
             size_t at = (size_t)(b * T);
@@ -969,6 +979,7 @@ double evaluate(Run &r, double *accuracy) {
         forge_tensor_get_f32(forge_tensor_result(r.eval_lp, 1), hit.data(), (int64_t)hit.size());
         for (size_t t = 0; t < lp.size(); t++) nll -= lp[t], hits += hit[t]; // ignored tokens hold 0 and 0
     }
+    if (tty) info("\r\x1b[K");
     const double n = (double)std::max<int64_t>(1, r.eval_targets);
     *accuracy = hits / n;
     return nll / n;

@@ -620,6 +620,8 @@ int main() {
     }
     expect_fail("init adapter with a rank", train + "--lora-r 8 --init-adapter " + run1 + " --out " + g_tmp + "/init-bad", 2,
                 {"--init-adapter: the rank, alpha, targets and rsLoRA come from the adapter"});
+    r = run(common + "--data " + data + " --steps 1 --eval-rows 5 --out " + g_tmp + "/eval-rows");
+    CHECK(r.rc == 0 && has(r, "eval 21 pieces -> 21 rows, 5 of them evaluated (--eval-rows)"), "--eval-rows 5: exit %d\n%s", r.rc, r.out.c_str());
     test_interrupt(common + "--data " + data);
     r = run(common + "--data " + data + " --eval-split 0 --steps 7 --save-every 2 --save-total-limit 2 --out " + g_tmp + "/limit");
     CHECK(r.rc == 0 && !exists(g_tmp + "/limit/checkpoint-2") && !exists(g_tmp + "/limit/checkpoint-4") && exists(g_tmp + "/limit/checkpoint-6") &&
