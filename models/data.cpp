@@ -194,77 +194,110 @@ std::string json_line_error(const std::string &e) {
     return "invalid JSON at column " + e.substr(b + 1, c - b - 1) + ":" + e.substr(c + 1);
 }
 
-bool read_jsonl(const std::string &path, const std::string &text, Builder &b, std::string *err) {
-    TokenizedData *d = b.d;
-    size_t pos = 0;
+// One unit of the dataset: a non-blank JSONL line (with its number), or a .txt document.
+struct Unit {
+    std::string_view s;
+    int64_t line;
+};
+
+// A JSONL line -> one document, or false with the reason (without the file and line).
+bool jsonl_document(Builder &b, std::string_view line, std::string *e) {
+    json::Value v;
+    if (!json::parse(line, &v, e, "")) return *e = json_line_error(*e), false;
+    if (!v.is_object()) return fail(e, "the line is not a JSON object");
+    if (v.find("messages") || v.find("conversations")) return b.chat(v.find("messages") ? v["messages"] : v["conversations"], !v.find("messages"), e);
+    if (v.find("instruction")) return b.alpaca(v, e);
+    if (v.find("prompt") || v.find("completion"))
+        return v["prompt"].is_string() && v["completion"].is_string() ? b.prompt_completion(v["prompt"].str(), v["completion"].str(), e)
+                                                                       : fail(e, "\"prompt\" and \"completion\" must both be strings");
+    if (v.find("text")) return v["text"].is_string() ? b.text(v["text"].str(), e) : fail(e, "\"text\" is not a string");
+    std::string keys;
+    for (size_t i = 0; i < v.size() && i < 6; i++) keys += (i ? ", " : "") + v.key(i);
+    return fail(e, "a line needs \"text\", \"messages\", \"conversations\", \"instruction\" + \"output\" or \"prompt\" + \"completion\" (it has: " +
+                       (keys.empty() ? std::string("no keys") : keys) + ")");
+}
+
+std::vector<Unit> jsonl_units(const std::string &text) {
+    std::vector<Unit> units;
     int64_t lineno = 0;
-    while (pos < text.size()) {
+    for (size_t pos = 0; pos < text.size();) {
         size_t nl = text.find('\n', pos);
         std::string_view line(text.data() + pos, (nl == std::string::npos ? text.size() : nl) - pos);
         pos = nl == std::string::npos ? text.size() : nl + 1;
         lineno++;
-        if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-        d->n_lines++;
-        std::string e;
-        json::Value v;
-        bool ok;
-        if (!json::parse(line, &v, &e, "")) {
-            e = json_line_error(e);
-            ok = false;
-        } else if (!v.is_object()) {
-            ok = fail(&e, "the line is not a JSON object");
-        } else if (v.find("messages") || v.find("conversations")) {
-            ok = b.chat(v.find("messages") ? v["messages"] : v["conversations"], !v.find("messages"), &e);
-        } else if (v.find("instruction")) {
-            ok = b.alpaca(v, &e);
-        } else if (v.find("prompt") || v.find("completion")) {
-            ok = v["prompt"].is_string() && v["completion"].is_string()
-                     ? b.prompt_completion(v["prompt"].str(), v["completion"].str(), &e)
-                     : fail(&e, "\"prompt\" and \"completion\" must both be strings");
-        } else if (v.find("text")) {
-            ok = v["text"].is_string() ? b.text(v["text"].str(), &e) : fail(&e, "\"text\" is not a string");
-        } else {
-            std::string keys;
-            for (size_t i = 0; i < v.size() && i < 6; i++) keys += (i ? ", " : "") + v.key(i);
-            ok = fail(&e, "a line needs \"text\", \"messages\", \"conversations\", \"instruction\" + \"output\" or \"prompt\" + \"completion\" (it has: " +
-                              (keys.empty() ? std::string("no keys") : keys) + ")");
-        }
-        if (ok) continue;
-        std::string msg = path + ":" + std::to_string(lineno) + ": " + e;
-        if (!b.opt.skip_bad_lines) return fail(err, msg + " (--skip-bad-lines skips such lines)");
-        if (d->n_skipped++ == 0) d->notes.push_back("skipped " + msg);
+        if (line.find_first_not_of(" \t\r") != std::string_view::npos) units.push_back({line, lineno});
     }
-    return true;
+    return units;
 }
 
-bool read_text(const std::string &text, Builder &b, std::string *err) {
-    std::vector<std::string_view> docs;
+std::vector<Unit> text_units(const std::string &text, TextSplit split) {
+    std::vector<Unit> docs;
     std::string_view all(text);
-    if (b.opt.text_split == TextSplit::File) {
-        docs.push_back(all);
+    if (split == TextSplit::File) {
+        docs.push_back({all, 0});
     } else {
         size_t pos = 0, para = std::string::npos; // para: start of the current paragraph
         while (pos <= all.size()) {
             size_t nl = std::min(all.find('\n', pos), all.size());
             std::string_view line = all.substr(pos, nl - pos);
             bool blank = line.find_first_not_of(" \t\r") == std::string_view::npos;
-            if (b.opt.text_split == TextSplit::Line) {
-                if (!blank) docs.push_back(line);
+            if (split == TextSplit::Line) {
+                if (!blank) docs.push_back({line, 0});
             } else if (blank && para != std::string::npos) {
-                docs.push_back(all.substr(para, pos - 1 - para));
+                docs.push_back({all.substr(para, pos - 1 - para), 0});
                 para = std::string::npos;
             } else if (!blank && para == std::string::npos) {
                 para = pos;
             }
             pos = nl + 1;
         }
-        if (para != std::string::npos) docs.push_back(all.substr(para));
+        if (para != std::string::npos) docs.push_back({all.substr(para), 0});
     }
-    for (std::string_view s : docs) {
-        b.d->n_lines++;
-        std::string e;
-        if (s.find_first_not_of(" \t\r\n") == std::string_view::npos) continue;
-        if (!b.text(s, &e)) return fail(err, e);
+    return docs;
+}
+
+// Tokenises the units into *d, in their order, in parallel: contiguous chunks go to the threads,
+// each into a TokenizedData of its own, and the chunks are joined in order, so the result is the
+// same for any thread count. A chunk stops at its first bad unit; the first chunk (in order) that
+// has one holds the dataset's first. JSONL lines that fail name the file and line and may be
+// skipped (opt.skip_bad_lines); a .txt document that fails fails the load.
+bool tokenize_units(const std::string &path, const std::vector<Unit> &units, bool jsonl, const Tokenizer &tok, const DataOptions &opt,
+                    TokenizedData *d, std::string *err) {
+    const size_t n_chunks = std::min<size_t>(units.size(), 1024);
+    std::vector<TokenizedData> part(n_chunks);
+    std::vector<std::string> error(n_chunks);
+#pragma omp parallel for schedule(dynamic)
+    for (size_t c = 0; c < n_chunks; c++) {
+        TokenizedData &p = part[c];
+        p.start.push_back(0);
+        Builder b{tok, opt, &p};
+        for (size_t u = units.size() * c / n_chunks; u < units.size() * (c + 1) / n_chunks; u++) {
+            std::string e;
+            p.n_lines++;
+            if (!jsonl && units[u].s.find_first_not_of(" \t\r\n") == std::string_view::npos) continue;
+            if (jsonl ? jsonl_document(b, units[u].s, &e) : b.text(units[u].s, &e)) continue;
+            if (!jsonl) {
+                error[c] = e;
+                break;
+            }
+            const std::string msg = path + ":" + std::to_string(units[u].line) + ": " + e;
+            if (!opt.skip_bad_lines) {
+                error[c] = msg + " (--skip-bad-lines skips such lines)";
+                break;
+            }
+            if (p.n_skipped++ == 0) p.notes.push_back("skipped " + msg);
+        }
+    }
+    for (size_t c = 0; c < n_chunks; c++) {
+        if (!error[c].empty()) return fail(err, error[c]);
+        const TokenizedData &p = part[c];
+        const int64_t at = (int64_t)d->ids.size();
+        d->ids.insert(d->ids.end(), p.ids.begin(), p.ids.end());
+        d->mask.insert(d->mask.end(), p.mask.begin(), p.mask.end());
+        for (size_t k = 1; k < p.start.size(); k++) d->start.push_back(at + p.start[k]);
+        d->n_lines += p.n_lines, d->n_text += p.n_text, d->n_chat += p.n_chat, d->n_prompt += p.n_prompt;
+        if (p.n_skipped && !d->n_skipped) d->notes.push_back(p.notes[0]);
+        d->n_skipped += p.n_skipped;
     }
     return true;
 }
@@ -368,8 +401,7 @@ bool data_load(const std::string &path, const Tokenizer &tok, const DataOptions 
         d.notes.push_back("cache " + d.cache_path + " is unusable (" + why + "); tokenising again");
     }
     d.start.push_back(0);
-    Builder b{tok, opt, &d};
-    if (!(jsonl ? read_jsonl(path, text, b, err) : read_text(text, b, err))) {
+    if (!tokenize_units(path, jsonl ? jsonl_units(text) : text_units(text, opt.text_split), jsonl, tok, opt, &d, err)) {
         if (!jsonl) *err = path + ": " + *err;
         return false;
     }

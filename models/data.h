@@ -51,8 +51,9 @@ struct TokenizedData {
     std::string describe() const; // "32 documents (32 text), 5123 tokens, 5091 targets"
 };
 
-// Reads and tokenises path (or loads its cache). Fails on a missing / unreadable file, a malformed
-// line (unless skip_bad_lines) and a dataset without a single target.
+// Reads and tokenises path (or loads its cache), lines or documents in parallel over OpenMP
+// threads with the same result for any thread count. Fails on a missing / unreadable file, the
+// first malformed line (unless skip_bad_lines) and a dataset without a single target.
 bool data_load(const std::string &path, const Tokenizer &tok, const DataOptions &opt, TokenizedData *out, std::string *err);
 
 // A piece of a document: tokens [begin, begin + len) of document doc.

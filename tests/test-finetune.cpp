@@ -29,6 +29,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <omp.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -225,6 +226,28 @@ static void test_data() {
               bad.notes[0].find("bad.jsonl:3:") != std::string::npos,
           "skip-bad-lines: %lld skipped", (long long)bad.n_skipped);
     opt.skip_bad_lines = false;
+
+    // tokenised in parallel chunks: any thread count gives the same data, and the first bad line
+    // of a long file is the one named (bad lines at 1500 and 2900 of 3000)
+    std::string many, docs = slurp(kSrc + "/examples/data/forge-docs.jsonl");
+    std::vector<std::string> doc_lines;
+    for (size_t p = 0, nl; (nl = docs.find('\n', p)) != std::string::npos; p = nl + 1) doc_lines.push_back(docs.substr(p, nl - p));
+    for (int i = 1; i <= 3000; i++) many += (i == 1500 || i == 2900 ? std::string("{\"text\": 7}") : doc_lines[(size_t)i % doc_lines.size()]) + "\n";
+    put(g_tmp + "/many.jsonl", many);
+    opt.use_cache = false, opt.skip_bad_lines = true;
+    TokenizedData one, all_threads;
+    omp_set_num_threads(1);
+    const bool ok1 = data_load(g_tmp + "/many.jsonl", tok, opt, &one, &err);
+    omp_set_num_threads(omp_get_num_procs() > 1 ? omp_get_num_procs() : 4);
+    CHECK(ok1 && data_load(g_tmp + "/many.jsonl", tok, opt, &all_threads, &err) && one.ids == all_threads.ids && one.mask == all_threads.mask &&
+              one.start == all_threads.start && one.n_docs() == 2998 && all_threads.n_skipped == 2 && all_threads.n_lines == 3000 &&
+              all_threads.notes.size() == 1 && all_threads.notes[0].find("many.jsonl:1500: \"text\" is not a string") != std::string::npos,
+          "parallel tokenisation: %s / %s", err.c_str(), all_threads.notes.empty() ? "no note" : all_threads.notes[0].c_str());
+    opt.skip_bad_lines = false;
+    CHECK(!data_load(g_tmp + "/many.jsonl", tok, opt, &all_threads, &err) && err.find("many.jsonl:1500: \"text\" is not a string") != std::string::npos,
+          "the first bad line of a long file is named: %s", err.c_str());
+    opt.use_cache = true;
+    omp_set_num_threads(omp_get_num_procs());
 
     // pieces, packing, rows: documents of 5, 3 and 10 tokens in rows of 8
     TokenizedData d;
