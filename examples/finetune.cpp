@@ -129,6 +129,8 @@ const char *kUsageText =
     "  --eval-data FILE       held-out data (default: --eval-split of --data)\n"
     "  --eval-split F         fraction of the documents held out for eval (default 0.05; 0: none)\n"
     "  --eval-rows N          evaluate on N rows of the eval set, chosen by the seed (default 256; 0: all)\n"
+    "  --eval-only            evaluate the base (or --init-adapter's adapter) and stop: loss, perplexity,\n"
+    "                         top-1 accuracy (JSON on stdout); no step is taken, no run directory made\n"
     "  --text-split MODE      .txt documents: paragraph (default), line or file\n"
     "  --chat-template NAME   qwen2, qwen2.5, qwen3, gemma or gemma3 (default: from the model)\n"
     "  --seq-len N            tokens per row (default 1024)\n"
@@ -209,6 +211,7 @@ struct Options {
     int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
     bool rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false, merge_flag = false;
     bool lora_given = false; // --lora-r, --lora-alpha, --lora-targets or --rslora on the command line
+    bool eval_only = false;
 };
 
 int64_t parse_int(const std::string &opt, const char *s, int64_t lo) {
@@ -243,6 +246,7 @@ Options parse_args(int argc, char **argv) {
         else if (a == "--eval-data") o.eval_data = val();
         else if (a == "--eval-split") o.eval_split = parse_num(a, val(), 0.0, false);
         else if (a == "--eval-rows") o.eval_rows = parse_int(a, val(), 0);
+        else if (a == "--eval-only") o.eval_only = true;
         else if (a == "--text-split") o.text_split = val();
         else if (a == "--chat-template") o.chat_template = val();
         else if (a == "--seq-len") o.seq_len = parse_int(a, val(), 2);
@@ -1253,7 +1257,7 @@ int main(int argc, char **argv) {
         const std::string where = o.resume.empty() ? o.out : o.resume;
         ckpt = find_checkpoint(where);
         if (ckpt.empty()) die(kError, "--resume: no checkpoint in %s (a checkpoint-N directory with state.safetensors)", where.c_str());
-    } else if (rank0 && (is_file(o.out + "/metrics.jsonl") || !find_checkpoint(o.out).empty())) {
+    } else if (rank0 && !o.eval_only && (is_file(o.out + "/metrics.jsonl") || !find_checkpoint(o.out).empty())) {
         die(kError, "--out %s already holds a run; continue it with --resume or choose another --out", o.out.c_str());
     }
 
@@ -1332,6 +1336,17 @@ int main(int argc, char **argv) {
         info("init    the LoRA weights of %s\n", o.init_adapter.c_str());
     } else {
         model_init_lora(r.lm.m, (uint64_t)o.seed);
+    }
+    if (o.eval_only) {
+        if (g_dist.on()) die(kUsage, "--eval-only runs on one process");
+        if (!r.ge) die(kUsage, "--eval-only: nothing to evaluate (--eval-split 0 and no --eval-data)");
+        double acc = 0;
+        const double loss = evaluate(r, &acc);
+        info("eval    %s on %zu rows (%lld targets): loss %.4f, perplexity %.3f, top-1 accuracy %.1f%%\n",
+             o.init_adapter.empty() ? "the base" : o.init_adapter.c_str(), r.eval_rows.size(), (long long)r.eval_targets, loss, std::exp(loss), 100 * acc);
+        std::printf("{\"eval_loss\":%.9g,\"perplexity\":%.9g,\"eval_accuracy\":%.6g,\"rows\":%zu,\"targets\":%lld}\n", loss, std::exp(loss), acc,
+                    r.eval_rows.size(), (long long)r.eval_targets);
+        return kOk;
     }
     if (rank0) { // the run directory is rank 0's
         // --merge's directory, unless it is the run directory (made next), must take the model

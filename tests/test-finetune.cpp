@@ -641,6 +641,16 @@ int main() {
               "--init-adapter %s: eval loss before the first step %.7f, run1's last %.7f (exit %d)\n%s", from.c_str(), e[0], eval[30], r.rc,
               r.out.c_str());
     }
+    // --eval-only: the base gives run1's eval before its first step, run1's adapter its eval after the last
+    for (const std::string &with : {std::string(), " --init-adapter " + run1}) {
+        r = run(common + "--data " + data + " --eval-only" + with + " --out " + g_tmp + "/eval-only");
+        json::Value v;
+        const std::string js = r.out.substr(std::min(r.out.size(), r.out.rfind("{\"eval_loss\"")));
+        const double want = with.empty() ? eval[0] : eval[30];
+        CHECK(r.rc == 0 && json::parse(js.substr(0, js.find('\n')), &v, &err) && std::fabs(v["eval_loss"].get_double() - want) <= 1e-6 * want &&
+                  std::fabs(v["perplexity"].get_double() - std::exp(want)) <= 1e-5 * std::exp(want) && !exists(g_tmp + "/eval-only"),
+              "--eval-only%s: want %.7f, exit %d\n%s", with.c_str(), want, r.rc, r.out.c_str());
+    }
     expect_fail("init adapter with a rank", train + "--lora-r 8 --init-adapter " + run1 + " --out " + g_tmp + "/init-bad", 2,
                 {"--init-adapter: the rank, alpha, targets and rsLoRA come from the adapter"});
     r = run(common + "--data " + data + " --steps 1 --eval-rows 5 --out " + g_tmp + "/eval-rows");
