@@ -125,8 +125,9 @@ const char *kUsageText =
     "                         cache (~/.cache/huggingface/hub) and ./models\n"
     "  --data FILE            .txt, or JSONL with \"text\", \"messages\" (chat: loss on the assistant's\n"
     "                         tokens), \"conversations\" (ShareGPT chat), \"instruction\"/\"input\"/\"output\"\n"
-    "                         (Alpaca, as a chat) or \"prompt\"/\"completion\" (loss on the completion)\n"
-    "  --eval-data FILE       held-out data (default: --eval-split of --data)\n"
+    "                         (Alpaca, as a chat) or \"prompt\"/\"completion\" (loss on the completion);\n"
+    "                         give --data several times to train on several files together\n"
+    "  --eval-data FILE       held-out data (default: --eval-split of --data); may be repeated too\n"
     "  --eval-split F         fraction of the documents held out for eval (default 0.05; 0: none)\n"
     "  --eval-rows N          evaluate on N rows of the eval set, chosen by the seed (default 256; 0: all)\n"
     "  --eval-only            evaluate the base (or --init-adapter's adapter) and stop: loss, perplexity,\n"
@@ -202,6 +203,7 @@ const char *kUsageText =
 
 struct Options {
     std::string model, data, eval_data, out, resume, base_model, logits_out, chat_template, merge, init_adapter;
+    std::vector<std::string> data_files, eval_files; // --data and --eval-data, each as often as given (data, eval_data: their list)
     std::string device, dtype, text_split = "paragraph", lr_schedule = "cosine";
     double eval_split = 0.05, lr = 2e-4, weight_decay = 0.0, clip = 1.0, epochs = 1.0, lora_alpha = 32.0;
     int64_t seq_len = 1024, batch = 4, grad_accum = 1, steps = 0, warmup = -1, seed = 42, eval_every = -1;
@@ -242,8 +244,8 @@ Options parse_args(int argc, char **argv) {
         if (a == "-h" || a == "--help") { std::fputs(kUsageText, stdout); std::exit(kOk); }
         else if (a == "--version") { std::printf("finetune (forge) %s\n", forge_version()); std::exit(kOk); }
         else if (a == "-m" || a == "--model") o.model = val();
-        else if (a == "--data") o.data = val();
-        else if (a == "--eval-data") o.eval_data = val();
+        else if (a == "--data") o.data_files.push_back(val()), o.data += (o.data.empty() ? "" : ", ") + o.data_files.back();
+        else if (a == "--eval-data") o.eval_files.push_back(val()), o.eval_data += (o.eval_data.empty() ? "" : ", ") + o.eval_files.back();
         else if (a == "--eval-split") o.eval_split = parse_num(a, val(), 0.0, false);
         else if (a == "--eval-rows") o.eval_rows = parse_int(a, val(), 0);
         else if (a == "--eval-only") o.eval_only = true;
@@ -804,19 +806,27 @@ void setup_data(Run &r) {
     dopt.skip_bad_lines = o.skip_bad_lines;
     dopt.use_cache = o.use_cache;
     std::string err;
-    auto load = [&](const std::string &path, TokenizedData *d) {
-        auto t0 = std::chrono::steady_clock::now();
-        if (!data_load(path, r.lm.tok, dopt, d, &err)) die(kError, "%s", err.c_str());
-        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        info("data    %s: %s (%s)\n", path.c_str(), d->describe().c_str(),
-             d->from_cache ? "from the token cache" : ("tokenised in " + human_time(s)).c_str());
-        if (d->n_skipped) info("        %lld malformed line(s) skipped\n", (long long)d->n_skipped);
-        for (const std::string &n : d->notes) info("        note: %s\n", n.c_str());
+    // every file of a list, one after another (the key of several: a hash of their keys)
+    auto load = [&](const std::vector<std::string> &paths, TokenizedData *all) {
+        for (const std::string &path : paths) {
+            auto t0 = std::chrono::steady_clock::now();
+            TokenizedData d;
+            if (!data_load(path, r.lm.tok, dopt, &d, &err)) die(kError, "%s", err.c_str());
+            double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            info("data    %s: %s (%s)\n", path.c_str(), d.describe().c_str(),
+                 d.from_cache ? "from the token cache" : ("tokenised in " + human_time(s)).c_str());
+            if (d.n_skipped) info("        %lld malformed line(s) skipped\n", (long long)d.n_skipped);
+            for (const std::string &n : d.notes) info("        note: %s\n", n.c_str());
+            const uint64_t key = all->start.empty() ? d.key : data_hash(&d.key, sizeof d.key, all->key);
+            data_append(all, d);
+            all->key = key;
+        }
+        if (paths.size() > 1) info("        together: %s\n", all->describe().c_str());
     };
-    load(o.data, &r.train_data);
+    load(o.data_files, &r.train_data);
     std::vector<Segment> train = data_segments(r.train_data, o.seq_len), eval;
     if (!o.eval_data.empty()) {
-        load(o.eval_data, &r.eval_data_own);
+        load(o.eval_files, &r.eval_data_own);
         r.eval_src = &r.eval_data_own;
         eval = data_segments(r.eval_data_own, o.seq_len);
     } else if (o.eval_split > 0) {

@@ -290,14 +290,8 @@ bool tokenize_units(const std::string &path, const std::vector<Unit> &units, boo
     }
     for (size_t c = 0; c < n_chunks; c++) {
         if (!error[c].empty()) return fail(err, error[c]);
-        const TokenizedData &p = part[c];
-        const int64_t at = (int64_t)d->ids.size();
-        d->ids.insert(d->ids.end(), p.ids.begin(), p.ids.end());
-        d->mask.insert(d->mask.end(), p.mask.begin(), p.mask.end());
-        for (size_t k = 1; k < p.start.size(); k++) d->start.push_back(at + p.start[k]);
-        d->n_lines += p.n_lines, d->n_text += p.n_text, d->n_chat += p.n_chat, d->n_prompt += p.n_prompt;
-        if (p.n_skipped && !d->n_skipped) d->notes.push_back(p.notes[0]);
-        d->n_skipped += p.n_skipped;
+        if (d->n_skipped) part[c].notes.clear(); // the note names the first skipped line only
+        data_append(d, part[c]);
     }
     return true;
 }
@@ -414,6 +408,17 @@ bool data_load(const std::string &path, const Tokenizer &tok, const DataOptions 
     if (opt.use_cache && !cache_write(d.cache_path, d, &why)) d.notes.push_back("could not write the token cache: " + why);
     *out = std::move(d);
     return true;
+}
+
+void data_append(TokenizedData *d, const TokenizedData &part) {
+    if (d->start.empty()) d->start.push_back(0);
+    const int64_t at = (int64_t)d->ids.size();
+    d->ids.insert(d->ids.end(), part.ids.begin(), part.ids.end());
+    d->mask.insert(d->mask.end(), part.mask.begin(), part.mask.end());
+    for (size_t k = 1; k < part.start.size(); k++) d->start.push_back(at + part.start[k]);
+    d->n_lines += part.n_lines, d->n_skipped += part.n_skipped;
+    d->n_text += part.n_text, d->n_chat += part.n_chat, d->n_prompt += part.n_prompt;
+    d->notes.insert(d->notes.end(), part.notes.begin(), part.notes.end());
 }
 
 // ---- pieces, split, packing, rows -----------------------------------------------------------------

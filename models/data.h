@@ -56,6 +56,9 @@ struct TokenizedData {
 // first malformed line (unless skip_bad_lines) and a dataset without a single target.
 bool data_load(const std::string &path, const Tokenizer &tok, const DataOptions &opt, TokenizedData *out, std::string *err);
 
+// Appends part's documents (and counts and notes) after d's (the key and cache path stay d's).
+void data_append(TokenizedData *d, const TokenizedData &part);
+
 // A piece of a document: tokens [begin, begin + len) of document doc.
 struct Segment {
     int64_t doc, begin, len;

@@ -537,8 +537,8 @@ int main() {
     // one 30-step run with checkpoints every 10 steps, on a copy of the docs (the cache goes to tmp)
     const std::string data = g_tmp + "/docs.jsonl", run1 = g_tmp + "/run1";
     put(data, slurp(kSrc + "/examples/data/forge-docs.jsonl"));
-    const std::string common = "-m " + kModel + " --data " + data + " --device cpu --threads 2 --seq-len 64 --batch 4 --seed 1 ";
-    const std::string train = common + "--steps 30 --lr 1e-2 --save-every 10 --eval-every 10 ";
+    const std::string common = "-m " + kModel + " --device cpu --threads 2 --seq-len 64 --batch 4 --seed 1 ";
+    const std::string train = common + "--data " + data + " --steps 30 --lr 1e-2 --save-every 10 --eval-every 10 ";
     Result r = run(train + "--out " + run1 + " --logits-out " + run1 + "/logits.safetensors --merge");
     CHECK(r.rc == 0, "training run: exit %d\n%s", r.rc, r.out.c_str());
     std::map<int64_t, double> loss = metric(run1 + "/metrics.jsonl", "loss"), eval = metric(run1 + "/metrics.jsonl", "eval_loss");
@@ -655,6 +655,9 @@ int main() {
                 {"--init-adapter: the rank, alpha, targets and rsLoRA come from the adapter"});
     r = run(common + "--data " + data + " --steps 1 --eval-rows 5 --out " + g_tmp + "/eval-rows");
     CHECK(r.rc == 0 && has(r, "eval 21 pieces -> 21 rows, 5 of them evaluated (--eval-rows)"), "--eval-rows 5: exit %d\n%s", r.rc, r.out.c_str());
+    // --data twice: both files, one after the other
+    r = run(common + "--data " + data + " --data " + g_tmp + "/chat.jsonl --steps 1 --out " + g_tmp + "/two-files");
+    CHECK(r.rc == 0 && has(r, "together: 56 documents (32 text, 24 chat)"), "two --data files: exit %d\n%s", r.rc, r.out.c_str());
     test_interrupt(common + "--data " + data);
     r = run(common + "--data " + data + " --eval-split 0 --steps 7 --save-every 2 --save-total-limit 2 --out " + g_tmp + "/limit");
     CHECK(r.rc == 0 && !exists(g_tmp + "/limit/checkpoint-2") && !exists(g_tmp + "/limit/checkpoint-4") && exists(g_tmp + "/limit/checkpoint-6") &&
