@@ -32,6 +32,7 @@
 #include "../models/data.h"
 #include "../models/dist.h"
 #include "../models/gguf-model.h"
+#include "../models/locate.h"
 #include "../models/lora-convert.h"
 #include "../models/safetensors.h"
 
@@ -46,7 +47,6 @@
 #include <cstdlib>
 #include <csignal>
 #include <cstring>
-#include <dirent.h>
 #include <map>
 #include <memory>
 #include <string>
@@ -347,38 +347,10 @@ LoraConfig lora_config(const Options &o, const std::string &arch) {
 
 // ---- files ----------------------------------------------------------------------------------------
 
-bool is_dir(const std::string &p) {
-    struct stat st;
-    return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-bool is_file(const std::string &p) {
-    struct stat st;
-    return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 bool ends_with(const std::string &s, const std::string &x) { return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0; }
 std::string lower(std::string s) {
     for (char &c : s) c = (char)std::tolower((unsigned char)c);
     return s;
-}
-std::vector<std::string> list_dir(const std::string &dir) {
-    std::vector<std::string> out;
-    if (DIR *d = opendir(dir.c_str())) {
-        while (dirent *e = readdir(d))
-            if (e->d_name[0] != '.') out.push_back(e->d_name);
-        closedir(d);
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-}
-bool read_text(const std::string &path, std::string *out) {
-    FILE *f = std::fopen(path.c_str(), "rb");
-    if (!f) return false;
-    char buf[65536];
-    size_t n;
-    out->clear();
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
-    std::fclose(f);
-    return true;
 }
 bool write_atomic(const std::string &path, const std::string &data, std::string *err) {
     std::string tmp = path + ".tmp." + std::to_string(getpid());
@@ -393,7 +365,7 @@ bool write_atomic(const std::string &path, const std::string &data, std::string 
     return true;
 }
 void remove_dir(const std::string &dir) { // a checkpoint directory: files only
-    for (const std::string &n : list_dir(dir)) std::remove((dir + "/" + n).c_str());
+    for (const std::string &n : dir_entries(dir)) std::remove((dir + "/" + n).c_str());
     rmdir(dir.c_str());
 }
 bool make_dirs(const std::string &dir) {
@@ -407,113 +379,6 @@ bool make_dirs(const std::string &dir) {
 
 // ---- the model ---------------------------------------------------------------------------------------
 
-struct ResolvedModel {
-    std::string path;      // an HF directory or a .gguf file
-    std::string base_name; // base_model_name_or_path for PEFT: an HF id or an absolute path
-    bool gguf = false;
-};
-
-// qwen2.5-0.5b-instruct -> Qwen/Qwen2.5-0.5B-Instruct; gemma-2-2b-it -> google/gemma-2-2b-it
-std::string hf_repo_guess(const std::string &name) {
-    std::string n = lower(name);
-    if (n.compare(0, 5, "gemma") == 0) return "google/" + n;
-    if (n.compare(0, 4, "qwen") != 0) return "";
-    std::string out = "Qwen/";
-    std::string part;
-    for (size_t i = 0; i <= n.size(); i++) {
-        if (i < n.size() && n[i] != '-') { part += n[i]; continue; }
-        if (!part.empty() && (std::isdigit((unsigned char)part[0]) || part[0] == '.') && part.back() == 'b') part.back() = 'B';
-        else if (!part.empty()) part[0] = (char)std::toupper((unsigned char)part[0]);
-        out += (out.size() > 5 ? "-" : "") + part;
-        part.clear();
-    }
-    return out;
-}
-
-// <hub>/models--Org--Name/snapshots/<rev> holding config.json (refs/main first, else the newest)
-std::string hf_snapshot(const std::string &repo_dir) {
-    std::string rev;
-    if (read_text(repo_dir + "/refs/main", &rev)) {
-        while (!rev.empty() && std::isspace((unsigned char)rev.back())) rev.pop_back();
-        if (is_file(repo_dir + "/snapshots/" + rev + "/config.json")) return repo_dir + "/snapshots/" + rev;
-    }
-    std::string best;
-    time_t best_t = 0;
-    for (const std::string &s : list_dir(repo_dir + "/snapshots")) {
-        struct stat st;
-        std::string d = repo_dir + "/snapshots/" + s;
-        if (stat((d + "/config.json").c_str(), &st) == 0 && (best.empty() || st.st_mtime > best_t)) best = d, best_t = st.st_mtime;
-    }
-    return best;
-}
-
-std::string absolute(const std::string &p) {
-    char buf[4096];
-    return realpath(p.c_str(), buf) ? std::string(buf) : p;
-}
-
-ResolvedModel resolve_model(const std::string &m) {
-    ResolvedModel r;
-    if (is_file(m) && ends_with(lower(m), ".gguf")) return {m, absolute(m), true};
-    if (is_dir(m)) {
-        if (!is_file(m + "/config.json")) die(kError, "-m %s: the directory has no config.json (an HF model directory needs config.json, *.safetensors and tokenizer.json)", m.c_str());
-        return {m, absolute(m), false};
-    }
-    if (is_file(m)) die(kError, "-m %s: not a .gguf file or an HF model directory", m.c_str());
-    std::vector<std::string> looked;
-    auto try_dir = [&](const std::string &base) -> bool {
-        const std::string d = base + "/" + m, f = d + ".gguf";
-        looked.push_back(d + "[.gguf]");
-        if (is_dir(d) && is_file(d + "/config.json")) r = {d, absolute(d), false};
-        else if (is_file(f)) r = {f, absolute(f), true};
-        else return false;
-        return true;
-    };
-    auto env = [](const char *name) -> const char * {
-        const char *v = std::getenv(name);
-        return v && *v ? v : nullptr;
-    };
-    if (env("FORGE_MODELS") && try_dir(env("FORGE_MODELS"))) return r;
-    if (!env("FORGE_MODELS")) looked.push_back("$FORGE_MODELS (not set)");
-    std::string hub;
-    if (env("HF_HUB_CACHE")) hub = env("HF_HUB_CACHE");
-    else if (env("HF_HOME")) hub = std::string(env("HF_HOME")) + "/hub";
-    else if (env("HOME")) hub = std::string(env("HOME")) + "/.cache/huggingface/hub";
-    if (!hub.empty()) {
-        looked.push_back(hub + "/models--*--" + m + "/snapshots/* (any case)");
-        const std::string want = lower(m), want_id = lower(hf_repo_guess(m));
-        for (const std::string &e : list_dir(hub)) {
-            size_t sep = e.find("--", 8);
-            if (e.compare(0, 8, "models--") != 0 || sep == std::string::npos) continue;
-            std::string org = e.substr(8, sep - 8), name = e.substr(sep + 2), id = org + "/" + name;
-            if (lower(name) != want && lower(id) != want && lower(id) != want_id) continue;
-            std::string snap = hf_snapshot(hub + "/" + e);
-            if (!snap.empty()) return {snap, id, false};
-        }
-    }
-    if (try_dir("./models")) return r;
-    std::string where;
-    for (const std::string &l : looked) where += "\n  " + l;
-    std::string repo = m.find('/') != std::string::npos ? m : hf_repo_guess(m);
-    die(kError, "model '%s' not found. Looked in:%s\nGet it with:\n  huggingface-cli download %s\nor pass -m /path/to/model-dir (config.json + "
-                "*.safetensors + tokenizer.json) or -m FILE.gguf",
-        m.c_str(), where.c_str(), repo.empty() ? "<org>/<repo>" : repo.c_str());
-}
-
-// The chat template text of an HF directory: tokenizer_config.json's chat_template (a string or a
-// list of named templates), else chat_template.jinja (transformers v5).
-std::string hf_chat_template(const std::string &dir) {
-    json::Value c;
-    std::string err, text;
-    if (is_file(dir + "/tokenizer_config.json") && json::parse_file(dir + "/tokenizer_config.json", &c, &err)) {
-        const json::Value &t = c["chat_template"];
-        if (t.is_string()) return t.str();
-        for (size_t i = 0; i < t.size(); i++)
-            if (t.at(i)["name"].str() == "default") return t.at(i)["template"].str();
-    }
-    return read_text(dir + "/chat_template.jinja", &text) ? text : "";
-}
-
 struct LoadedModel {
     Model m;
     Tokenizer tok;
@@ -522,7 +387,7 @@ struct LoadedModel {
     std::string max_positions_key;
 };
 
-void load_model(ResolvedModel &rm, const Options &o, forge_ctx *ctx, forge_type wtype, LoadedModel *lm) {
+void load_model(ModelLocation &rm, const Options &o, forge_ctx *ctx, forge_type wtype, LoadedModel *lm) {
     std::string err, jinja;
     TokenizerSpec spec;
     if (rm.gguf) {
@@ -719,7 +584,7 @@ double lr_at(const Options &o, int64_t s, int64_t total, int64_t warmup) {
 
 struct Run {
     Options o;
-    ResolvedModel rm;
+    ModelLocation rm;
     LoadedModel lm;
     forge_ctx *ctx = nullptr;
     forge_backend *be = nullptr;
@@ -858,12 +723,12 @@ void setup_data(Run &r) {
 std::string config_json(const Run &r) {
     const Options &o = r.o;
     json::Value c = json::Value::object();
-    c.set("model", o.model), c.set("model_path", absolute(r.rm.path)), c.set("arch", r.lm.m.cfg.arch_name);
+    c.set("model", o.model), c.set("model_path", absolute_path(r.rm.path)), c.set("arch", r.lm.m.cfg.arch_name);
     c.set("data", o.data), c.set("data_key", (int64_t)(r.train_data.key >> 1)), c.set("eval_data", o.eval_data);
     c.set("eval_split", o.eval_split), c.set("eval_rows", o.eval_rows), c.set("text_split", o.text_split), c.set("chat_template", chat_format_name(r.lm.chat));
     c.set("seq_len", o.seq_len), c.set("packing", o.packing), c.set("skip_bad_lines", o.skip_bad_lines);
     c.set("lora_r", o.lora_r), c.set("lora_alpha", o.lora_alpha), c.set("rslora", o.rslora);
-    c.set("init_adapter", o.init_adapter.empty() ? json::Value() : json::Value(absolute(o.init_adapter)));
+    c.set("init_adapter", o.init_adapter.empty() ? json::Value() : json::Value(absolute_path(o.init_adapter)));
     json::Value t = json::Value::array();
     for (const std::string &m : lora_target_modules(r.lm.m.lora)) t.push(m);
     c.set("lora_targets", t);
@@ -899,7 +764,7 @@ void check_resume_config(const std::string &ckpt, const std::string &saved, cons
 // The checkpoints in a run directory (checkpoint-N with a state.safetensors), by step.
 std::map<long long, std::string> checkpoints(const std::string &dir) {
     std::map<long long, std::string> out;
-    for (const std::string &e : list_dir(dir)) {
+    for (const std::string &e : dir_entries(dir)) {
         long long n;
         char tail;
         if (std::sscanf(e.c_str(), "checkpoint-%lld%c", &n, &tail) == 1 && is_file(dir + "/" + e + "/state.safetensors")) out[n] = dir + "/" + e;
@@ -1244,7 +1109,8 @@ int main(int argc, char **argv) {
     setup_dist(o); // several ranks: meet the others first, so that any later error reaches them
     const bool rank0 = g_dist.env.rank == 0;
     // the run directory (a resumed checkpoint's own run by default) and --resume's checkpoint
-    r.rm = resolve_model(o.model);
+    std::string locate_err;
+    if (!model_locate(o.model, &r.rm, &locate_err)) die(kError, "-m %s", locate_err.c_str());
     if (!o.base_model.empty()) r.rm.base_name = o.base_model;
     if (o.out.empty() && !o.resume.empty()) {
         std::string d = o.resume;
@@ -1327,7 +1193,7 @@ int main(int argc, char **argv) {
         if (!checkpoint_load(r.lm.m, r.g, ckpt + "/state.safetensors", &st, &err)) die(kError, "%s", err.c_str());
         start_step = st.step, rows_done = st.rows_done;
         std::string text;
-        if (!read_text(ckpt + "/metrics.jsonl", &text)) die(kError, "%s/metrics.jsonl: cannot read it", ckpt.c_str());
+        if (!read_text_file(ckpt + "/metrics.jsonl", &text)) die(kError, "%s/metrics.jsonl: cannot read it", ckpt.c_str());
         for (size_t p = 0, nl; (nl = text.find('\n', p)) != std::string::npos; p = nl + 1) r.metrics.add(text.substr(p, nl - p));
         r.last_ckpt = ckpt;
         info("resume  %s: step %lld, %lld rows consumed\n", ckpt.c_str(), (long long)start_step, (long long)rows_done);

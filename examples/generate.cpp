@@ -1,6 +1,6 @@
 // examples/generate.cpp - text generation from a GGUF file or an HF model directory, optionally
 // with a LoRA adapter (PEFT directory or llama.cpp GGUF), on the CPU or a CUDA device:
-//   ./generate -m MODEL(.gguf | HF dir) [--lora DIR | FILE.gguf] -p PROMPT [-n N] [--temp T]
+//   ./generate -m MODEL(.gguf | HF dir | name) [--lora DIR | FILE.gguf] -p PROMPT [-n N] [--temp T]
 //              [--top-k K] [--top-p P] [--seed S] [--chat] [--device cpu|cuda]
 // The continuation streams to stdout; the token counts and speed go to stderr. --chat wraps the
 // prompt as one user turn with the model's chat template (and stops at its end-of-turn token).
@@ -9,6 +9,7 @@
 #include "../models/config.h"
 #include "../models/generate.h"
 #include "../models/gguf-model.h"
+#include "../models/locate.h"
 #include "../models/tokenizer.h"
 
 #include <chrono>
@@ -16,7 +17,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <sys/stat.h>
 
 using namespace forge;
 
@@ -24,7 +24,8 @@ namespace {
 
 const char *kUsage =
     "usage: generate -m MODEL -p PROMPT [options]\n"
-    "  -m MODEL          a .gguf file or an HF model directory (config.json + safetensors + tokenizer.json)\n"
+    "  -m MODEL          a .gguf file, an HF model directory (config.json + safetensors + tokenizer.json), or a\n"
+    "                    name (qwen2.5-0.5b) looked up in $FORGE_MODELS, the Hugging Face cache and ./models\n"
     "  -p PROMPT         the text to continue\n"
     "  --lora PATH       a LoRA adapter: a PEFT directory (adapter_config.json + adapter_model.safetensors)\n"
     "                    or a llama.cpp GGUF LoRA file (finetune writes both)\n"
@@ -55,10 +56,6 @@ long long integer(const char *opt, const char *v, long long lo, long long hi) {
     return x;
 }
 
-bool is_dir(const std::string &p) {
-    struct stat st;
-    return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 } // namespace
 
@@ -110,10 +107,12 @@ int main(int argc, char **argv) {
     forge_ctx *ctx = forge_ctx_new();
     Model m;
     TokenizerSpec spec;
-    if (is_dir(model_path)) {
+    ModelLocation loc;
+    if (!model_locate(model_path, &loc, &err)) die("-m " + err);
+    model_path = loc.path;
+    if (!loc.gguf) {
         if (!model_load_hf(m, model_path, ctx, wtype, &err) || !tokenizer_spec_load_hf(model_path + "/tokenizer.json", &spec, &err)) die(err);
-        json::Value tc;
-        if (json::parse_file(model_path + "/tokenizer_config.json", &tc, &err) && tc["chat_template"].is_string()) chat_template = tc["chat_template"].str();
+        chat_template = hf_chat_template(model_path);
     } else {
         if (!model_load_gguf(m, model_path, ctx, wtype, &err)) die(err);
         auto f = gguf_file::open(model_path, &err);

@@ -708,7 +708,7 @@ int main() {
                 {"--merge " + g_tmp + "/no/such/merged: cannot write into " + g_tmp + "/no/such/: no such directory"});
     expect_fail("merge onto the base", common + "--data " + data + " --merge " + kModel + out, 2, {"is the base model itself"});
     expect_fail("model name not found", "-m qwen2.5-0.5b --data " + data + out, 1,
-                {"model 'qwen2.5-0.5b' not found", g_tmp + "/nohome/.cache/huggingface/hub/models--*--qwen2.5-0.5b", "./models/qwen2.5-0.5b",
+                {"-m qwen2.5-0.5b: model not found. Looked in:", g_tmp + "/nohome/.cache/huggingface/hub/models--*--qwen2.5-0.5b", "./models/qwen2.5-0.5b",
                  "huggingface-cli download Qwen/Qwen2.5-0.5B"},
                 "FORGE_MODELS= HF_HUB_CACHE= HF_HOME= HOME=" + g_tmp + "/nohome");
     if (forge_cuda_device_count() == 0)
