@@ -94,7 +94,7 @@ bool is_jsonl(const std::string &path, const std::string &text) {
     if (ends_with(path, ".jsonl") || ends_with(path, ".json")) return true;
     if (ends_with(path, ".txt") || ends_with(path, ".md") || ends_with(path, ".text")) return false;
     size_t i = text.find_first_not_of(" \t\r\n");
-    return i != std::string::npos && text[i] == '{';
+    return i != std::string::npos && (text[i] == '{' || text[i] == '[');
 }
 
 uint64_t tokenizer_key(const Tokenizer &tok) {
@@ -194,17 +194,20 @@ std::string json_line_error(const std::string &e) {
     return "invalid JSON at column " + e.substr(b + 1, c - b - 1) + ":" + e.substr(c + 1);
 }
 
-// One unit of the dataset: a non-blank JSONL line (with its number), or a .txt document.
+// One unit of the dataset: a non-blank JSONL line (with its number), an element of a JSON array
+// (with its index), or a .txt document.
 struct Unit {
     std::string_view s;
     int64_t line;
+    const json::Value *element = nullptr;
 };
 
-// A JSONL line -> one document, or false with the reason (without the file and line).
-bool jsonl_document(Builder &b, std::string_view line, std::string *e) {
-    json::Value v;
-    if (!json::parse(line, &v, e, "")) return *e = json_line_error(*e), false;
-    if (!v.is_object()) return fail(e, "the line is not a JSON object");
+// A JSONL line or array element -> one document, or false with the reason (without the file and line).
+bool json_document(Builder &b, const Unit &u, std::string *e) {
+    json::Value parsed;
+    if (!u.element && !json::parse(u.s, &parsed, e, "")) return *e = json_line_error(*e), false;
+    const json::Value &v = u.element ? *u.element : parsed;
+    if (!v.is_object()) return fail(e, u.element ? "the element is not a JSON object" : "the line is not a JSON object");
     if (v.find("messages") || v.find("conversations")) return b.chat(v.find("messages") ? v["messages"] : v["conversations"], !v.find("messages"), e);
     if (v.find("instruction")) return b.alpaca(v, e);
     if (v.find("prompt") || v.find("completion"))
@@ -256,11 +259,18 @@ std::vector<Unit> text_units(const std::string &text, TextSplit split) {
     return docs;
 }
 
+// A JSON file holding one array of records (Alpaca's alpaca_data.json): its elements as units.
+std::vector<Unit> array_units(const json::Value &all) {
+    std::vector<Unit> units;
+    for (size_t i = 0; i < all.size(); i++) units.push_back({std::string_view(), (int64_t)i, &all.at(i)});
+    return units;
+}
+
 // Tokenises the units into *d, in their order, in parallel: contiguous chunks go to the threads,
 // each into a TokenizedData of its own, and the chunks are joined in order, so the result is the
 // same for any thread count. A chunk stops at its first bad unit; the first chunk (in order) that
-// has one holds the dataset's first. JSONL lines that fail name the file and line and may be
-// skipped (opt.skip_bad_lines); a .txt document that fails fails the load.
+// has one holds the dataset's first. JSON records that fail name the file and the line (or the
+// array element) and may be skipped (opt.skip_bad_lines); a .txt document that fails fails the load.
 bool tokenize_units(const std::string &path, const std::vector<Unit> &units, bool jsonl, const Tokenizer &tok, const DataOptions &opt,
                     TokenizedData *d, std::string *err) {
     const size_t n_chunks = std::min<size_t>(units.size(), 1024);
@@ -275,12 +285,12 @@ bool tokenize_units(const std::string &path, const std::vector<Unit> &units, boo
             std::string e;
             p.n_lines++;
             if (!jsonl && units[u].s.find_first_not_of(" \t\r\n") == std::string_view::npos) continue;
-            if (jsonl ? jsonl_document(b, units[u].s, &e) : b.text(units[u].s, &e)) continue;
+            if (jsonl ? json_document(b, units[u], &e) : b.text(units[u].s, &e)) continue;
             if (!jsonl) {
                 error[c] = e;
                 break;
             }
-            const std::string msg = path + ":" + std::to_string(units[u].line) + ": " + e;
+            const std::string msg = path + (units[u].element ? ": element " : ":") + std::to_string(units[u].line) + ": " + e;
             if (!opt.skip_bad_lines) {
                 error[c] = msg + " (--skip-bad-lines skips such lines)";
                 break;
@@ -395,7 +405,14 @@ bool data_load(const std::string &path, const Tokenizer &tok, const DataOptions 
         d.notes.push_back("cache " + d.cache_path + " is unusable (" + why + "); tokenising again");
     }
     d.start.push_back(0);
-    if (!tokenize_units(path, jsonl ? jsonl_units(text) : text_units(text, opt.text_split), jsonl, tok, opt, &d, err)) {
+    json::Value array; // a .json file of one array of records, parsed whole
+    const size_t first = text.find_first_not_of(" \t\r\n");
+    if (jsonl && first != std::string::npos && text[first] == '[') {
+        if (!json::parse(text, &array, err, path)) return false;
+        if (!array.is_array()) return fail(err, path + ": not a JSON array of records");
+    }
+    std::vector<Unit> units = !jsonl ? text_units(text, opt.text_split) : array.is_array() ? array_units(array) : jsonl_units(text);
+    if (!tokenize_units(path, units, jsonl, tok, opt, &d, err)) {
         if (!jsonl) *err = path + ": " + *err;
         return false;
     }

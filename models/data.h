@@ -1,9 +1,9 @@
 // models/data.h - training data for ./finetune: reading a dataset (.txt, or JSONL with "text",
 // "messages" (role/content), "conversations" (ShareGPT: from/value), "instruction"/"input"/"output"
-// (Alpaca) or "prompt"/"completion"), tokenising it once into documents with a loss mask (cached
-// next to the data), cutting documents into pieces of at most --seq-len tokens, the eval split,
-// packing pieces into rows, and filling the host buffers of one row (ids, positions restarting at
-// each document, document ids for the attention mask, labels).
+// (Alpaca) or "prompt"/"completion", or a .json array of such records), tokenising it once into
+// documents with a loss mask (cached next to the data), cutting documents into pieces of at most
+// --seq-len tokens, the eval split, packing pieces into rows, and filling the host buffers of one
+// row (ids, positions restarting at each document, document ids for the attention mask, labels).
 //
 // A document is a token sequence d[0..n) with a mask: mask[j] = 1 when d[j] is a target, i.e. the
 // loss trains the model to predict d[j] from d[0..j). Text trains on every token (the appended EOS

@@ -180,6 +180,16 @@ static void test_data() {
     CHECK(data_load(g_tmp + "/alpaca.jsonl", tok, opt, &al, &err) && data_load(g_tmp + "/alpaca-messages.jsonl", tok, opt, &alm, &err) &&
               al.n_chat == 3 && al.ids == alm.ids && al.mask == alm.mask && al.start == alm.start,
           "Alpaca lines give the tokens and mask of their \"messages\" form: %s", err.c_str());
+    // the same records as one JSON array (alpaca_data.json's form), over several lines
+    std::string as_array = "[\n";
+    for (size_t p = 0, nl; (nl = alpaca.find('\n', p)) != std::string::npos; p = nl + 1) as_array += (p ? ",\n  " : "  ") + alpaca.substr(p, nl - p);
+    put(g_tmp + "/alpaca-array.json", as_array + ",\n  {\"instruction\": \"no input key\", \"output\": \"fine\"}\n]\n");
+    TokenizedData ar;
+    CHECK(data_load(g_tmp + "/alpaca-array.json", tok, opt, &ar, &err) && ar.ids == al.ids && ar.mask == al.mask && ar.start == al.start,
+          "a JSON array of records gives what its JSONL form gives: %s", err.c_str());
+    put(g_tmp + "/array-bad.json", "[{\"text\": \"fine\"}, {\"text\": 5}]");
+    CHECK(!data_load(g_tmp + "/array-bad.json", tok, opt, &ar, &err) && err.find("array-bad.json: element 1: \"text\" is not a string") != std::string::npos,
+          "a bad array element is named by its index: %s", err.c_str());
     put(g_tmp + "/alpaca-bad.jsonl", "{\"instruction\": 3, \"output\": \"x\"}\n");
     CHECK(!data_load(g_tmp + "/alpaca-bad.jsonl", tok, opt, &al, &err) &&
               err.find("alpaca-bad.jsonl:1: \"instruction\" and \"output\" (and \"input\" when present) must be strings") != std::string::npos,
