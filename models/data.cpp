@@ -57,7 +57,7 @@ std::string TokenizedData::describe() const {
     kind(n_text, "text");
     kind(n_chat, "chat");
     kind(n_prompt, "prompt/completion");
-    return std::to_string(n_docs()) + " documents (" + kinds + "), " + std::to_string(ids.size()) + " tokens, " +
+    return std::to_string(n_docs()) + (n_docs() == 1 ? " document (" : " documents (") + kinds + "), " + std::to_string(ids.size()) + " tokens, " +
            std::to_string(n_targets()) + " targets";
 }
 
