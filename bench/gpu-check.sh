@@ -119,7 +119,7 @@ fi
 if has fullmodels; then
   # the released configurations with random weights: transformers + peft on this GPU against forge's CUDA backend
   python3 tests/make-fixtures.py --full /tmp/full 2>&1 | grep -v Writing | tail -4 &&
-    FORGE_FIXTURES=/tmp/full FORGE_DEVICE=cuda build-gpu/test-models qwen2.5-0.5b qwen3-0.6b gemma-2b gemma2-2b 2>&1 | tee "$OUT/fullmodels.log" | tail -40 || rc=1
+    FORGE_FIXTURES=/tmp/full FORGE_DEVICE=cuda build-gpu/test-models qwen2.5-0.5b qwen3-0.6b gemma-2b gemma2-2b gemma3-1b 2>&1 | tee "$OUT/fullmodels.log" | tail -40 || rc=1
   stamp "full models done"
 fi
 if has finetune; then

@@ -1,5 +1,5 @@
 // examples/finetune.cpp - ./finetune: LoRA fine-tuning of a Qwen2 / Qwen2.5 / Qwen3 / Gemma /
-// Gemma2 model end to end, on forge's C API and the model layer (models/).
+// Gemma2 / Gemma3 model end to end, on forge's C API and the model layer (models/).
 //
 //   ./finetune -m qwen2.5-0.5b --data examples/data/forge-docs.jsonl --out runs/docs
 //
@@ -116,7 +116,7 @@ void info(const char *fmt, ...) {
 const char *kUsageText =
     "usage: finetune -m MODEL --data FILE [options]\n"
     "\n"
-    "LoRA fine-tuning of Qwen2/2.5/3 and Gemma/Gemma2 models; writes the adapter as PEFT\n"
+    "LoRA fine-tuning of Qwen2/2.5/3 and Gemma/Gemma2/Gemma3 models; writes the adapter as PEFT\n"
     "(adapter_config.json + adapter_model.safetensors) and as a llama.cpp GGUF LoRA (adapter.gguf).\n"
     "\n"
     "model and data:\n"

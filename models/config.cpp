@@ -1,7 +1,9 @@
 // models/config.cpp - ModelConfig from an HF config.json: the per-architecture switches of
 // models.md (Qwen2 q/k/v bias, Qwen3 q/k norm and head_dim, Gemma's (1+w) norms, GeGLU and
-// embedding scale, Gemma2's sandwich norms, softcaps, sliding window and query_pre_attn_scalar).
-// A model that is none of these is refused with a message naming its architecture.
+// embedding scale, Gemma2's sandwich norms, softcaps, sliding window and query_pre_attn_scalar;
+// Gemma3 (gemma3_text): Gemma2's layout without softcaps, with Qwen3's q/k norms, five sliding
+// layers in six and their own RoPE base). A model that is none of these is refused with a message
+// naming its architecture.
 #include "config.h"
 
 #include <cmath>
@@ -34,13 +36,14 @@ bool config_from_hf(const json::Value &cfg, const std::string &path, ModelConfig
     else if (type == "qwen3") c.arch = Arch::Qwen3;
     else if (type == "gemma") c.arch = Arch::Gemma;
     else if (type == "gemma2") c.arch = Arch::Gemma2;
+    else if (type == "gemma3_text") c.arch = Arch::Gemma3;
     else {
         std::string archs = cfg["architectures"].size() ? cfg["architectures"].at(0).get_string() : "";
         *err = path + ": model_type \"" + type + "\"" + (archs.empty() ? "" : " (" + archs + ")") +
-               " is not supported; forge runs qwen2 (Qwen2, Qwen2.5), qwen3, gemma and gemma2";
+               " is not supported; forge runs qwen2 (Qwen2, Qwen2.5), qwen3, gemma, gemma2 and gemma3_text (the text-only Gemma3)";
         return false;
     }
-    c.arch_name = type;
+    c.arch_name = c.arch == Arch::Gemma3 ? "gemma3" : type; // llama.cpp's name
     if (!need_int(cfg, "vocab_size", &c.vocab, path, err) || !need_int(cfg, "hidden_size", &c.hidden, path, err) ||
         !need_int(cfg, "num_hidden_layers", &c.n_layer, path, err) || !need_int(cfg, "num_attention_heads", &c.n_head, path, err) ||
         !need_int(cfg, "intermediate_size", &c.ffn, path, err))
@@ -53,15 +56,26 @@ bool config_from_hf(const json::Value &cfg, const std::string &path, ModelConfig
         return false;
     }
     c.rms_eps = (float)number(cfg, "rms_norm_eps", 1e-6);
-    // transformers v5 writes rope_parameters; older configs rope_theta
+    // transformers v5 writes rope_parameters (for Gemma3 one per layer type); older configs
+    // rope_theta, rope_local_base_freq and rope_scaling
     const json::Value &rp = cfg["rope_parameters"];
-    c.rope_theta = (float)(rp.is_object() && rp["rope_theta"].is_number() ? rp["rope_theta"].get_double() : number(cfg, "rope_theta", 10000.0));
-    bool gemma = c.arch == Arch::Gemma || c.arch == Arch::Gemma2;
+    const json::Value &rp_full = rp["full_attention"].is_object() ? rp["full_attention"] : rp, &rp_local = rp["sliding_attention"];
+    c.rope_theta = (float)(rp_full["rope_theta"].is_number() ? rp_full["rope_theta"].get_double() : number(cfg, "rope_theta", 10000.0));
+    if (c.arch == Arch::Gemma3)
+        c.rope_theta_local = (float)(rp_local["rope_theta"].is_number() ? rp_local["rope_theta"].get_double() : number(cfg, "rope_local_base_freq", 10000.0));
+    for (const json::Value *r : {&cfg["rope_scaling"], &rp_full, &rp_local}) {
+        const std::string kind = (*r)["rope_type"].get_string((*r)["type"].get_string("default"));
+        if (r->is_object() && kind != "default") {
+            *err = path + ": RoPE scaling \"" + kind + "\" is not supported (forge runs the default RoPE)";
+            return false;
+        }
+    }
+    bool gemma = arch_is_gemma(c.arch);
     c.tied = cfg["tie_word_embeddings"].get_bool(true);
     c.qkv_bias = c.arch == Arch::Qwen2 || cfg["attention_bias"].get_bool(false);
-    c.qk_norm = c.arch == Arch::Qwen3;
+    c.qk_norm = c.arch == Arch::Qwen3 || c.arch == Arch::Gemma3;
     c.norm_offset = gemma ? 1.0f : 0.0f;
-    c.sandwich_norms = c.arch == Arch::Gemma2;
+    c.sandwich_norms = c.arch == Arch::Gemma2 || c.arch == Arch::Gemma3;
     c.embed_scale = gemma;
     // Gemma: hidden_activation, else HF forces gelu_pytorch_tanh (models.md); Qwen: silu
     std::string act = gemma ? cfg["hidden_activation"].get_string("gelu_pytorch_tanh") : cfg["hidden_act"].get_string("silu");
@@ -72,11 +86,18 @@ bool config_from_hf(const json::Value &cfg, const std::string &path, ModelConfig
         return false;
     }
     c.attn_scale = 1.0f / std::sqrt((float)c.head_dim);
-    if (c.arch == Arch::Gemma2) {
-        c.attn_softcap = (float)number(cfg, "attn_logit_softcapping", 0.0);
+    if (c.arch == Arch::Gemma2 || c.arch == Arch::Gemma3) {
+        c.attn_softcap = (float)number(cfg, "attn_logit_softcapping", 0.0); // null in Gemma3's configs
         c.final_softcap = (float)number(cfg, "final_logit_softcapping", 0.0);
         c.sliding_window = (int)cfg["sliding_window"].get_int(0);
         c.attn_scale = 1.0f / std::sqrt((float)number(cfg, "query_pre_attn_scalar", (double)c.head_dim));
+        // which layers slide: layer_types, else Gemma2's even layers or Gemma3's sliding_window_pattern
+        // (every layer but each pattern-th)
+        const json::Value &types = cfg["layer_types"];
+        const int64_t pattern = c.arch == Arch::Gemma2 ? 2 : cfg["sliding_window_pattern"].get_int(6);
+        for (int64_t l = 0; l < c.n_layer; l++)
+            c.layer_sliding.push_back(types.size() == (size_t)c.n_layer ? types.at((size_t)l).get_string() == "sliding_attention"
+                                                                         : (l + 1) % pattern != 0);
     } else if (cfg["use_sliding_window"].get_bool(false)) {
         *err = path + ": use_sliding_window is set; forge runs Qwen models with full attention only";
         return false;

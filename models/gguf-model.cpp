@@ -51,9 +51,9 @@ bool config_from_gguf(const gguf_file &f, ModelConfig *out, std::string *err) {
     else if (arch == "qwen3") c.arch = Arch::Qwen3;
     else if (arch == "gemma") c.arch = Arch::Gemma;
     else if (arch == "gemma2") c.arch = Arch::Gemma2;
+    else if (arch == "gemma3") c.arch = Arch::Gemma3;
     else {
-        *err = f.name() + ": general.architecture '" + arch + "' is not supported" + (arch == "gemma3" ? " yet" : "") +
-               "; forge runs qwen2 (Qwen2, Qwen2.5), qwen3, gemma and gemma2";
+        *err = f.name() + ": general.architecture '" + arch + "' is not supported; forge runs qwen2 (Qwen2, Qwen2.5), qwen3, gemma, gemma2 and gemma3";
         return false;
     }
     c.arch_name = arch;
@@ -117,11 +117,11 @@ bool config_from_gguf(const gguf_file &f, ModelConfig *out, std::string *err) {
     }
     c.vocab = embd->ne[1]; // formats.md 3.3: never from metadata (Gemma3 truncates it)
     c.tied = f.find_tensor("output.weight") == nullptr;
-    bool gemma = c.arch == Arch::Gemma || c.arch == Arch::Gemma2;
+    bool gemma = arch_is_gemma(c.arch);
     c.qkv_bias = c.arch == Arch::Qwen2 || f.find_tensor("blk.0.attn_q.bias") != nullptr;
-    c.qk_norm = c.arch == Arch::Qwen3;
+    c.qk_norm = c.arch == Arch::Qwen3 || c.arch == Arch::Gemma3;
     c.norm_offset = 0.0f; // GGUF Gemma norms hold w + 1 already
-    c.sandwich_norms = c.arch == Arch::Gemma2;
+    c.sandwich_norms = c.arch == Arch::Gemma2 || c.arch == Arch::Gemma3;
     c.embed_scale = gemma;
     c.act = gemma ? FORGE_GLU_GEGLU_TANH : FORGE_GLU_SWIGLU;
     c.attn_scale = 1.0f / std::sqrt((float)c.head_dim);
@@ -134,6 +134,16 @@ bool config_from_gguf(const gguf_file &f, ModelConfig *out, std::string *err) {
             c.sliding_window = (int)u;
         }
         if (c.n_layer == 46) c.attn_scale = 1.0f / std::sqrt((float)(c.hidden / c.n_head)); // Gemma2 27B
+    }
+    if (c.arch == Arch::Gemma3) { // llama.cpp's: no softcaps, five sliding layers in six with a RoPE base of 10000
+        if (!f.get_u32(p + "attention.sliding_window", &u, err)) return false;
+        c.sliding_window = (int)u;
+        uint32_t pattern = 6;
+        if (f.has(p + "attention.sliding_window_pattern") && !f.get_u32(p + "attention.sliding_window_pattern", &pattern, err)) return false;
+        for (int64_t l = 0; l < c.n_layer; l++) c.layer_sliding.push_back(pattern > 0 && (l + 1) % pattern != 0);
+        c.rope_theta_local = 10000.0f;
+        if (f.has(p + "rope.freq_base_swa") && !f.get_f32(p + "rope.freq_base_swa", &c.rope_theta_local, err)) return false;
+        if (c.n_layer == 62) c.attn_scale = 1.0f / std::sqrt((float)(c.hidden / c.n_head)); // Gemma3 27B
     }
     if (f.has(p + "attention.scale") && !f.get_f32(p + "attention.scale", &c.attn_scale, err)) return false;
     for (auto k : {std::make_pair("tokenizer.ggml.bos_token_id", &c.bos), std::make_pair("tokenizer.ggml.eos_token_id", &c.eos)})
@@ -386,6 +396,23 @@ bool gguf_from_hf(const std::string &dir, const std::string &out_path, uint32_t 
         float derived = 1.0f / std::sqrt((float)(c.n_layer == 46 ? c.hidden / c.n_head : c.head_dim));
         if (c.attn_scale != derived) kvs.push_back(gguf_kv::f32(a + "attention.scale", c.attn_scale));
     }
+    if (c.arch == Arch::Gemma3) { // what llama.cpp takes for granted is written only where the model differs
+        kvs.push_back(gguf_kv::u32(a + "attention.sliding_window", (uint32_t)c.sliding_window));
+        uint32_t pattern = 0;
+        for (uint32_t n = 1; n <= (uint32_t)c.n_layer && !pattern; n++) {
+            bool fits = true;
+            for (int64_t l = 0; l < c.n_layer; l++) fits = fits && (c.layer_sliding[(size_t)l] != 0) == ((l + 1) % n != 0);
+            if (fits) pattern = n;
+        }
+        if (!pattern) {
+            *err = dir + "/config.json: layer_types is not a repeating pattern of sliding layers and one full-attention layer, which GGUF cannot describe";
+            return false;
+        }
+        if (pattern != 6) kvs.push_back(gguf_kv::u32(a + "attention.sliding_window_pattern", pattern));
+        if (c.rope_theta_local != 10000.0f) kvs.push_back(gguf_kv::f32(a + "rope.freq_base_swa", c.rope_theta_local));
+        float derived = 1.0f / std::sqrt((float)(c.n_layer == 62 ? c.hidden / c.n_head : c.head_dim));
+        if (c.attn_scale != derived) kvs.push_back(gguf_kv::f32(a + "attention.scale", c.attn_scale));
+    }
     kvs.push_back(gguf_kv::u32("general.file_type", file_type_of(out_type)));
     if (out_type == GGML_TYPE_Q8_0) kvs.push_back(gguf_kv::u32("general.quantization_version", 2));
     struct stat sb;
@@ -428,7 +455,7 @@ bool gguf_from_hf(const std::string &dir, const std::string &out_path, uint32_t 
         ts.push_back({blk(l, "ffn_down.weight"), L(l, "mlp.down_proj.weight"), H, c.ffn, false});
         if (c.sandwich_norms) ts.push_back({blk(l, "post_ffw_norm.weight"), L(l, "post_feedforward_layernorm.weight"), H, 0, true});
     }
-    const bool gemma = c.arch == Arch::Gemma || c.arch == Arch::Gemma2;
+    const bool gemma = arch_is_gemma(c.arch);
     std::vector<gguf_tensor_out> outs;
     for (const T &t : ts) {
         const SafetensorsTensor *st = ck->find(t.hf);

@@ -20,7 +20,7 @@
 namespace forge {
 
 // ModelConfig from a parsed GGUF file's metadata and tensor shapes. Architectures other than
-// qwen2, qwen3, gemma and gemma2 are refused by name (gemma3: "not supported yet").
+// qwen2, qwen3, gemma, gemma2 and gemma3 are refused by name.
 bool config_from_gguf(const gguf_file &f, ModelConfig *out, std::string *err);
 
 // Loads a GGUF model file: creates the model's tensors in ctx (frozen weights of type wtype)

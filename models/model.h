@@ -1,6 +1,6 @@
 // models/model.h - the decoder: its configuration (one struct with per-architecture switches),
 // its weights as forge tensors, LoRA adapters attached to any of q, k, v, o, gate, up, down, and
-// the graph builder shared by Qwen2 / Qwen2.5 / Qwen3 / Gemma / Gemma2.
+// the graph builder shared by Qwen2 / Qwen2.5 / Qwen3 / Gemma / Gemma2 / Gemma3 (text).
 //
 // Layout decisions (docs/models.md): q/k/v are one weight [hidden, (Hq + 2 Hkv) * head_dim] and
 // gate/up one weight [hidden, 2 * ffn], concatenated when loaded, so each is one GEMM; their LoRA
@@ -9,27 +9,32 @@
 
 #include "../forge.h"
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace forge {
 
-enum class Arch { Qwen2, Qwen3, Gemma, Gemma2 };
+enum class Arch { Qwen2, Qwen3, Gemma, Gemma2, Gemma3 };
+inline bool arch_is_gemma(Arch a) { return a == Arch::Gemma || a == Arch::Gemma2 || a == Arch::Gemma3; }
 
 struct ModelConfig {
     Arch arch = Arch::Qwen2;
-    std::string arch_name;      // "qwen2", "qwen3", "gemma", "gemma2"
+    std::string arch_name;      // "qwen2", "qwen3", "gemma", "gemma2", "gemma3"
     int64_t vocab = 0, hidden = 0, n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0, ffn = 0;
     float rms_eps = 1e-6f, rope_theta = 10000.0f;
+    float rope_theta_local = 0.0f; // Gemma3: RoPE base of the sliding-window layers (0: rope_theta)
     bool tied = true;           // lm_head = token embedding
     bool qkv_bias = false;      // Qwen2
-    bool qk_norm = false;       // Qwen3: per-head RMSNorm of q and k before RoPE
+    bool qk_norm = false;       // Qwen3, Gemma3: per-head RMSNorm of q and k before RoPE
     float norm_offset = 0.0f;   // Gemma: 1 when the norm weights are HF's raw w (GGUF stores w + 1)
-    bool sandwich_norms = false; // Gemma2: post-attention and post-feed-forward norms
+    bool sandwich_norms = false; // Gemma2, Gemma3: post-attention and post-feed-forward norms
     float attn_softcap = 0.0f, final_softcap = 0.0f; // Gemma2: 50, 30
-    int sliding_window = 0;     // Gemma2: on even layers
-    float attn_scale = 0.0f;    // 1/sqrt(head_dim), or query_pre_attn_scalar^-0.5 (Gemma2)
+    int sliding_window = 0;     // Gemma2, Gemma3: the window of the layers that slide
+    std::vector<uint8_t> layer_sliding; // 1 for a layer that slides (config's layer_types or pattern);
+                                        // empty: Gemma2's even layers
+    float attn_scale = 0.0f;    // 1/sqrt(head_dim), or query_pre_attn_scalar^-0.5 (Gemma2, Gemma3)
     bool embed_scale = false;   // Gemma: embeddings times sqrt(hidden) rounded to the activation type
     forge_glu_kind act = FORGE_GLU_SWIGLU;
     int bos = -1, eos = -1;

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Reference fixtures for the model tests, made with transformers + peft (run on the GPU machine).
 
-For each architecture (qwen2, qwen3, gemma, gemma2) this builds a small random-initialised model
+For each architecture (qwen2, qwen3, gemma, gemma2, gemma3) this builds a small random-initialised model
 with the real head layout and odd sizes, saves it with save_pretrained (config.json +
 model.safetensors), attaches a peft LoRA on all seven projections with a non-zero B, saves the
 adapter, and dumps into expected.safetensors: the input ids, the logits, the loss, the gradient of
 every LoRA tensor (PEFT names) and a 10-step AdamW loss trajectory on the same batch.
 
-    python3 tests/make-fixtures.py OUTDIR            # fp32 fixtures, committed as tests/fixtures/models/
+    python3 tests/make-fixtures.py OUTDIR [NAME...]  # fp32 fixtures (all, or the named), committed as tests/fixtures/models/
     python3 tests/make-fixtures.py --full OUTDIR     # the real configurations (random weights, not committed)
 """
 import json
@@ -38,6 +38,13 @@ CONFIGS = {
                    num_attention_heads=8, num_key_value_heads=4, head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0,
                    hidden_activation="gelu_pytorch_tanh", max_position_embeddings=64, query_pre_attn_scalar=24,
                    sliding_window=6, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    # Gemma3 (text): q/k norms, no softcaps; a window on layers 0 and 2 with their own RoPE base
+    "gemma3": dict(cls="Gemma3", config_cls="Gemma3TextConfig", vocab_size=419, hidden_size=88, intermediate_size=152,
+                   num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                   hidden_activation="gelu_pytorch_tanh", max_position_embeddings=64, query_pre_attn_scalar=24,
+                   sliding_window=6, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
 }
 # the released configurations (models.md, formats.md 4.4), random weights
 FULL = {
@@ -54,6 +61,11 @@ FULL = {
                       num_attention_heads=8, num_key_value_heads=4, head_dim=256, rms_norm_eps=1e-6, rope_theta=10000.0,
                       hidden_activation="gelu_pytorch_tanh", max_position_embeddings=8192, query_pre_attn_scalar=256,
                       sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    "gemma3-1b": dict(cls="Gemma3", config_cls="Gemma3TextConfig", vocab_size=262144, hidden_size=1152, intermediate_size=6912,
+                      num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256, rms_norm_eps=1e-6,
+                      hidden_activation="gelu_pytorch_tanh", max_position_embeddings=32768, query_pre_attn_scalar=256,
+                      sliding_window=512, rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                                           "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
 }
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -62,7 +74,7 @@ def make(name, spec, outdir, device):
     torch.manual_seed(1234)
     spec = dict(spec)
     cls = spec.pop("cls")
-    config = getattr(transformers, cls + "Config")(**spec)
+    config = getattr(transformers, spec.pop("config_cls", cls + "Config"))(**spec)
     config._attn_implementation = "eager"  # Gemma2's softcap is only in the eager path
     with torch.device(device):  # initialise where it runs: the full configurations are large
         model = getattr(transformers, cls + "ForCausalLM")(config).float()
@@ -119,6 +131,8 @@ def main():
     args = [a for a in sys.argv[1:] if a != "--full"]
     configs = FULL if "--full" in sys.argv else CONFIGS
     outdir = args[0] if args else "tests/fixtures/models"
+    if len(args) > 1:
+        configs = {n: configs[n] for n in args[1:]}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

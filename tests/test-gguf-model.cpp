@@ -187,7 +187,7 @@ static void test_errors() {
     if (rewrite(good, bad, [](auto &kvs, auto &) { set_kv(kvs, gguf_kv::u32("qwen2.embedding_length", 128)); }))
         expect_error(bad, {"tensor 'token_embd.weight' has shape [112, 397]", "implies [128, 397]"});
     if (rewrite(good, bad, [](auto &kvs, auto &) { set_kv(kvs, gguf_kv::string("general.architecture", "gemma3")); }))
-        expect_error(bad, {"general.architecture 'gemma3' is not supported yet"});
+        expect_error(bad, {"key 'gemma3.block_count' not found"}); // gemma3 is read, with its own keys
     if (rewrite(good, bad, [](auto &kvs, auto &) { set_kv(kvs, gguf_kv::string("general.architecture", "llama")); }))
         expect_error(bad, {"general.architecture 'llama' is not supported;"});
     if (rewrite(good, bad, [](auto &kvs, auto &) {
@@ -309,10 +309,10 @@ int main() {
     char tmpl[] = "/tmp/forge-gguf-model-XXXXXX";
     if (!mkdtemp(tmpl)) return 1;
     g_tmp = tmpl;
-    for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2"}) test_arch(arch);
+    for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2", "gemma3"}) test_arch(arch);
     test_errors();
     test_tokenizer_keys();
-    for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2"})
+    for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2", "gemma3"})
         for (const char *t : {"F32", "Q8_0"}) unlink((g_tmp + "/" + arch + "-" + t + ".gguf").c_str());
     rmdir(g_tmp.c_str());
     return test_finish("test-gguf-model");

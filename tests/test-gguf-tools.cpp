@@ -269,7 +269,7 @@ static bool logits(const std::string &path, bool gguf, const std::string &adapte
     return ok;
 }
 
-static const char *const kArchs[4] = {"qwen2", "qwen3", "gemma", "gemma2"};
+static const char *const kArchs[5] = {"qwen2", "qwen3", "gemma", "gemma2", "gemma3"};
 static std::string fixture(const char *arch) { return std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/models/" + arch; }
 
 // ---- gguf-convert ----------------------------------------------------------------------------

@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
     const char *dev = std::getenv("FORGE_DEVICE");
     bool cuda = dev && !std::strcmp(dev, "cuda");
     if (cuda && forge_cuda_device_count() == 0) { std::printf("FORGE_DEVICE=cuda but no CUDA device: skipped\n"); return 77; }
-    std::vector<const char *> archs = {"qwen2", "qwen3", "gemma", "gemma2"};
+    std::vector<const char *> archs = {"qwen2", "qwen3", "gemma", "gemma2", "gemma3"};
     if (argc > 1) archs.assign(argv + 1, argv + argc);
     // the HF directory, and (CPU, small fixtures) a GGUF converted from it
     for (const char *arch : archs) {
