@@ -1223,6 +1223,8 @@ int main(int argc, char **argv) {
              o.init_adapter.empty() ? "the base" : o.init_adapter.c_str(), r.eval_rows.size(), (long long)r.eval_targets, loss, std::exp(loss), 100 * acc);
         std::printf("{\"eval_loss\":%.9g,\"perplexity\":%.9g,\"eval_accuracy\":%.6g,\"rows\":%zu,\"targets\":%lld}\n", loss, std::exp(loss), acc,
                     r.eval_rows.size(), (long long)r.eval_targets);
+        forge_backend_free(r.be);
+        forge_ctx_free(r.ctx);
         return kOk;
     }
     if (rank0) { // the run directory is rank 0's
