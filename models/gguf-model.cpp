@@ -138,9 +138,19 @@ bool config_from_gguf(const gguf_file &f, ModelConfig *out, std::string *err) {
     if (c.arch == Arch::Gemma3) { // llama.cpp's: no softcaps, five sliding layers in six with a RoPE base of 10000
         if (!f.get_u32(p + "attention.sliding_window", &u, err)) return false;
         c.sliding_window = (int)u;
+        // the pattern: a count (every layer but each n-th slides) or one bool per layer (gguf-py writes either)
         uint32_t pattern = 6;
-        if (f.has(p + "attention.sliding_window_pattern") && !f.get_u32(p + "attention.sliding_window_pattern", &pattern, err)) return false;
-        for (int64_t l = 0; l < c.n_layer; l++) c.layer_sliding.push_back(pattern > 0 && (l + 1) % pattern != 0);
+        const gguf_kv *pk = f.find(p + "attention.sliding_window_pattern");
+        if (pk && pk->is_array()) {
+            if (pk->elem != GGUF_TYPE_BOOL || pk->n != (uint64_t)c.n_layer) {
+                *err = f.name() + ": key '" + pk->key + "' is not " + std::to_string(c.n_layer) + " BOOLs (one per layer)";
+                return false;
+            }
+            c.layer_sliding.assign(pk->raw.begin(), pk->raw.end());
+        } else {
+            if (pk && !f.get_u32(pk->key, &pattern, err)) return false;
+            for (int64_t l = 0; l < c.n_layer; l++) c.layer_sliding.push_back(pattern > 0 && (l + 1) % pattern != 0);
+        }
         c.rope_theta_local = 10000.0f;
         if (f.has(p + "rope.freq_base_swa") && !f.get_f32(p + "rope.freq_base_swa", &c.rope_theta_local, err)) return false;
         if (c.n_layer == 62) c.attn_scale = 1.0f / std::sqrt((float)(c.hidden / c.n_head)); // Gemma3 27B
@@ -404,11 +414,10 @@ bool gguf_from_hf(const std::string &dir, const std::string &out_path, uint32_t 
             for (int64_t l = 0; l < c.n_layer; l++) fits = fits && (c.layer_sliding[(size_t)l] != 0) == ((l + 1) % n != 0);
             if (fits) pattern = n;
         }
-        if (!pattern) {
-            *err = dir + "/config.json: layer_types is not a repeating pattern of sliding layers and one full-attention layer, which GGUF cannot describe";
-            return false;
-        }
-        if (pattern != 6) kvs.push_back(gguf_kv::u32(a + "attention.sliding_window_pattern", pattern));
+        if (!pattern) // not every n-th layer: one bool per layer
+            kvs.push_back(gguf_kv::arr(a + "attention.sliding_window_pattern", GGUF_TYPE_BOOL, c.layer_sliding.data(), c.layer_sliding.size()));
+        else if (pattern != 6)
+            kvs.push_back(gguf_kv::u32(a + "attention.sliding_window_pattern", pattern));
         if (c.rope_theta_local != 10000.0f) kvs.push_back(gguf_kv::f32(a + "rope.freq_base_swa", c.rope_theta_local));
         float derived = 1.0f / std::sqrt((float)(c.n_layer == 62 ? c.hidden / c.n_head : c.head_dim));
         if (c.attn_scale != derived) kvs.push_back(gguf_kv::f32(a + "attention.scale", c.attn_scale));

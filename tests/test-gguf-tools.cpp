@@ -288,6 +288,27 @@ static void test_convert() {
         CHECK(ok && d <= 1e-6, "%s: GGUF logits differ from the HF directory's: relative L2 %.3g", arch, d);
         std::printf("gguf-convert %-6s f32: logits relative L2 %.2g vs HF\n", arch, d);
     }
+    // Gemma3 whose layers slide in no every-n-th pattern: GGUF keeps one bool per layer, and the
+    // logits are the HF directory's
+    const std::string g3 = g_tmp + "/gemma3-irregular";
+    mkdir(g3.c_str(), 0755);
+    std::string cfg = read_file(fixture("gemma3") + "/config.json");
+    const std::string from = "\"sliding_attention\",\n    \"full_attention\",\n    \"sliding_attention\"";
+    const size_t at = cfg.find(from);
+    CHECK(at != std::string::npos, "gemma3 fixture: layer_types not found in config.json");
+    if (at != std::string::npos) {
+        write_bytes(g3 + "/config.json", cfg.replace(at, from.size(), "\"full_attention\", \"sliding_attention\", \"sliding_attention\""));
+        write_bytes(g3 + "/model.safetensors", read_file(fixture("gemma3") + "/model.safetensors"));
+        std::vector<float> hf, gl, regular;
+        std::string e;
+        int st = tool("gguf-convert", g3 + " -o " + g3 + ".gguf", &out, &err);
+        bool ok = st == 0 && logits(g3, false, "", &hf, &e) && logits(g3 + ".gguf", true, "", &gl, &e) && logits(fixture("gemma3"), false, "", &regular, &e);
+        std::unique_ptr<gguf_file> f = ok ? gguf_file::open(g3 + ".gguf", &e) : nullptr;
+        const gguf_kv *kv = f ? f->find("gemma3.attention.sliding_window_pattern") : nullptr;
+        CHECK(ok && kv && kv->is_array() && kv->n == 3 && kv->raw == std::vector<uint8_t>({0, 1, 1}) && rel_l2(gl, hf) <= 1e-6 && rel_l2(hf, regular) > 1e-3,
+              "gemma3, irregular sliding layers: %s, GGUF vs HF relative L2 %.3g (the layers' order moves the logits by %.3g)", e.c_str(),
+              rel_l2(gl, hf), rel_l2(hf, regular));
+    }
     // the other types, on the fixture with a tokenizer: they load and stay close
     const std::string tiny = std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen2";
     std::vector<float> hf;
