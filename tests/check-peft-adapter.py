@@ -3,8 +3,11 @@
 run wrote, as it is, and the logits of base + adapter must match the ones forge computed for the
 same tokens (./finetune --logits-out FILE writes them with their input ids).
 
-    ./finetune -m MODEL --data DATA --out RUN --logits-out RUN/logits.safetensors
-    python3 tests/check-peft-adapter.py RUN [--logits FILE] [--base HF_DIR_OR_ID]
+    ./finetune -m MODEL --data DATA --out RUN --logits-out RUN/logits.safetensors [--merge]
+    python3 tests/check-peft-adapter.py RUN [--logits FILE] [--base HF_DIR_OR_ID] [--merged DIR]
+
+With --merged (the HF directory of ./finetune --merge), transformers must load it as a plain model
+and give the same logits too, within the same tolerance.
 
 The base model is adapter_config.json's base_model_name_or_path unless --base is given. PEFT runs
 in fp32 (on the GPU when there is one). Tolerance on the relative L2 error of the logits: 1e-4 when
@@ -28,6 +31,7 @@ def main():
     ap.add_argument("run")
     ap.add_argument("--logits", default=None)
     ap.add_argument("--base", default=None)
+    ap.add_argument("--merged", default=None)
     a = ap.parse_args()
     with open(os.path.join(a.run, "adapter_config.json")) as f:
         cfg = json.load(f)
@@ -58,6 +62,13 @@ def main():
           f"max |diff| {(ours - theirs).abs().max().item():.3g}, argmax agreement {agree:.3f}; "
           f"the adapter moves the logits by {moved:.3g} (tolerance {tol:g})")
     ok = err <= tol and moved > tol
+    if a.merged:
+        merged = transformers.AutoModelForCausalLM.from_pretrained(a.merged, dtype=torch.float32).to(device).eval()
+        with torch.no_grad():
+            folded = merged(input_ids=ids.to(device)).logits.float().cpu()[..., : ours.shape[-1]]
+        merr = rel(ours, folded)
+        print(f"merged model {a.merged} in transformers {transformers.__version__}: relative L2 {merr:.3g} against forge's logits")
+        ok = ok and merr <= tol
     print("OK" if ok else "MISMATCH")
     return 0 if ok else 1
 
