@@ -12,7 +12,7 @@ Modes:
            is "eager" where Gemma2 declares no SDPA support: SDPA has no logit softcapping); the
            implementation actually used is recorded per run
   compile  torch.compile(peft_model), as baseline_hf.py does
-  liger    liger_kernel.transformers.apply_liger_kernel_to_{qwen2,qwen3,gemma2}() with its defaults
+  liger    liger_kernel.transformers.apply_liger_kernel_to_{qwen2,qwen3,gemma2,gemma3_text}() with its defaults
            (rope, rms_norm, swiglu/geglu, fused_linear_cross_entropy) called before the model is built
 Each (configuration, mode) runs in its own subprocess of this script (`--one CONFIG MODE`), so
 Liger's class patches and compile caches never leak into another run; the parent collects one JSON
@@ -33,7 +33,7 @@ update, as HF computes it: mean over B*(T-1) shifted targets), then times --step
 
 Usage: python3 bench/peers/step.py [--json FILE] [--configs LIST] [--modes LIST] [--steps N]
            [--curve-dir DIR] [--curve-steps N] [--deadline SECONDS] [--tiny]
-Configurations: MODEL:BxT, MODEL one of qwen2.5-0.5b, qwen3-0.6b, gemma2-2b. --tiny shrinks the
+Configurations: MODEL:BxT, MODEL one of qwen2.5-0.5b, qwen3-0.6b, gemma2-2b, gemma3-1b. --tiny shrinks the
 models (2 layers, hidden 64, vocab 1000), runs on the CPU at 1x32 with mode eager unless --modes
 says otherwise: a smoke test of everything but the GPU.
 """
@@ -74,6 +74,15 @@ MODELS = {
                               num_attention_heads=8, num_key_value_heads=4, head_dim=256, sliding_window=4096,
                               attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=256,
                               tie_word_embeddings=True),
+                      tiny=dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=2, num_key_value_heads=1, head_dim=32)),
+    # Gemma3 has no softcap, so SDPA is allowed; Liger's patch for the text-only model is gemma3_text
+    "gemma3-1b": dict(arch="gemma3_text", cfg="Gemma3TextConfig", cls="Gemma3ForCausalLM", attn="sdpa", scale=1.5,
+                      kw=dict(vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                              query_pre_attn_scalar=256, tie_word_embeddings=True,
+                              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                               "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
                       tiny=dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                 num_attention_heads=2, num_key_value_heads=1, head_dim=32)),
 }
