@@ -1,6 +1,7 @@
 // A whole LoRA training step (forward, fused cross-entropy, backward) of the decoder on the CUDA
-// backend against the CPU reference: the loss and every LoRA gradient, for a Qwen2.5-0.5B-shaped
-// and a Gemma2-shaped model with two layers. The CUDA run is captured and replayed as one CUDA
+// backend against the CPU reference: the loss and every LoRA gradient, for a Qwen2.5-0.5B-shaped,
+// a Gemma2-shaped and a Gemma3-1B-shaped model (a sliding and a global layer, (1+w) q/k norms,
+// two RoPE bases) with two layers. The CUDA run is captured and replayed as one CUDA
 // graph (the harness reports its node count and the one synchronisation at the end of the step).
 // The recompute cases mark GLU outputs FORGE_FLAG_RECOMPUTE (--recompute): the down projection's
 // backward makes its x again from gate/up (its fused dA kernel in bf16).
@@ -66,6 +67,11 @@ int main() {
     gemma2.vocab = 32000, gemma2.hidden = 2304, gemma2.n_layer = 2, gemma2.n_head = 8, gemma2.n_kv_head = 4, gemma2.head_dim = 256;
     gemma2.ffn = 9216, gemma2.norm_offset = 1.0f, gemma2.sandwich_norms = true, gemma2.attn_softcap = 50.0f, gemma2.final_softcap = 30.0f;
     gemma2.sliding_window = 64, gemma2.attn_scale = 1.0f / 16.0f, gemma2.embed_scale = true, gemma2.act = FORGE_GLU_GEGLU_TANH;
+    forge::ModelConfig gemma3 = gemma2; // Gemma3-1B's shapes, no softcaps, q/k norms, two RoPE bases
+    gemma3.arch = forge::Arch::Gemma3;
+    gemma3.arch_name = "gemma3";
+    gemma3.hidden = 1152, gemma3.n_head = 4, gemma3.n_kv_head = 1, gemma3.ffn = 6912, gemma3.attn_softcap = 0, gemma3.final_softcap = 0;
+    gemma3.qk_norm = true, gemma3.layer_sliding = {1, 0}, gemma3.rope_theta = 1e6f, gemma3.rope_theta_local = 1e4f;
 
     ConfOpts f32;
     f32.tol_f32 = 1e-3; // a whole step: long chains of fp32 sums in different orders
@@ -81,6 +87,7 @@ int main() {
     bf16.tol_f32 = 1e-3;
     conformance("step qwen2.5-0.5b x2 layers, bf16, 2 x 256", [&](forge_ctx *ctx) { return build_step(ctx, qwen, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 256, 2); }, bf16);
     conformance("step gemma2-2b x2 layers (32k vocab), bf16, 1 x 160", [&](forge_ctx *ctx) { return build_step(ctx, gemma2, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 160, 1); }, bf16);
+    conformance("step gemma3-1b x2 layers (32k vocab), bf16, 1 x 160", [&](forge_ctx *ctx) { return build_step(ctx, gemma3, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 160, 1); }, bf16);
     conformance("step qwen2.5-0.5b x2 layers, bf16, 2 x 256, recompute", [&](forge_ctx *ctx) { return build_step(ctx, qwen, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 256, 2, 2); }, bf16);
     conformance("step gemma2-2b x2 layers (32k vocab), bf16, 1 x 160, recompute 1", [&](forge_ctx *ctx) { return build_step(ctx, gemma2, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 160, 1, 1); }, bf16);
     return test_finish("test-cuda-step");
