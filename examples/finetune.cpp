@@ -174,6 +174,7 @@ const char *kUsageText =
     "                         loss.svg, training_args.json, checkpoint-N/\n"
     "  --save-every N         checkpoint every N steps (default 0: at the end only)\n"
     "  --save-total-limit N   keep only the N newest checkpoints (default 0: all)\n"
+    "  --save-best            keep the adapter of the lowest eval loss so far in <out>/best (with best.json)\n"
     "  --resume [DIR]         continue from a checkpoint (DIR, or the latest in --out) exactly\n"
     "  --base-model NAME      base_model_name_or_path written to adapter_config.json\n"
     "  --logits-out FILE      after training, write the logits of one eval row (with its ids) to a\n"
@@ -214,7 +215,7 @@ struct Options {
     int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
     bool rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false, merge_flag = false;
     bool lora_given = false; // --lora-r, --lora-alpha, --lora-targets or --rslora on the command line
-    bool eval_only = false;
+    bool eval_only = false, save_best = false;
 };
 
 int64_t parse_int(const std::string &opt, const char *s, int64_t lo) {
@@ -276,6 +277,7 @@ Options parse_args(int argc, char **argv) {
         else if (a == "--eval-every") o.eval_every = parse_int(a, val(), 0);
         else if (a == "--save-every") o.save_every = parse_int(a, val(), 0);
         else if (a == "--save-total-limit") o.save_total_limit = parse_int(a, val(), 0);
+        else if (a == "--save-best") o.save_best = true;
         else if (a == "--log-every") o.log_every = parse_int(a, val(), 1);
         else if (a == "--out") o.out = val();
         else if (a == "--resume") {
@@ -887,6 +889,21 @@ void save_checkpoint(Run &r, int64_t step, int64_t rows_done) {
     }
 }
 
+// <out>/best: the adapter in both formats and best.json (step, eval loss), replacing the last one
+// (written to a temporary directory renamed into place).
+void save_best(Run &r, int64_t step, double eval_loss) {
+    std::string err, dir = r.o.out + "/best", tmp = r.o.out + "/.best.tmp", old = r.o.out + "/.best.old";
+    remove_dir(tmp), remove_dir(old);
+    char js[128];
+    std::snprintf(js, sizeof js, "{\"step\": %lld, \"eval_loss\": %.9g}\n", (long long)step, eval_loss);
+    if (mkdir(tmp.c_str(), 0755) != 0 || !adapter_write_peft(r.lm.m, tmp, r.rm.base_name, &err) ||
+        !adapter_write_gguf(r.lm.m, tmp + "/adapter.gguf", &err) || !write_atomic(tmp + "/best.json", js, &err))
+        die(kError, "writing %s: %s", dir.c_str(), err.empty() ? std::strerror(errno) : err.c_str());
+    if ((is_dir(dir) && std::rename(dir.c_str(), old.c_str()) != 0) || std::rename(tmp.c_str(), dir.c_str()) != 0)
+        die(kError, "%s: cannot rename to %s: %s", tmp.c_str(), dir.c_str(), std::strerror(errno));
+    remove_dir(old);
+}
+
 void write_logits(Run &r) {
     const int64_t T = std::min<int64_t>(r.o.seq_len, 64);
     const std::vector<Row> &rows = r.eval_rows.empty() ? r.train_rows : r.eval_rows;
@@ -1050,8 +1067,12 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
                 std::snprintf(line, sizeof line, "the eval loss after the update is %g", last_eval);
                 stop_non_finite(r, step, line, open_line, false);
             }
+            double best = INFINITY; // the lowest eval after a step, before this one
+            for (const Point &p : r.metrics.eval)
+                if (p.step > 0) best = std::min(best, p.value);
             std::snprintf(line, sizeof line, "{\"step\":%lld,\"eval_loss\":%.9g,\"eval_accuracy\":%.6g}", (long long)step, last_eval, acc);
             r.metrics.add(line);
+            if (o.save_best && last_eval < best) save_best(r, step, last_eval);
         }
         const double eta = timed_steps ? elapsed / (double)timed_steps * (double)(r.total_steps - step) : 0;
         char eval_s[32] = "-";
@@ -1099,6 +1120,12 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
          "        metrics.jsonl, loss.svg, training_args.json, %s\n",
          o.out.c_str(), o.out.c_str(), r.last_ckpt.c_str());
     if (!o.merge.empty()) info("        %s: the base with the adapter merged\n", o.merge.c_str());
+    if (o.save_best && is_dir(o.out + "/best")) {
+        Point kept{0, INFINITY}; // the lowest eval after a step (the eval before the first step has no adapter to keep)
+        for (const Point &p : r.metrics.eval)
+            if (p.step > 0 && p.value < kept.value) kept = p;
+        info("        %s/best: the adapter of step %lld, the lowest eval loss after a step (%.4f)\n", o.out.c_str(), (long long)kept.step, kept.value);
+    }
 }
 
 } // namespace

@@ -668,6 +668,19 @@ int main() {
     // --data twice: both files, one after the other
     r = run(common + "--data " + data + " --data " + g_tmp + "/chat.jsonl --steps 1 --out " + g_tmp + "/two-files");
     CHECK(r.rc == 0 && has(r, "together: 56 documents (32 text, 24 chat)"), "two --data files: exit %d\n%s", r.rc, r.out.c_str());
+    // --save-best: best/ holds the adapter of the lowest eval after a step, named in best.json
+    r = run(common + "--data " + data + " --steps 9 --lr 3e-2 --eval-every 3 --save-best --out " + g_tmp + "/best");
+    {
+        std::map<int64_t, double> ev = metric(g_tmp + "/best/metrics.jsonl", "eval_loss");
+        int64_t want = 0;
+        for (const auto &e : ev)
+            if (e.first > 0 && (want == 0 || e.second < ev[want])) want = e.first;
+        json::Value bj;
+        CHECK(r.rc == 0 && ev.size() == 4 && json::parse_file(g_tmp + "/best/best/best.json", &bj, &err) && bj["step"].get_int() == want &&
+                  bj["eval_loss"].get_double() == ev[want] && exists(g_tmp + "/best/best/adapter.gguf") &&
+                  exists(g_tmp + "/best/best/adapter_model.safetensors") && !exists(g_tmp + "/best/.best.tmp"),
+              "--save-best: best.json step %lld, want %lld (exit %d)\n%s", (long long)bj["step"].get_int(), (long long)want, r.rc, r.out.c_str());
+    }
     test_interrupt(common + "--data " + data);
     r = run(common + "--data " + data + " --eval-split 0 --steps 7 --save-every 2 --save-total-limit 2 --out " + g_tmp + "/limit");
     CHECK(r.rc == 0 && !exists(g_tmp + "/limit/checkpoint-2") && !exists(g_tmp + "/limit/checkpoint-4") && exists(g_tmp + "/limit/checkpoint-6") &&
