@@ -97,7 +97,7 @@ bool config_from_hf(const json::Value &cfg, const std::string &path, ModelConfig
         const int64_t pattern = c.arch == Arch::Gemma2 ? 2 : cfg["sliding_window_pattern"].get_int(6);
         for (int64_t l = 0; l < c.n_layer; l++)
             c.layer_sliding.push_back(types.size() == (size_t)c.n_layer ? types.at((size_t)l).get_string() == "sliding_attention"
-                                                                         : (l + 1) % pattern != 0);
+                                                                         : pattern > 0 && (l + 1) % pattern != 0);
     } else if (cfg["use_sliding_window"].get_bool(false)) {
         *err = path + ": use_sliding_window is set; forge runs Qwen models with full attention only";
         return false;

@@ -242,15 +242,16 @@ LayerQKV model_layer_qkv(Model &m, int l, forge_tensor *h, forge_tensor *pos, in
         q = model_norm(m, q, y.q_norm);
         k = model_norm(m, k, y.k_norm);
     }
-    const float theta = c.rope_theta_local > 0 && model_layer_window(m, l) > 0 ? c.rope_theta_local : c.rope_theta;
+    const float theta = c.rope_theta_local > 0 && model_layer_slides(m, l) ? c.rope_theta_local : c.rope_theta;
     return {forge_rope(ctx, q, pos, (int)D, theta), forge_rope(ctx, k, pos, (int)D, theta), v};
 }
 
-int model_layer_window(const Model &m, int l) {
+bool model_layer_slides(const Model &m, int l) {
     const ModelConfig &c = m.cfg;
-    const bool slides = c.layer_sliding.empty() ? l % 2 == 0 : c.layer_sliding[(size_t)l] != 0;
-    return c.sliding_window > 0 && slides ? c.sliding_window : 0;
+    return c.layer_sliding.empty() ? l % 2 == 0 : c.layer_sliding[(size_t)l] != 0;
 }
+
+int model_layer_window(const Model &m, int l) { return m.cfg.sliding_window > 0 && model_layer_slides(m, l) ? m.cfg.sliding_window : 0; }
 
 forge_tensor *model_layer_out(Model &m, int l, forge_tensor *h, forge_tensor *attn, int64_t T, int64_t B) {
     forge_ctx *ctx = m.ctx;

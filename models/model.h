@@ -137,6 +137,9 @@ struct LayerQKV {
 };
 forge_tensor *model_embed(Model &m, forge_tensor *ids, forge_type act);
 LayerQKV model_layer_qkv(Model &m, int l, forge_tensor *h, forge_tensor *pos, int64_t T, int64_t B);
+// Whether layer l is one of the sliding-window layers (which take rope_theta_local when set), and
+// its window (0: full attention).
+bool model_layer_slides(const Model &m, int l);
 int model_layer_window(const Model &m, int l);
 forge_tensor *model_layer_out(Model &m, int l, forge_tensor *h, forge_tensor *attn, int64_t T, int64_t B);
 forge_tensor *model_norm(Model &m, forge_tensor *x, forge_tensor *w);
