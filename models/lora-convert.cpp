@@ -40,9 +40,6 @@ static bool fail(std::string *err, const std::string &msg) {
     return false;
 }
 
-
-
-
 // "model.layers.N.<group>.<proj>" or "lm_head" -> layer and module index.
 static bool parse_module(const std::string &m, int *layer, int *kind) {
     if (m == "lm_head") return *layer = -1, *kind = kLmHead, true;
@@ -335,7 +332,7 @@ bool lora_write_gguf(LoraFile &ad, const std::string &arch, const std::string &t
         folded++;
     }
     if (folded)
-        std::fprintf(stderr, "gguf-lora: note: GGUF LoRA has one alpha; the scale of %d of %zu modules is folded into their lora_b "
+        std::fprintf(stderr, "note: GGUF LoRA has one alpha; the scale of %d of %zu modules is folded into their lora_b "
                              "(alpha %g); to-peft will give an equivalent plain-LoRA configuration\n",
                      folded, ad.pairs.size(), (double)alpha);
     std::vector<gguf_kv> kvs = {gguf_kv::string("general.architecture", arch), gguf_kv::string("general.type", "adapter"),
@@ -449,7 +446,7 @@ bool lora_write_peft(const LoraFile &ad, const std::string &dir, const std::stri
             const double s = ad.config["use_rslora"].get_bool(false) ? alpha / std::sqrt(r) : alpha / r;
             stored_ok = stored_ok && e.empty() && r == (double)p.r() && std::fabs(s - p.scale) <= 1e-6 * std::fabs(s);
         }
-        if (!stored_ok) std::fprintf(stderr, "gguf-lora: note: %s: key %s does not match the tensors; writing a derived configuration\n", ad.source.c_str(), kConfigKey);
+        if (!stored_ok) std::fprintf(stderr, "note: %s: key %s does not match the tensors; writing a derived configuration\n", ad.source.c_str(), kConfigKey);
     }
     if (stored_ok) {
         config = ad.config;
