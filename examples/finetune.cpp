@@ -308,6 +308,8 @@ Options parse_args(int argc, char **argv) {
     if (o.lr_schedule != "cosine" && o.lr_schedule != "linear" && o.lr_schedule != "constant")
         die(kUsage, "--lr-schedule: '%s' is not cosine, linear or constant", o.lr_schedule.c_str());
     if (o.eval_split >= 1.0) die(kUsage, "--eval-split: %g leaves nothing to train on (must be < 1)", o.eval_split);
+    if (o.eval_only && (o.merge_flag || o.resume_flag || o.save_best || o.save_every))
+        die(kUsage, "--eval-only takes no step: --merge, --resume, --save-best and --save-every do not apply (--init-adapter picks the adapter)");
     if (!o.init_adapter.empty() && o.lora_given)
         die(kUsage, "--init-adapter: the rank, alpha, targets and rsLoRA come from the adapter; drop --lora-r, --lora-alpha, --lora-targets "
                     "and --rslora");
