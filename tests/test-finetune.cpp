@@ -724,6 +724,7 @@ int main() {
     expect_fail("partial q/k/v", common + "--data " + data + " --lora-targets q,v" + out, 2, {"adapts all three or none"});
     expect_fail("gate without up", common + "--data " + data + " --lora-targets gate" + out, 2, {"adapts both or neither"});
     expect_fail("bad number", common + "--data " + data + " --lr fast" + out, 2, {"--lr: 'fast' is not a number"});
+    expect_fail("eval only with merge", common + "--data " + data + " --eval-only --merge" + out, 2, {"--eval-only takes no step"});
     expect_fail("bad schedule", common + "--data " + data + " --lr-schedule step" + out, 2, {"--lr-schedule: 'step' is not cosine, linear or constant"});
     expect_fail("merge a GGUF base into a directory", "-m " + g_tmp + "/tiny-F32.gguf --data " + data + " --merge " + g_tmp + "/m" + out, 2,
                 {"--merge: " + g_tmp + "/m: the base " + g_tmp + "/tiny-F32.gguf is a GGUF file, so the merged model is written as GGUF"});
