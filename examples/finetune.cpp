@@ -175,6 +175,8 @@ const char *kUsageText =
     "  --save-total-limit N   keep only the N newest checkpoints (default 0: all)\n"
     "  --save-best            keep the adapter of the lowest eval loss so far in <out>/best (with best.json)\n"
     "  --resume [DIR]         continue from a checkpoint (DIR, or the latest in --out) exactly\n"
+    "  --extend               with --resume: train to a new --steps / --epochs (the learning-rate\n"
+    "                         schedule is laid out again over the new length from the checkpoint's step)\n"
     "  --base-model NAME      base_model_name_or_path written to adapter_config.json\n"
     "  --logits-out FILE      after training, write the logits of one eval row (with its ids) to a\n"
     "                         safetensors file, to compare with PEFT (tests/check-peft-adapter.py)\n"
@@ -214,7 +216,7 @@ struct Options {
     int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
     bool rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false, merge_flag = false;
     bool lora_given = false; // --lora-r, --lora-alpha, --lora-targets or --rslora on the command line
-    bool eval_only = false, save_best = false;
+    bool eval_only = false, save_best = false, extend = false;
 };
 
 int64_t parse_int(const std::string &opt, const char *s, int64_t lo) {
@@ -277,6 +279,7 @@ Options parse_args(int argc, char **argv) {
         else if (a == "--save-every") o.save_every = parse_int(a, val(), 0);
         else if (a == "--save-total-limit") o.save_total_limit = parse_int(a, val(), 0);
         else if (a == "--save-best") o.save_best = true;
+        else if (a == "--extend") o.extend = true;
         else if (a == "--log-every") o.log_every = parse_int(a, val(), 1);
         else if (a == "--out") o.out = val();
         else if (a == "--resume") {
@@ -309,6 +312,7 @@ Options parse_args(int argc, char **argv) {
     if (o.eval_split >= 1.0) die(kUsage, "--eval-split: %g leaves nothing to train on (must be < 1)", o.eval_split);
     if (o.eval_only && (o.merge_flag || o.resume_flag || o.save_best || o.save_every))
         die(kUsage, "--eval-only takes no step: --merge, --resume, --save-best and --save-every do not apply (--init-adapter picks the adapter)");
+    if (o.extend && !o.resume_flag) die(kUsage, "--extend continues a run: it needs --resume");
     if (!o.init_adapter.empty() && o.lora_given)
         die(kUsage, "--init-adapter: the rank, alpha, targets and rsLoRA come from the adapter; drop --lora-r, --lora-alpha, --lora-targets "
                     "and --rslora");
@@ -744,8 +748,9 @@ std::string config_json(const Run &r) {
     return json::write(c, -1);
 }
 
-// The options that must match for --resume to continue a run exactly.
-void check_resume_config(const std::string &ckpt, const std::string &saved, const std::string &now) {
+// The options that must match for --resume to continue a run exactly (with extend, the run's
+// length and what follows from it, the warm-up, may differ).
+void check_resume_config(const std::string &ckpt, const std::string &saved, const std::string &now, bool extend) {
     json::Value a, b;
     std::string err;
     if (!json::parse(saved, &a, &err) || !json::parse(now, &b, &err)) die(kError, "%s: the saved configuration is unreadable: %s", ckpt.c_str(), err.c_str());
@@ -755,7 +760,7 @@ void check_resume_config(const std::string &ckpt, const std::string &saved, cons
                     "(forge-run -n %lld)", ckpt.c_str(), (long long)saved_world, (long long)world, (long long)saved_world);
     for (const char *k : {"arch", "data_key", "eval_split", "text_split", "chat_template", "seq_len", "packing", "lora_r", "lora_alpha", "rslora",
                           "lora_targets", "lr", "warmup", "schedule", "weight_decay", "clip", "batch", "grad_accum", "steps", "seed", "dtype"}) {
-        if (a[k] == b[k]) continue;
+        if (a[k] == b[k] || (extend && (!std::strcmp(k, "steps") || !std::strcmp(k, "warmup")))) continue;
         if (!std::strcmp(k, "data_key"))
             die(kError, "--resume %s: the training data (or the tokenizer) differs from the checkpoint's run; resume on the same data",
                 ckpt.c_str());
@@ -1218,7 +1223,13 @@ int main(int argc, char **argv) {
     if (!ckpt.empty()) {
         TrainState st;
         if (!checkpoint_read_state(ckpt + "/state.safetensors", &st, &err)) die(kError, "%s", err.c_str());
-        check_resume_config(ckpt, st.config, cfg);
+        check_resume_config(ckpt, st.config, cfg, o.extend);
+        json::Value saved;
+        if (o.extend && o.warmup < 0 && json::parse(st.config, &saved, &err)) { // the warm-up the run had, not 3% of the new length
+            r.warmup = std::min(saved["warmup"].get_int(r.warmup), r.total_steps);
+            info("extend  %lld -> %lld steps; warm-up %lld as before, then %s over the new length\n", (long long)saved["steps"].get_int(0),
+                 (long long)r.total_steps, (long long)r.warmup, o.lr_schedule.c_str());
+        }
         if (!checkpoint_load(r.lm.m, r.g, ckpt + "/state.safetensors", &st, &err)) die(kError, "%s", err.c_str());
         start_step = st.step, rows_done = st.rows_done;
         std::string text;
@@ -1234,7 +1245,9 @@ int main(int argc, char **argv) {
                      "uninterrupted one, not bit for bit\n",
                      algos.c_str(), n == -1 ? "unreadable or malformed" : "written on another GPU or cuBLASLt version");
         }
-        if (start_step >= r.total_steps) die(kError, "--resume %s: the run is already complete (%lld of %lld steps)", ckpt.c_str(), (long long)start_step, (long long)r.total_steps);
+        if (start_step >= r.total_steps)
+            die(kError, "--resume %s: the run is already complete (%lld of %lld steps); train further with --extend and a larger --steps",
+                ckpt.c_str(), (long long)start_step, (long long)r.total_steps);
     } else if (!o.init_adapter.empty()) {
         if (!(is_dir(o.init_adapter) ? model_load_peft(r.lm.m, o.init_adapter, &err) : adapter_load_gguf(r.lm.m, o.init_adapter, &err)))
             die(kError, "--init-adapter: %s", err.c_str());

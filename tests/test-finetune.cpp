@@ -686,6 +686,15 @@ int main() {
     CHECK(r.rc == 0 && !exists(g_tmp + "/limit/checkpoint-2") && !exists(g_tmp + "/limit/checkpoint-4") && exists(g_tmp + "/limit/checkpoint-6") &&
               exists(g_tmp + "/limit/checkpoint-7/state.safetensors"),
           "--save-total-limit 2 keeps checkpoint-6 and -7 only (exit %d)\n%s", r.rc, r.out.c_str());
+    // --extend: a finished 30-step run continues to 40 steps from its last checkpoint; without it
+    // the different --steps is refused
+    const std::string train40 = common + "--data " + data + " --steps 40 --lr 1e-2 --save-every 10 --eval-every 10 ";
+    expect_fail("resume to more steps without --extend", train40 + "--out " + g_tmp + "/ext --resume " + run1 + "/checkpoint-30", 1,
+                {"the checkpoint was trained with steps = 30, this run has steps = 40"});
+    r = run(train40 + "--out " + g_tmp + "/ext --resume " + run1 + "/checkpoint-30 --extend");
+    std::map<int64_t, double> ext = metric(g_tmp + "/ext/metrics.jsonl", "loss");
+    CHECK(r.rc == 0 && has(r, "extend  30 -> 40 steps") && ext.size() == 40 && ext[30] == loss[30] && exists(g_tmp + "/ext/checkpoint-40/state.safetensors"),
+          "--extend: exit %d, %zu steps logged\n%s", r.rc, ext.size(), r.out.c_str());
     expect_fail("an existing run without --resume", train + "--out " + run1, 1, {"already holds a run; continue it with --resume"});
 
     // gradient accumulation is exact; $FORGE_MODELS resolves a name; chat and prompt/completion data train
