@@ -158,13 +158,29 @@ struct Builder {
         std::vector<ChatMessage> m;
         for (size_t i = 0; i < msgs.size(); i++) {
             const json::Value &x = msgs.at(i);
-            if (!x[role].is_string() || !x[content].is_string())
-                return fail(err, std::string(list) + "[" + std::to_string(i) + "] needs string \"" + role + "\" and \"" + content + "\"");
-            std::string r = x[role].str();
+            const std::string at = std::string(list) + "[" + std::to_string(i) + "]";
+            if (!x[role].is_string() || !(x[content].is_string() || (!sharegpt && x[content].is_array())))
+                return fail(err, at + " needs string \"" + role + "\" and \"" + content + "\"" + (sharegpt ? "" : " (or a list of text parts)"));
+            std::string r = x[role].str(), text;
             if (sharegpt) r = r == "human" ? "user" : r == "gpt" ? "assistant" : r;
-            m.push_back({r, x[content].str(), x["reasoning_content"].get_string()});
+            if (!text_parts(x[content], at, &text, err)) return false;
+            m.push_back({r, text, x["reasoning_content"].get_string()});
         }
         return chat(m, err);
+    }
+    // A message's content: a string, or (OpenAI's form) a list of parts {"type": "text", "text": ...},
+    // joined as the chat templates join them. Other parts (images, audio) are refused by name.
+    static bool text_parts(const json::Value &c, const std::string &at, std::string *out, std::string *err) {
+        if (c.is_string()) return *out = c.str(), true;
+        for (size_t j = 0; j < c.size(); j++) {
+            const json::Value &p = c.at(j);
+            const std::string type = p["type"].get_string();
+            if (type != "text" || !p["text"].is_string())
+                return fail(err, at + ".content[" + std::to_string(j) + "] is " + (type.empty() ? std::string("not a text part") : "a \"" + type + "\" part") +
+                                     "; forge trains on text only");
+            *out += p["text"].str();
+        }
+        return true;
     }
     // Alpaca: the instruction (and the input, after a blank line, when there is one) as the
     // user's message, the output as the assistant's

@@ -190,6 +190,20 @@ static void test_data() {
     put(g_tmp + "/array-bad.json", "[{\"text\": \"fine\"}, {\"text\": 5}]");
     CHECK(!data_load(g_tmp + "/array-bad.json", tok, opt, &ar, &err) && err.find("array-bad.json: element 1: \"text\" is not a string") != std::string::npos,
           "a bad array element is named by its index: %s", err.c_str());
+    // content as a list of text parts (OpenAI's form) is its parts joined; other parts are refused
+    put(g_tmp + "/parts.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Say what \"}, "
+                                "{\"type\": \"text\", \"text\": \"forge is.\"}]}, {\"role\": \"assistant\", \"content\": [{\"type\": \"text\", "
+                                "\"text\": \"A LoRA fine-tuning engine.\"}]}]}\n");
+    put(g_tmp + "/parts-str.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"Say what forge is.\"}, {\"role\": \"assistant\", "
+                                    "\"content\": \"A LoRA fine-tuning engine.\"}]}\n");
+    TokenizedData pa, ps;
+    CHECK(data_load(g_tmp + "/parts.jsonl", tok, opt, &pa, &err) && data_load(g_tmp + "/parts-str.jsonl", tok, opt, &ps, &err) && pa.ids == ps.ids &&
+              pa.mask == ps.mask,
+          "text parts give what the joined string gives: %s", err.c_str());
+    put(g_tmp + "/parts-bad.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"url\": \"x.png\"}]}]}\n");
+    CHECK(!data_load(g_tmp + "/parts-bad.jsonl", tok, opt, &pa, &err) &&
+              err.find("parts-bad.jsonl:1: messages[0].content[0] is a \"image\" part; forge trains on text only") != std::string::npos,
+          "an image part is refused by name: %s", err.c_str());
     put(g_tmp + "/alpaca-bad.jsonl", "{\"instruction\": 3, \"output\": \"x\"}\n");
     CHECK(!data_load(g_tmp + "/alpaca-bad.jsonl", tok, opt, &al, &err) &&
               err.find("alpaca-bad.jsonl:1: \"instruction\" and \"output\" (and \"input\" when present) must be strings") != std::string::npos,
