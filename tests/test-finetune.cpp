@@ -204,6 +204,13 @@ static void test_data() {
     CHECK(!data_load(g_tmp + "/parts-bad.jsonl", tok, opt, &pa, &err) &&
               err.find("parts-bad.jsonl:1: messages[0].content[0] is a \"image\" part; forge trains on text only") != std::string::npos,
           "an image part is refused by name: %s", err.c_str());
+    // files that are not text: refused by name, not tokenised as bytes
+    put(g_tmp + "/d.parquet", std::string("PAR1\0\x15", 6));
+    CHECK(!data_load(g_tmp + "/d.parquet", tok, opt, &pa, &err) && err.find("d.parquet: parquet files are not read; write the dataset as JSONL") != std::string::npos,
+          "a parquet file is refused: %s", err.c_str());
+    put(g_tmp + "/d.bin", std::string("text\0more", 9));
+    CHECK(!data_load(g_tmp + "/d.bin", tok, opt, &pa, &err) && err.find("d.bin: holds NUL bytes at byte 4") != std::string::npos,
+          "a binary file is refused: %s", err.c_str());
     put(g_tmp + "/alpaca-bad.jsonl", "{\"instruction\": 3, \"output\": \"x\"}\n");
     CHECK(!data_load(g_tmp + "/alpaca-bad.jsonl", tok, opt, &al, &err) &&
               err.find("alpaca-bad.jsonl:1: \"instruction\" and \"output\" (and \"input\" when present) must be strings") != std::string::npos,
