@@ -3,7 +3,9 @@
 //   ./generate -m MODEL(.gguf | HF dir | name) [--lora DIR | FILE.gguf] -p PROMPT [-n N] [--temp T]
 //              [--top-k K] [--top-p P] [--seed S] [--chat] [--device cpu|cuda]
 // The continuation streams to stdout; the token counts and speed go to stderr. --chat wraps the
-// prompt as one user turn with the model's chat template (and stops at its end-of-turn token).
+// prompt as one user turn with the model's chat template (and stops at its end-of-turn token);
+// -i chats turn after turn, a line of stdin each, the whole conversation fed again each turn in
+// pieces of 64 tokens (so at most 65 step graphs, whatever the turns' lengths) within --ctx.
 // The CPU runs f32 weights and activations, CUDA bf16.
 #include "../models/adapter.h"
 #include "../models/config.h"
@@ -35,6 +37,8 @@ const char *kUsage =
     "  --top-p P         keep the smallest set with probability >= P (default 1 = all)\n"
     "  --seed S          seed of the sampler (default 0)\n"
     "  --chat            wrap the prompt as a user turn with the model's chat template\n"
+    "  -i                chat: one user turn per line of stdin (-p, when given, is the first), until EOF\n"
+    "  --ctx N           -i: positions for the whole conversation (default 2048)\n"
     "  --device cpu|cuda (default cuda when a GPU is present, else cpu)\n";
 
 [[noreturn]] void die(const std::string &msg) {
@@ -61,8 +65,8 @@ long long integer(const char *opt, const char *v, long long lo, long long hi) {
 
 int main(int argc, char **argv) {
     std::string model_path, lora, prompt, device = forge_cuda_device_count() > 0 ? "cuda" : "cpu";
-    bool have_prompt = false, chat = false;
-    long long n_new = 32;
+    bool have_prompt = false, chat = false, interactive = false;
+    long long n_new = 32, ctx_len = 2048;
     SamplingParams sp;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -70,11 +74,11 @@ int main(int argc, char **argv) {
             std::fputs(kUsage, stdout);
             return 0;
         }
-        if (a == "--chat") {
-            chat = true;
+        if (a == "--chat" || a == "-i") {
+            chat = true, interactive = interactive || a == "-i";
             continue;
         }
-        static const char *const kWithValue[] = {"-m", "-p", "--lora", "-n", "--temp", "--top-k", "--top-p", "--seed", "--device"};
+        static const char *const kWithValue[] = {"-m", "-p", "--lora", "-n", "--temp", "--top-k", "--top-p", "--seed", "--device", "--ctx"};
         bool known = false;
         for (const char *k : kWithValue) known = known || a == k;
         if (!known) die("unknown option '" + a + "'\n" + kUsage);
@@ -88,13 +92,14 @@ int main(int argc, char **argv) {
         else if (a == "--top-k") sp.top_k = (int)integer("--top-k", v, 0, 1 << 30);
         else if (a == "--top-p") sp.top_p = (float)number("--top-p", v, 0, 1);
         else if (a == "--seed") sp.seed = (uint64_t)integer("--seed", v, 0, (1ll << 62));
+        else if (a == "--ctx") ctx_len = integer("--ctx", v, 16, 1 << 20);
         else if (a == "--device") {
             device = v;
             if (device != "cpu" && device != "cuda") die("--device expects cpu or cuda, got '" + device + "'");
         }
     }
     if (model_path.empty()) die(std::string("-m MODEL is required\n") + kUsage);
-    if (!have_prompt) die(std::string("-p PROMPT is required\n") + kUsage);
+    if (!have_prompt && !interactive) die(std::string("-p PROMPT is required\n") + kUsage);
 
     auto t0 = std::chrono::steady_clock::now();
     const bool cuda = device == "cuda";
@@ -130,51 +135,87 @@ int main(int argc, char **argv) {
         model_add_lora(m, lc);
     }
 
-    // prompt
-    std::vector<int32_t> ids;
+    // the stop tokens; a chat's messages -> its prompt
     std::vector<int32_t> stop;
     for (int32_t id : {m.cfg.eos, spec.eos, spec.eot})
         if (id >= 0) stop.push_back(id);
+    ChatFormat fmt = ChatFormat::Qwen25;
     if (chat) {
-        ChatFormat fmt;
+        if (!chat_format_detect(chat_template, m.cfg.arch_name, &fmt, &err)) die(err);
+        for (const char *end : {"<|im_end|>", "<end_of_turn>"})
+            if (tok.find(end) >= 0) stop.push_back(tok.find(end));
+    }
+    auto chat_prompt = [&](const std::vector<ChatMessage> &msgs, std::vector<int32_t> *ids) {
         std::vector<uint8_t> mask;
         ChatOptions co;
         co.add_generation_prompt = true;
-        if (!chat_format_detect(chat_template, m.cfg.arch_name, &fmt, &err) || !chat_tokenize(tok, fmt, {{"user", prompt, ""}}, co, &ids, &mask, &err))
-            die(err);
-        for (const char *end : {"<|im_end|>", "<end_of_turn>"})
-            if (tok.find(end) >= 0) stop.push_back(tok.find(end));
-    } else if (!tok.encode(prompt, &ids, &err)) {
-        die(err);
-    }
-    if (ids.empty()) die("the prompt has no tokens");
+        if (!chat_tokenize(tok, fmt, msgs, co, ids, &mask, &err)) die(err);
+    };
 
-    // run
+    // run: one prompt, or (-i) a turn per line
+    std::vector<int32_t> ids;
+    if (!interactive) {
+        if (chat) chat_prompt({{"user", prompt, ""}}, &ids);
+        else if (!tok.encode(prompt, &ids, &err)) die(err);
+        if (ids.empty()) die("the prompt has no tokens");
+    }
     Generator gen;
-    if (!gen.init(m, be, (int64_t)ids.size() + n_new, act, &err) || !model_upload(m, &err) ||
+    if (!gen.init(m, be, interactive ? ctx_len : (int64_t)ids.size() + n_new, act, &err) || !model_upload(m, &err) ||
         (!lora.empty() && !(lora_gguf ? adapter_load_gguf(m, lora, &err) : model_load_peft(m, lora, &err))))
         die(err);
-    auto t1 = std::chrono::steady_clock::now();
-    std::vector<int32_t> out;
-    std::string shown;
-    auto t_first = t1;
-    bool first = true;
-    if (!gen.generate(ids, n_new, sp, stop, &out, &err, [&](int32_t) { // out holds the new token already
-            if (first) t_first = std::chrono::steady_clock::now(), first = false;
-            std::string text, e;
-            if (tok.decode(out, &text, &e, true) && text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
-                std::fwrite(text.data() + shown.size(), 1, text.size() - shown.size(), stdout);
-                std::fflush(stdout);
-                shown = text;
-            }
-        }))
-        die(err);
-    auto t2 = std::chrono::steady_clock::now();
-    std::printf("\n");
     auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-    std::fprintf(stderr, "generate: %s on %s: load %.2f s, prompt %zu tokens %.2f s, %zu new tokens %.2f s (%.2f tokens/s)\n", m.cfg.arch_name.c_str(),
-                 forge_backend_name(be), sec(t0, t1), ids.size(), sec(t1, t_first), out.size(), sec(t_first, t2),
-                 out.size() > 1 ? (double)(out.size() - 1) / sec(t_first, t2) : 0.0);
+    // one continuation of ids, streamed to stdout; its tokens into *out
+    auto respond = [&](const std::vector<int32_t> &prompt_ids, std::vector<int32_t> *out, bool stats) {
+        auto t1 = std::chrono::steady_clock::now(), t_first = t1;
+        std::string shown;
+        bool first = true;
+        if (!gen.generate(prompt_ids, n_new, sp, stop, out, &err, [&](int32_t) { // out holds the new token already
+                if (first) t_first = std::chrono::steady_clock::now(), first = false;
+                std::string text, e;
+                if (tok.decode(*out, &text, &e, true) && text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+                    std::fwrite(text.data() + shown.size(), 1, text.size() - shown.size(), stdout);
+                    std::fflush(stdout);
+                    shown = text;
+                }
+            }, interactive ? 64 : 0))
+            die(err);
+        auto t2 = std::chrono::steady_clock::now();
+        std::printf("\n");
+        if (stats)
+            std::fprintf(stderr, "generate: %s on %s: load %.2f s, prompt %zu tokens %.2f s, %zu new tokens %.2f s (%.2f tokens/s)\n",
+                         m.cfg.arch_name.c_str(), forge_backend_name(be), sec(t0, t1), prompt_ids.size(), sec(t1, t_first), out->size(),
+                         sec(t_first, t2), out->size() > 1 ? (double)(out->size() - 1) / sec(t_first, t2) : 0.0);
+    };
+    std::vector<int32_t> out;
+    if (!interactive) {
+        respond(ids, &out, true);
+    } else {
+        std::vector<ChatMessage> msgs;
+        std::string line = prompt;
+        bool have = have_prompt;
+        for (;;) {
+            if (!have) {
+                std::fprintf(stderr, "> ");
+                std::fflush(stderr);
+                char buf[65536];
+                if (!std::fgets(buf, sizeof buf, stdin)) break;
+                line = buf;
+                while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+                if (line.empty()) continue;
+            }
+            have = false;
+            msgs.push_back({"user", line, ""});
+            chat_prompt(msgs, &ids);
+            if ((int64_t)ids.size() + n_new > ctx_len + 1) {
+                std::fprintf(stderr, "generate: the conversation (%zu tokens and %lld new) no longer fits --ctx %lld\n", ids.size(), n_new, ctx_len);
+                break;
+            }
+            respond(ids, &out, false);
+            std::string reply;
+            if (!tok.decode(out, &reply, &err, true)) die(err);
+            msgs.push_back({"assistant", reply, ""});
+        }
+    }
     forge_backend_free(be);
     forge_ctx_free(ctx);
     return 0;

@@ -195,7 +195,7 @@ bool Generator::feed(const std::vector<int32_t> &ids, std::vector<float> *logits
 }
 
 bool Generator::generate(const std::vector<int32_t> &prompt, int64_t max_new, const SamplingParams &sp, const std::vector<int32_t> &stop,
-                         std::vector<int32_t> *out, std::string *err, const std::function<void(int32_t)> &on_token) {
+                         std::vector<int32_t> *out, std::string *err, const std::function<void(int32_t)> &on_token, int64_t chunk) {
     out->clear();
     reset();
     if (prompt.empty()) {
@@ -209,7 +209,11 @@ bool Generator::generate(const std::vector<int32_t> &prompt, int64_t max_new, co
     }
     Sampler sampler(sp);
     std::vector<float> logits;
-    if (!feed(prompt, &logits, err)) return false;
+    const size_t piece = chunk > 0 ? (size_t)chunk : prompt.size();
+    for (size_t at = 0; at < prompt.size(); at += piece) {
+        const std::vector<int32_t> ids(prompt.begin() + (long)at, prompt.begin() + (long)std::min(prompt.size(), at + piece));
+        if (!feed(ids, &logits, err)) return false;
+    }
     for (int64_t i = 0; i < max_new; i++) {
         int32_t tok = sampler.sample(logits.data(), (int64_t)logits.size());
         if (std::find(stop.begin(), stop.end(), tok) != stop.end()) break;

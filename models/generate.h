@@ -63,9 +63,11 @@ class Generator {
     // extends the cache and writes the logits (F32, vocab) after the last of them.
     bool feed(const std::vector<int32_t> &ids, std::vector<float> *logits, std::string *err);
     // reset(), feed(prompt), then up to max_new sampled tokens into *out, stopping after a token
-    // of stop (which is not put in *out). on_token sees each token of *out as it is made.
+    // of stop (which is not put in *out). on_token sees each token of *out as it is made. chunk > 0
+    // feeds the prompt in pieces of at most chunk tokens, so that prompts of many lengths (a chat's
+    // turns) build at most chunk graphs instead of one per length.
     bool generate(const std::vector<int32_t> &prompt, int64_t max_new, const SamplingParams &sp, const std::vector<int32_t> &stop,
-                  std::vector<int32_t> *out, std::string *err, const std::function<void(int32_t)> &on_token = {});
+                  std::vector<int32_t> *out, std::string *err, const std::function<void(int32_t)> &on_token = {}, int64_t chunk = 0);
 
   private:
     struct Step {

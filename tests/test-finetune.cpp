@@ -611,6 +611,12 @@ int main() {
     Result gp = run(gen + kModel + " --lora " + run1, "", FORGE_GENERATE_BIN), gg = run(gen + kModel + " --lora " + run1 + "/adapter.gguf", "", FORGE_GENERATE_BIN),
            gm = run(gen + run1 + "/merged", "", FORGE_GENERATE_BIN), gb = run(gen + kModel, "", FORGE_GENERATE_BIN);
     auto text = [](const Result &x) { return x.out.substr(0, x.out.find("generate: ")); };
+    // -i: a turn per line of stdin, the conversation kept
+    put(g_tmp + "/turns.txt", "What is forge?\nAnd LoRA?\n");
+    Result gi = run("-i -n 8 --device cpu -m " + run1 + "/merged < " + g_tmp + "/turns.txt", "", FORGE_GENERATE_BIN);
+    size_t prompts = 0;
+    for (size_t p = gi.out.find("> "); p != std::string::npos; p = gi.out.find("> ", p + 2)) prompts++;
+    CHECK(gi.rc == 0 && prompts >= 3, "generate -i: two turns then EOF (exit %d, %zu prompts)\n%s", gi.rc, prompts, gi.out.c_str());
     CHECK(gp.rc == 0 && gg.rc == 0 && gm.rc == 0 && gb.rc == 0 && text(gp) == text(gg) && text(gp) == text(gm) && text(gp) != text(gb),
           "generate with the PEFT adapter, the GGUF adapter, the merged model, the base:\n%s\n%s\n%s\n%s", gp.out.c_str(), gg.out.c_str(),
           gm.out.c_str(), gb.out.c_str());
