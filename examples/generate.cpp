@@ -39,6 +39,7 @@ const char *kUsage =
     "  --chat            wrap the prompt as a user turn with the model's chat template\n"
     "  -i                chat: one user turn per line of stdin (-p, when given, is the first), until EOF\n"
     "  --ctx N           -i: positions for the whole conversation (default 2048)\n"
+    "  --system TEXT     --chat, -i: a system message first\n"
     "  --device cpu|cuda (default cuda when a GPU is present, else cpu)\n";
 
 [[noreturn]] void die(const std::string &msg) {
@@ -64,7 +65,7 @@ long long integer(const char *opt, const char *v, long long lo, long long hi) {
 } // namespace
 
 int main(int argc, char **argv) {
-    std::string model_path, lora, prompt, device = forge_cuda_device_count() > 0 ? "cuda" : "cpu";
+    std::string model_path, lora, prompt, system, device = forge_cuda_device_count() > 0 ? "cuda" : "cpu";
     bool have_prompt = false, chat = false, interactive = false;
     long long n_new = 32, ctx_len = 2048;
     SamplingParams sp;
@@ -78,7 +79,7 @@ int main(int argc, char **argv) {
             chat = true, interactive = interactive || a == "-i";
             continue;
         }
-        static const char *const kWithValue[] = {"-m", "-p", "--lora", "-n", "--temp", "--top-k", "--top-p", "--seed", "--device", "--ctx"};
+        static const char *const kWithValue[] = {"-m", "-p", "--lora", "-n", "--temp", "--top-k", "--top-p", "--seed", "--device", "--ctx", "--system"};
         bool known = false;
         for (const char *k : kWithValue) known = known || a == k;
         if (!known) die("unknown option '" + a + "'\n" + kUsage);
@@ -93,6 +94,7 @@ int main(int argc, char **argv) {
         else if (a == "--top-p") sp.top_p = (float)number("--top-p", v, 0, 1);
         else if (a == "--seed") sp.seed = (uint64_t)integer("--seed", v, 0, (1ll << 62));
         else if (a == "--ctx") ctx_len = integer("--ctx", v, 16, 1 << 20);
+        else if (a == "--system") system = v;
         else if (a == "--device") {
             device = v;
             if (device != "cpu" && device != "cuda") die("--device expects cpu or cuda, got '" + device + "'");
@@ -100,6 +102,7 @@ int main(int argc, char **argv) {
     }
     if (model_path.empty()) die(std::string("-m MODEL is required\n") + kUsage);
     if (!have_prompt && !interactive) die(std::string("-p PROMPT is required\n") + kUsage);
+    if (!system.empty() && !chat) die("--system needs --chat or -i");
 
     auto t0 = std::chrono::steady_clock::now();
     const bool cuda = device == "cuda";
@@ -155,7 +158,12 @@ int main(int argc, char **argv) {
     // run: one prompt, or (-i) a turn per line
     std::vector<int32_t> ids;
     if (!interactive) {
-        if (chat) chat_prompt({{"user", prompt, ""}}, &ids);
+        if (chat) {
+            std::vector<ChatMessage> msgs;
+            if (!system.empty()) msgs.push_back({"system", system, ""});
+            msgs.push_back({"user", prompt, ""});
+            chat_prompt(msgs, &ids);
+        }
         else if (!tok.encode(prompt, &ids, &err)) die(err);
         if (ids.empty()) die("the prompt has no tokens");
     }
@@ -191,6 +199,7 @@ int main(int argc, char **argv) {
         respond(ids, &out, true);
     } else {
         std::vector<ChatMessage> msgs;
+        if (!system.empty()) msgs.push_back({"system", system, ""});
         std::string line = prompt;
         bool have = have_prompt;
         for (;;) {
