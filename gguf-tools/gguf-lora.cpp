@@ -2,11 +2,12 @@
 //
 //   gguf-lora to-gguf PEFT_DIR -o OUT.gguf [--arch A | --base MODEL] [--type keep|f32|f16|bf16]
 //   gguf-lora to-peft LORA.gguf -o PEFT_DIR [--base-model NAME]
-//   gguf-lora merge --base HF_DIR|MODEL.gguf --adapter PEFT_DIR|LORA.gguf -o OUT.gguf|OUT_DIR [--type auto|f32|f16|bf16|q8_0]
+//   gguf-lora merge --base HF_DIR|MODEL.gguf --adapter PEFT_DIR|LORA.gguf -o OUT.gguf|OUT_DIR [--type auto|TYPE]
 //
 // The work is models/lora-convert.h's, which says how names, ranks and scales map and how a merge
 // rounds. Exit status: 0 ok, 1 failure, 2 bad usage.
 #include "models/lora-convert.h"
+#include "models/quants.h"
 
 #include <cstdio>
 #include <map>
@@ -28,7 +29,7 @@ void usage(FILE *f) {
                  "      GGUF) also checks every module's shape against the base. --type keep (default) copies the bytes.\n"
                  "  gguf-lora to-peft LORA.gguf -o PEFT_DIR [--base-model NAME]\n"
                  "      GGUF LoRA -> PEFT adapter directory; NAME goes into base_model_name_or_path.\n"
-                 "  gguf-lora merge --base HF_DIR|MODEL.gguf --adapter PEFT_DIR|LORA.gguf -o OUT [--type auto|f32|f16|bf16|q8_0]\n"
+                 "  gguf-lora merge --base HF_DIR|MODEL.gguf --adapter PEFT_DIR|LORA.gguf -o OUT [--type auto|TYPE]\n"
                  "      W + scale * B A for every adapted weight; OUT ending in .gguf is written as GGUF (--type as in\n"
                  "      gguf-convert), any other OUT as an HF directory (model.safetensors + the base's config and tokenizer).\n"
                  "      A GGUF base gives a GGUF OUT with every weight in its own type (K-quants become Q8_0).\n");
@@ -100,8 +101,8 @@ int main(int argc, char **argv) {
     } else if (cmd == "merge") {
         const std::string type = get("--type", "auto");
         if (!pos.empty() || out.empty() || !opt.count("--base") || !opt.count("--adapter")) return usage(stderr), 2;
-        if (type != "auto" && type != "f32" && type != "f16" && type != "bf16" && type != "q8_0") {
-            std::fprintf(stderr, "gguf-lora: --type '%s' is not one of auto, f32, f16, bf16, q8_0\n", type.c_str());
+        if (type != "auto" && !ggml_can_quantize(ggml_type_by_name(type))) {
+            std::fprintf(stderr, "gguf-lora: --type '%s' is not one of auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1\n", type.c_str());
             return 2;
         }
         std::string notes;

@@ -358,7 +358,11 @@ bool tokenizer_kvs(const std::string &dir, std::vector<gguf_kv> *kvs, std::strin
 uint32_t file_type_of(uint32_t type) {
     switch (type) {
     case GGML_TYPE_F16: return 1;
+    case GGML_TYPE_Q4_0: return 2; // llama.cpp's LLAMA_FTYPE_MOSTLY_*
+    case GGML_TYPE_Q4_1: return 3;
     case GGML_TYPE_Q8_0: return 7;
+    case GGML_TYPE_Q5_0: return 8;
+    case GGML_TYPE_Q5_1: return 9;
     case GGML_TYPE_BF16: return 32;
     default: return 0;
     }
@@ -367,8 +371,8 @@ uint32_t file_type_of(uint32_t type) {
 } // namespace
 
 bool gguf_from_hf(const std::string &dir, const std::string &out_path, uint32_t out_type, std::string *err) {
-    if (out_type != GGML_TYPE_F32 && out_type != GGML_TYPE_F16 && out_type != GGML_TYPE_BF16 && out_type != GGML_TYPE_Q8_0) {
-        *err = out_path + ": output type " + ggml_type_name(out_type) + " is not one of F32, F16, BF16, Q8_0";
+    if (!ggml_can_quantize(out_type)) {
+        *err = out_path + ": output type " + ggml_type_name(out_type) + " is not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1";
         return false;
     }
     json::Value cj;
@@ -423,7 +427,8 @@ bool gguf_from_hf(const std::string &dir, const std::string &out_path, uint32_t 
         if (c.attn_scale != derived) kvs.push_back(gguf_kv::f32(a + "attention.scale", c.attn_scale));
     }
     kvs.push_back(gguf_kv::u32("general.file_type", file_type_of(out_type)));
-    if (out_type == GGML_TYPE_Q8_0) kvs.push_back(gguf_kv::u32("general.quantization_version", 2));
+    if (out_type != GGML_TYPE_F32 && out_type != GGML_TYPE_F16 && out_type != GGML_TYPE_BF16)
+        kvs.push_back(gguf_kv::u32("general.quantization_version", 2));
     struct stat sb;
     if (stat((dir + "/tokenizer.json").c_str(), &sb) == 0 && !tokenizer_kvs(dir, &kvs, err)) return false;
 

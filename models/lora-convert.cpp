@@ -620,7 +620,9 @@ bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &
         if (!ck.open(base, err)) return false;
         const SafetensorsTensor *t = ck.find("model.embed_tokens.weight");
         gtype = t ? ggml_of(t->dtype) : GGML_TYPE_F32;
-    } else gtype = type == "f32" ? GGML_TYPE_F32 : type == "f16" ? GGML_TYPE_F16 : type == "bf16" ? GGML_TYPE_BF16 : GGML_TYPE_Q8_0;
+    } else if (!ggml_can_quantize(gtype = ggml_type_by_name(type))) {
+        return fail(err, "--type " + type + ": not a type forge writes (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1)");
+    }
     std::string tmp = out + ".merge-XXXXXX";
     if (!mkdtemp(&tmp[0])) return fail(err, out + ": cannot create a temporary directory " + tmp + ": " + std::strerror(errno));
     bool ok = merge_into_dir(base, ad, tmp, err) && gguf_from_hf(tmp, out, gtype, err);

@@ -91,7 +91,7 @@ bool lora_write_peft(const LoraFile &ad, const std::string &dir, const std::stri
 
 // The merged model at out, from a base that is
 //  * an HF directory: out ending in .gguf is written as GGUF of type (auto: the embedding's
-//    type, f32, f16, bf16 or q8_0, as gguf-convert), any other out as an HF directory
+//    type, or a type name as gguf-convert takes it), any other out as an HF directory
 //    (model.safetensors in the base's dtypes + the base's config and tokenizer files);
 //  * a GGUF file: out must end in .gguf; every key and tensor is copied, and each adapted weight
 //    keeps its type when forge can quantize it (F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1), else

@@ -6,6 +6,7 @@
 #include "forge-impl.h" // forge_f16_to_f32, forge_f32_to_f16, forge_f32_to_bf16, forge_bf16_to_f32
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -332,6 +333,17 @@ const ggml_type_traits *ggml_traits(uint32_t type) {
 const char *ggml_type_name(uint32_t type) {
     const ggml_type_traits *t = ggml_traits(type);
     return t ? t->name : "unknown";
+}
+
+uint32_t ggml_type_by_name(const std::string &name) {
+    for (uint32_t type = 0; type < 64; type++) {
+        const ggml_type_traits *t = ggml_traits(type);
+        if (!t || std::strlen(t->name) != name.size()) continue;
+        bool same = true;
+        for (size_t i = 0; i < name.size(); i++) same = same && std::tolower((unsigned char)t->name[i]) == std::tolower((unsigned char)name[i]);
+        if (same) return type;
+    }
+    return UINT32_MAX;
 }
 
 bool ggml_can_dequantize(uint32_t type) { return is_float_type(type) || block_dequantizer(type) != nullptr; }

@@ -49,6 +49,8 @@ struct ggml_type_traits {
 const ggml_type_traits *ggml_traits(uint32_t type);
 // "Q4_K", or "unknown" for an id without traits.
 const char *ggml_type_name(uint32_t type);
+// The type id of a name ("q8_0", "Q4_K": any case), or UINT32_MAX when no type has it.
+uint32_t ggml_type_by_name(const std::string &name);
 bool ggml_can_dequantize(uint32_t type);
 bool ggml_can_quantize(uint32_t type); // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 // Bytes of one row of ne0 elements; false (with *err) for an unknown type, a negative ne0 or
