@@ -1109,8 +1109,13 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
         info("merge   %s + the adapter -> %s\n", r.rm.path.c_str(), o.merge.c_str());
         LoraFile ad;
         std::string notes;
-        if (!lora_read_peft(o.out, &ad, &err) || !lora_merge(r.rm.path, ad, o.merge, "auto", &err, &notes))
+        const bool tty = isatty(2);
+        auto progress = [tty](size_t done, size_t total) {
+            if (tty) info("\r\x1b[Kmerge   weight %zu of %zu", done, total);
+        };
+        if (!lora_read_peft(o.out, &ad, &err) || !lora_merge(r.rm.path, ad, o.merge, "auto", &err, &notes, progress))
             die(kError, "--merge: %s", err.c_str());
+        if (tty) info("\r\x1b[K");
         for (size_t p = 0, nl; (nl = notes.find('\n', p)) != std::string::npos; p = nl + 1) info("note    %s\n", notes.substr(p, nl - p).c_str());
     }
     double best = INFINITY;

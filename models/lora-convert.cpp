@@ -495,7 +495,7 @@ static void add_delta(const LoraPair &p, float *w) {
 
 // Writes the merged checkpoint into dir: model.safetensors (each merged weight made as it is
 // written, one in memory at a time) and the base's non-weight files.
-static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, const std::string &dir, std::string *err) {
+static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, const std::string &dir, std::string *err, const LoraMergeProgress &progress) {
     SafetensorsCheckpoint ck;
     if (!ck.open(base_dir, err) || !make_dir(dir, err)) return false;
     struct stat st;
@@ -520,6 +520,7 @@ static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, cons
     }
     if (!by_weight.empty())
         return fail(err, base_dir + ": no weight '" + by_weight.begin()->first + "' for the adapter's module '" + by_weight.begin()->second->module + "'");
+    size_t done = 0;
     auto fill = [&](size_t i, uint8_t *dst, std::string *e) { // one merged weight in memory at a time
         const SafetensorsTensor *t = merged.at(i).first;
         const LoraPair &p = *merged.at(i).second;
@@ -527,6 +528,7 @@ static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, cons
         std::vector<float> w((size_t)(out * in));
         if (!safetensors_read_f32(*t, w.data(), out * in, e)) return false;
         add_delta(p, w.data());
+        if (progress) progress(++done, merged.size());
         return quantize(ggml_of(t->dtype), w.data(), in, out, dst, e);
     };
     if (!safetensors_write(dir + "/model.safetensors", ts, {{"format", "pt"}}, err, fill)) return false;
@@ -538,12 +540,14 @@ static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, cons
 
 // A GGUF base into a GGUF out: keys and tensors copied, each adapted weight dequantized, merged
 // and quantized again as it is written (one weight in memory at a time).
-static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::string &out, std::string *err, std::string *notes) {
+static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::string &out, std::string *err, std::string *notes,
+                       const LoraMergeProgress &progress) {
     std::unique_ptr<gguf_file> f = gguf_file::open(base, err);
     if (!f) return false;
     std::map<std::string, const LoraPair *> by_weight;
     for (const LoraPair &p : ad.pairs) by_weight[p.gguf()] = &p;
     std::vector<gguf_tensor_out> ts;
+    size_t done = 0;
     for (const gguf_tensor_info &t : f->tensors()) {
         gguf_tensor_out o;
         o.name = t.name, o.type = t.type, o.n_dims = t.n_dims, o.data = t.data;
@@ -566,10 +570,11 @@ static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::s
             const gguf_file *fp = f.get();
             const uint32_t type = o.type;
             o.data = nullptr;
-            o.fill = [fp, ti, p, type](uint8_t *dst, uint64_t, std::string *e) {
+            o.fill = [fp, ti, p, type, &done, &progress, total = ad.pairs.size()](uint8_t *dst, uint64_t, std::string *e) {
                 std::vector<float> w((size_t)ti->nelements());
                 if (!fp->load_f32(*ti, w.data(), e)) return false;
                 add_delta(*p, w.data());
+                if (progress) progress(++done, total);
                 if (quantize(type, w.data(), ti->ne[0], ti->ne[1], dst, e)) return true;
                 *e = ti->name + ": " + *e;
                 return false;
@@ -609,11 +614,12 @@ bool lora_merge_target_ok(const std::string &base, const std::string &out, const
     return true;
 }
 
-bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &out, const std::string &type, std::string *err, std::string *notes) {
+bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &out, const std::string &type, std::string *err, std::string *notes,
+                const LoraMergeProgress &progress) {
     LoraBase b;
     if (!lora_merge_target_ok(base, out, type, err) || !lora_read_base(base, &b, err) || !lora_check_base(ad, b, err)) return false;
-    if (b.gguf) return merge_gguf(base, ad, out, err, notes);
-    if (!ends_with(out, ".gguf")) return merge_into_dir(base, ad, out, err);
+    if (b.gguf) return merge_gguf(base, ad, out, err, notes, progress);
+    if (!ends_with(out, ".gguf")) return merge_into_dir(base, ad, out, err, progress);
     uint32_t gtype = 0;
     if (type == "auto") {
         SafetensorsCheckpoint ck;
@@ -625,7 +631,7 @@ bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &
     }
     std::string tmp = out + ".merge-XXXXXX";
     if (!mkdtemp(&tmp[0])) return fail(err, out + ": cannot create a temporary directory " + tmp + ": " + std::strerror(errno));
-    bool ok = merge_into_dir(base, ad, tmp, err) && gguf_from_hf(tmp, out, gtype, err);
+    bool ok = merge_into_dir(base, ad, tmp, err, progress) && gguf_from_hf(tmp, out, gtype, err);
     remove_tree(tmp);
     return ok;
 }

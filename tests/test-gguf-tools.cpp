@@ -573,7 +573,9 @@ static void test_merge_kquant() {
     p.b.adopt(std::vector<uint8_t>((uint8_t *)bm.data(), (uint8_t *)(bm.data() + bm.size())), "F32"), p.b.rows = out, p.b.cols = r;
     ad.pairs.push_back(std::move(p));
     ad.source = "in-memory adapter";
-    const bool ok = lora_merge(base, ad, merged, "auto", &err, &notes);
+    std::vector<std::pair<size_t, size_t>> steps;
+    const bool ok = lora_merge(base, ad, merged, "auto", &err, &notes, [&](size_t done, size_t total) { steps.push_back({done, total}); });
+    CHECK(steps.size() == 1 && steps[0] == std::make_pair((size_t)1, (size_t)1), "merge progress: %zu calls", steps.size());
     CHECK(ok && notes.find("blk.0.attn_q.weight: Q4_K is written as Q8_0") != std::string::npos, "Q4_K base: %s / notes: %s", err.c_str(), notes.c_str());
     std::unique_ptr<gguf_file> bf = gguf_file::open(base, &err), mf = ok ? gguf_file::open(merged, &err) : nullptr;
     const gguf_tensor_info *mw = mf ? mf->find_tensor("blk.0.attn_q.weight") : nullptr, *mb = mf ? mf->find_tensor("blk.0.attn_q.bias") : nullptr;
