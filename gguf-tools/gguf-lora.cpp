@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <vector>
 
 using namespace forge;
@@ -106,7 +107,11 @@ int main(int argc, char **argv) {
             return 2;
         }
         std::string notes;
-        ok = lora_read(opt["--adapter"], &ad, &err) && lora_merge(opt["--base"], ad, out, type, &err, &notes);
+        const bool tty = isatty(2);
+        ok = lora_read(opt["--adapter"], &ad, &err) && lora_merge(opt["--base"], ad, out, type, &err, &notes, [tty](size_t done, size_t total) {
+                 if (tty) std::fprintf(stderr, "\r\x1b[Kgguf-lora: merged %zu of %zu weights", done, total);
+             });
+        if (tty) std::fprintf(stderr, "\r\x1b[K");
         for (size_t p = 0, nl; (nl = notes.find('\n', p)) != std::string::npos; p = nl + 1)
             std::fprintf(stderr, "gguf-lora: note: %s\n", notes.substr(p, nl - p).c_str());
         if (ok) std::printf("%s: %s merged with %s (%zu weights)\n", out.c_str(), opt["--base"].c_str(), opt["--adapter"].c_str(), ad.pairs.size());
