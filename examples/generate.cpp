@@ -157,13 +157,10 @@ int main(int argc, char **argv) {
 
     // run: one prompt, or (-i) a turn per line
     std::vector<int32_t> ids;
+    std::vector<ChatMessage> msgs; // the conversation so far
+    if (!system.empty()) msgs.push_back({"system", system, ""});
     if (!interactive) {
-        if (chat) {
-            std::vector<ChatMessage> msgs;
-            if (!system.empty()) msgs.push_back({"system", system, ""});
-            msgs.push_back({"user", prompt, ""});
-            chat_prompt(msgs, &ids);
-        }
+        if (chat) msgs.push_back({"user", prompt, ""}), chat_prompt(msgs, &ids);
         else if (!tok.encode(prompt, &ids, &err)) die(err);
         if (ids.empty()) die("the prompt has no tokens");
     }
@@ -198,8 +195,6 @@ int main(int argc, char **argv) {
     if (!interactive) {
         respond(ids, &out, true);
     } else {
-        std::vector<ChatMessage> msgs;
-        if (!system.empty()) msgs.push_back({"system", system, ""});
         std::string line = prompt;
         bool have = have_prompt;
         for (;;) {

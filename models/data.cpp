@@ -398,14 +398,14 @@ bool cache_write(const std::string &path, const TokenizedData &d, std::string *w
 } // namespace
 
 bool data_load(const std::string &path, const Tokenizer &tok, const DataOptions &opt, TokenizedData *out, std::string *err) {
-    std::string text;
-    if (!read_whole(path, &text, err)) return false;
-    for (const char *ext : {".parquet", ".arrow", ".csv", ".tsv"})
+    for (const char *ext : {".parquet", ".arrow", ".csv", ".tsv"}) // refused before a byte is read
         if (ends_with(path, ext))
             return fail(err, path + ": " + (ext + 1) + " files are not read; write the dataset as JSONL (with the datasets library: "
                                                         "load_dataset(...)[\"train\"].to_json(\"data.jsonl\"))");
-    if (text.find('\0') != std::string::npos)
-        return fail(err, path + ": holds NUL bytes at byte " + std::to_string(text.find('\0')) + ": not a text or JSONL file");
+    std::string text;
+    if (!read_whole(path, &text, err)) return false;
+    if (const size_t nul = text.find('\0'); nul != std::string::npos)
+        return fail(err, path + ": holds NUL bytes at byte " + std::to_string(nul) + ": not a text or JSONL file");
     const bool jsonl = is_jsonl(path, text);
     TokenizedData d;
     int32_t opts[] = {kCacheVersion, (int32_t)opt.text_split, (int32_t)opt.chat, opt.skip_bad_lines, jsonl};

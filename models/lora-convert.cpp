@@ -480,16 +480,20 @@ static void add_delta(const LoraPair &p, float *w) {
     const int64_t out = p.b.rows, in = p.a.cols, r = p.r();
     const std::vector<float> a = floats(p.a), b = floats(p.b);
     const float s = (float)p.scale;
-#pragma omp parallel for
-    for (int64_t o = 0; o < out; o++) {
-        std::vector<float> acc((size_t)in, 0.0f);
-        for (int64_t k = 0; k < r; k++) {
-            const float bk = b[(size_t)(o * r + k)];
-            const float *ak = a.data() + k * in;
-            for (int64_t i = 0; i < in; i++) acc[(size_t)i] += bk * ak[i];
+#pragma omp parallel
+    {
+        std::vector<float> acc((size_t)in); // one row of B A per thread, not one allocation per row
+#pragma omp for
+        for (int64_t o = 0; o < out; o++) {
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            for (int64_t k = 0; k < r; k++) {
+                const float bk = b[(size_t)(o * r + k)];
+                const float *ak = a.data() + k * in;
+                for (int64_t i = 0; i < in; i++) acc[(size_t)i] += bk * ak[i];
+            }
+            float *wo = w + o * in;
+            for (int64_t i = 0; i < in; i++) wo[i] += s * acc[(size_t)i];
         }
-        float *wo = w + o * in;
-        for (int64_t i = 0; i < in; i++) wo[i] += s * acc[(size_t)i];
     }
 }
 
