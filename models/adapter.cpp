@@ -4,6 +4,7 @@
 
 #include "gguf.h"
 #include "json.h"
+#include "lora-convert.h"
 #include "safetensors.h"
 
 #include <cerrno>
@@ -47,98 +48,42 @@ bool ensure_dir(const std::string &dir, std::string *err) {
     return true;
 }
 
-// The base weight a GGUF LoRA tensor adapts: "blk.N.<proj>.weight" -> layer and projection index.
+// The projections' names, in forge's order (q, k, v, o, gate, up, down).
 const char *const kGgufProj[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
 const char *const kHfProj[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
-bool parse_base(const std::string &base, int *layer, int *proj) {
-    int l, n = 0;
-    char p[32];
-    if (std::sscanf(base.c_str(), "blk.%d.%31[a-z_].weight%n", &l, p, &n) != 2 || (size_t)n != base.size() || l < 0) return false;
-    for (int i = 0; i < 7; i++)
-        if (!std::strcmp(p, kGgufProj[i])) {
-            *layer = l, *proj = i;
-            return true;
-        }
-    return false;
-}
+std::string gguf_weight(int layer, int proj) { return "blk." + std::to_string(layer) + "." + kGgufProj[proj] + ".weight"; }
 
-// in_features and out_features of projection p of a layer of cfg
-void proj_shape(const ModelConfig &c, int p, int64_t *in, int64_t *out) {
+// The weights forge adapts in a model of configuration cfg, as the base llama.cpp's loader checks
+// a GGUF LoRA against: the seven projections of every layer (lm_head is not one of them).
+LoraBase model_base(const ModelConfig &c) {
     const int64_t H = c.hidden, q = c.n_head * c.head_dim, kv = c.n_kv_head * c.head_dim;
     const int64_t ins[7] = {H, H, H, q, H, H, c.ffn}, outs[7] = {q, kv, kv, H, c.ffn, c.ffn, H};
-    *in = ins[p], *out = outs[p];
+    LoraBase b;
+    b.arch = c.arch_name, b.source = "the " + std::to_string(c.n_layer) + "-layer " + c.arch_name + " base";
+    for (int l = 0; l < (int)c.n_layer; l++)
+        for (int p = 0; p < 7; p++) b.shapes[gguf_weight(l, p)] = {ins[p], outs[p]};
+    return b;
 }
 
-struct GgufPair {
-    const gguf_tensor_info *a = nullptr, *b = nullptr;
-};
-
-// A parsed and checked GGUF LoRA: (layer, projection) -> its two tensors.
+// A GGUF LoRA read and checked as llama.cpp's loader does (lora_read_gguf against model_base),
+// then against forge's limits; pairs by (layer, projection).
 struct GgufLora {
-    std::unique_ptr<gguf_file> f;
-    std::map<std::pair<int, int>, GgufPair> pairs;
+    LoraFile file;
+    std::map<std::pair<int, int>, const LoraPair *> pairs;
     LoraConfig lc;
 };
 
 bool gguf_lora_parse(const std::string &path, const ModelConfig &cfg, GgufLora *out, std::string *err) {
-    out->f = gguf_file::open(path, err);
-    if (!out->f) return false;
-    const gguf_file &f = *out->f;
-    std::string s;
-    if (!f.get_str("general.type", &s, err)) return false;
-    if (s != "adapter") return fail(err, path + ": general.type is '" + s + "'; llama.cpp expects general.type to be 'adapter'");
-    if (!f.get_str("adapter.type", &s, err)) return false;
-    if (s != "lora") return fail(err, path + ": adapter.type is '" + s + "', not 'lora'");
-    if (!f.get_str("general.architecture", &s, err)) return false;
-    if (s != cfg.arch_name)
-        return fail(err, path + ": general.architecture is '" + s + "' but the base model is '" + cfg.arch_name +
-                             "' (llama.cpp: model arch and LoRA arch mismatch)");
-    float alpha = 0.0f;
-    if (const gguf_kv *kv = f.find("adapter.lora.alpha")) {
-        if (kv->is_array() || kv->type != GGUF_TYPE_FLOAT32)
-            return fail(err, path + ": adapter.lora.alpha (at byte " + std::to_string(kv->file_offset) + ") is " +
-                                 gguf_type_name(kv->type) + "; llama.cpp requires FLOAT32");
-        std::memcpy(&alpha, kv->raw.data(), 4);
-    }
-    for (const gguf_tensor_info &t : f.tensors()) {
-        auto where = [&]() { return path + ": tensor '" + t.name + "' (info at byte " + std::to_string(t.info_offset) + ")"; };
-        const bool is_a = t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".lora_a") == 0;
-        const bool is_b = t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".lora_b") == 0;
-        if (!is_a && !is_b) {
-            if (t.name.size() > 12 && t.name.compare(t.name.size() - 12, 12, "_norm.weight") == 0) continue; // llama.cpp ignores these
-            return fail(err, where() + " has unexpected suffix (llama.cpp accepts .lora_a and .lora_b)");
-        }
-        int layer, proj;
-        const std::string base = t.name.substr(0, t.name.size() - 7);
-        if (!parse_base(base, &layer, &proj) || layer >= cfg.n_layer)
-            return fail(err, where() + ": '" + base + "' is not a projection of the " + std::to_string(cfg.n_layer) + "-layer " +
-                                 cfg.arch_name + " base that forge adapts (blk.N.attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down.weight)");
-        if (t.n_dims != 2) return fail(err, where() + " has " + std::to_string(t.n_dims) + " dimensions, not 2");
-        if (t.type != 0 && t.type != 1 && t.type != 30 && t.type != 8)
-            return fail(err, where() + " has ggml type " + std::to_string(t.type) + "; LoRA tensors are F32, F16, BF16 or Q8_0");
-        GgufPair &p = out->pairs[{layer, proj}];
-        (is_a ? p.a : p.b) = &t;
-    }
-    if (out->pairs.empty()) return fail(err, path + ": holds no LoRA tensors");
+    const LoraBase base = model_base(cfg);
+    if (!lora_read_gguf(path, &out->file, err, &base)) return false;
     int64_t r = -1;
-    for (const auto &kv : out->pairs) {
-        const GgufPair &p = kv.second;
-        const std::string base = "blk." + std::to_string(kv.first.first) + "." + kGgufProj[kv.first.second] + ".weight";
-        if (!p.a || !p.b) return fail(err, path + ": '" + base + "' has only its " + (p.a ? "lora_a" : "lora_b") + " tensor (llama.cpp needs both)");
-        int64_t in, outf;
-        proj_shape(cfg, kv.first.second, &in, &outf);
-        if (p.a->ne[0] != in || p.b->ne[1] != outf)
-            return fail(err, path + ": '" + base + "' has incorrect shape: lora_a ne [" + std::to_string(p.a->ne[0]) + ", " +
-                                 std::to_string(p.a->ne[1]) + "], lora_b ne [" + std::to_string(p.b->ne[0]) + ", " + std::to_string(p.b->ne[1]) +
-                                 "], the base weight ne [" + std::to_string(in) + ", " + std::to_string(outf) + "]");
-        if (p.a->ne[1] != p.b->ne[0])
-            return fail(err, path + ": '" + base + "': lora_a ne[1] " + std::to_string(p.a->ne[1]) + " != lora_b ne[0] " +
-                                 std::to_string(p.b->ne[0]) + " (llama.cpp: lora_a tensor is not transposed)");
-        if (r >= 0 && p.a->ne[1] != r)
-            return fail(err, path + ": '" + base + "' has rank " + std::to_string(p.a->ne[1]) + ", others " + std::to_string(r) +
+    for (const LoraPair &p : out->file.pairs) { // lm_head is refused by the base check above
+        if (r >= 0 && p.r() != r)
+            return fail(err, path + ": '" + p.gguf() + "' has rank " + std::to_string(p.r()) + ", others " + std::to_string(r) +
                                  "; forge needs one rank for every tensor");
-        r = p.a->ne[1];
+        r = p.r();
+        out->pairs[{p.layer, p.kind}] = &p;
     }
     // forge's limits: the same projections in every layer, q/k/v together, gate with up
     bool has[7] = {};
@@ -146,14 +91,14 @@ bool gguf_lora_parse(const std::string &path, const ModelConfig &cfg, GgufLora *
     for (int l = 0; l < (int)cfg.n_layer; l++)
         for (int p = 0; p < 7; p++)
             if (has[p] != (out->pairs.count({l, p}) > 0))
-                return fail(err, path + ": blk." + std::to_string(l) + "." + kGgufProj[p] + ".weight is " + (has[p] ? "not " : "") +
-                                     "adapted but other layers' are" + (has[p] ? "" : " not") + "; forge adapts the same projections in every layer");
+                return fail(err, path + ": " + gguf_weight(l, p) + " is " + (has[p] ? "not " : "") + "adapted but other layers' are" +
+                                     (has[p] ? "" : " not") + "; forge adapts the same projections in every layer");
     if ((has[0] || has[1] || has[2]) && !(has[0] && has[1] && has[2]))
         return fail(err, path + ": adapts some but not all of attn_q, attn_k, attn_v; forge runs them as one GEMM and needs all three");
     if (has[4] != has[5]) return fail(err, path + ": adapts only one of ffn_gate, ffn_up; forge runs them as one GEMM and needs both");
     LoraConfig lc;
     lc.r = (int)r;
-    lc.alpha = alpha != 0.0f ? alpha : (float)r; // llama.cpp: no alpha means scale 1
+    lc.alpha = (float)(out->file.pairs[0].scale * (double)r); // the file's alpha (llama.cpp: none means scale 1)
     lc.rslora = false;
     lc.q = lc.k = lc.v = has[0];
     lc.o = has[3];
@@ -290,11 +235,13 @@ bool adapter_load_gguf(Model &m, const std::string &path, std::string *err) {
     for (const LoraProjection &p : lora_projections(m)) {
         int proj = 0;
         while (std::strcmp(kHfProj[proj], p.hf)) proj++;
-        const GgufPair &pair = g.pairs[{p.layer, proj}];
+        const LoraPair &pair = *g.pairs.at({p.layer, proj});
         std::vector<float> &a = host[p.a], &b = host[p.b];
         a.resize((size_t)forge_tensor_nelements(p.a));
         b.resize((size_t)forge_tensor_nelements(p.b));
-        if (!g.f->load_f32(*pair.a, a.data() + p.block * r * p.in, err) || !g.f->load_f32(*pair.b, b.data() + p.row0 * r, err)) return false;
+        const std::vector<float> pa = pair.a.f32(), pb = pair.b.f32(); // [r, in] and [rows, r], forge's layout
+        std::copy(pa.begin(), pa.end(), a.begin() + p.block * r * p.in);
+        std::copy(pb.begin(), pb.end(), b.begin() + p.row0 * r);
     }
     for (auto &kv : host)
         if (forge_tensor_set_f32(kv.first, kv.second.data(), (int64_t)kv.second.size()) != FORGE_OK)

@@ -76,18 +76,17 @@ static uint32_t ggml_of(const std::string &dtype) {
     return dtype == "F16" ? GGML_TYPE_F16 : dtype == "BF16" ? GGML_TYPE_BF16 : GGML_TYPE_F32;
 }
 
-// The half's elements as floats.
-static std::vector<float> floats(const LoraHalf &h) {
-    std::vector<float> v((size_t)(h.rows * h.cols));
+std::vector<float> LoraHalf::f32() const {
+    std::vector<float> v((size_t)(rows * cols));
     std::string e;
-    dequantize_f32(ggml_of(h.dtype), h.data, h.cols, h.rows, v.data(), &e); // F32/F16/BF16, checked when read
+    dequantize_f32(ggml_of(dtype), data, cols, rows, v.data(), &e); // F32/F16/BF16, checked when read
     return v;
 }
 
 // Re-encodes the half as dtype ("F32", "F16", "BF16"); a no-op when it already is.
 static bool convert(LoraHalf &h, const std::string &dtype, std::string *err) {
     if (h.dtype == dtype) return true;
-    std::vector<float> v = floats(h);
+    std::vector<float> v = h.f32();
     std::vector<uint8_t> out((size_t)(h.rows * h.cols) * (dtype == "F32" ? 4 : 2));
     if (!quantize(ggml_of(dtype), v.data(), h.cols, h.rows, out.data(), err)) return false;
     h.adopt(std::move(out), dtype);
@@ -184,34 +183,55 @@ bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err) {
 
 // ---- GGUF in -------------------------------------------------------------------------------------
 
-bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err) {
+// One adapted weight against its base: present (and not a tied lm_head), with the adapter's in
+// and out features.
+static bool check_pair(const std::string &source, const LoraPair &p, const LoraBase &b, std::string *err) {
+    if (p.kind == kLmHead && b.tied) return fail(err, source + ": module 'lm_head' is adapted but " + b.source + " ties it to the token embedding");
+    auto it = b.shapes.find(p.gguf());
+    if (it == b.shapes.end())
+        return fail(err, source + ": module '" + p.module + "': " + b.source + " has no weight '" + p.gguf() + "' (llama.cpp: maybe wrong base model?)");
+    if (it->second.first != p.a.cols || it->second.second != p.b.rows)
+        return fail(err, source + ": module '" + p.module + "' has incorrect shape: LoRA maps " + std::to_string(p.a.cols) + " -> " +
+                             std::to_string(p.b.rows) + " features, the base weight '" + p.gguf() + "' " + std::to_string(it->second.first) +
+                             " -> " + std::to_string(it->second.second) + " (llama.cpp: maybe LoRA A/B are transposed?)");
+    return true;
+}
+
+bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err, const LoraBase *base) {
     ad->gg = gguf_file::open(path, err);
     if (!ad->gg) return false;
     const gguf_file &f = *ad->gg;
     std::string s;
     if (!f.get_str("general.type", &s, err)) return false;
-    if (s != "adapter") return fail(err, path + ": key 'general.type' is \"" + s + "\", expected \"adapter\"");
+    if (s != "adapter") return fail(err, path + ": general.type is '" + s + "'; llama.cpp expects general.type to be 'adapter'");
     if (!f.get_str("adapter.type", &s, err)) return false;
-    if (s != "lora") return fail(err, path + ": key 'adapter.type' is \"" + s + "\", expected \"lora\"");
+    if (s != "lora") return fail(err, path + ": adapter.type is '" + s + "', not 'lora'");
+    if (base) {
+        if (!f.get_str("general.architecture", &s, err)) return false;
+        if (s != base->arch)
+            return fail(err, path + ": general.architecture is '" + s + "' but the base model " + base->source + " is '" + base->arch +
+                                 "' (llama.cpp: model arch and LoRA arch mismatch)");
+    }
     float alpha = 0; // llama.cpp: a missing alpha means scale 1
     if (const gguf_kv *kv = f.find("adapter.lora.alpha")) {
-        if (kv->type != GGUF_TYPE_FLOAT32)
-            return fail(err, path + ": key 'adapter.lora.alpha' is " + gguf_type_name(kv->type) + ", llama.cpp requires FLOAT32");
+        if (kv->is_array() || kv->type != GGUF_TYPE_FLOAT32)
+            return fail(err, path + ": adapter.lora.alpha (at byte " + std::to_string(kv->file_offset) + ") is " + gguf_type_name(kv->type) +
+                                 "; llama.cpp requires FLOAT32");
         std::memcpy(&alpha, kv->raw.data(), 4);
     }
     std::map<std::string, LoraPair> by_base;
     for (const gguf_tensor_info &t : f.tensors()) {
-        const std::string &n = t.name;
+        const std::string &n = t.name, where = path + ": tensor '" + n + "' (info at byte " + std::to_string(t.info_offset) + ")";
         bool is_a = n.size() > 7 && !n.compare(n.size() - 7, 7, ".lora_a"), is_b = n.size() > 7 && !n.compare(n.size() - 7, 7, ".lora_b");
         if (!is_a && !is_b) {
             if (n.size() > 12 && !n.compare(n.size() - 12, 12, "_norm.weight")) continue; // llama.cpp ignores these too
-            return fail(err, path + ": tensor '" + n + "' has an unexpected suffix (expected .lora_a or .lora_b)");
+            return fail(err, where + " has unexpected suffix (llama.cpp accepts .lora_a and .lora_b)");
         }
-        const std::string base = n.substr(0, n.size() - 7);
-        LoraPair &p = by_base[base];
-        if (p.module.empty() && !parse_gguf_base(base, &p.layer, &p.kind, &p.module))
-            return fail(err, path + ": tensor '" + n + "': base tensor '" + base + "' is not a projection (blk.N.attn_q/k/v/output, ffn_gate/up/down, output)");
-        if (t.n_dims > 2) return fail(err, path + ": tensor '" + n + "' has " + std::to_string(t.n_dims) + " dimensions, expected 2");
+        const std::string b = n.substr(0, n.size() - 7);
+        LoraPair &p = by_base[b];
+        if (p.module.empty() && !parse_gguf_base(b, &p.layer, &p.kind, &p.module))
+            return fail(err, where + ": '" + b + "' is not a projection (blk.N.attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down.weight, output.weight)");
+        if (t.n_dims > 2) return fail(err, where + " has " + std::to_string(t.n_dims) + " dimensions, not 2");
         LoraHalf &h = is_a ? p.a : p.b;
         h.rows = t.ne[1], h.cols = t.ne[0];
         if (t.type == GGML_TYPE_F32 || t.type == GGML_TYPE_F16 || t.type == GGML_TYPE_BF16) {
@@ -223,14 +243,17 @@ bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err) {
             h.adopt(std::move(v), "F32");
         }
     }
-    if (by_base.empty()) return fail(err, path + ": no LoRA tensors");
+    if (by_base.empty()) return fail(err, path + ": holds no LoRA tensors");
+    // llama.cpp's order: both halves, the shape against the base, then a's orientation against b
     for (auto &kv : by_base) {
         LoraPair &p = kv.second;
-        if (!p.a.data || !p.b.data) return fail(err, path + ": tensor '" + kv.first + (p.a.data ? ".lora_b" : ".lora_a") + "' is missing (its other half is present)");
+        if (!p.a.data || !p.b.data)
+            return fail(err, path + ": '" + kv.first + "' has only its " + (p.a.data ? "lora_a" : "lora_b") + " tensor (llama.cpp needs both)");
+        if (base && !check_pair(path, p, *base, err)) return false;
         if (p.a.rows != p.b.cols)
-            return fail(err, path + ": tensor '" + kv.first + ".lora_a' ne [" + std::to_string(p.a.cols) + ", " + std::to_string(p.a.rows) + "] and '" +
-                                 kv.first + ".lora_b' ne [" + std::to_string(p.b.cols) + ", " + std::to_string(p.b.rows) +
-                                 "] do not chain (lora_a ne[1] must equal lora_b ne[0]; is lora_a transposed?)");
+            return fail(err, path + ": '" + kv.first + "': lora_a ne [" + std::to_string(p.a.cols) + ", " + std::to_string(p.a.rows) + "] and lora_b ne [" +
+                                 std::to_string(p.b.cols) + ", " + std::to_string(p.b.rows) +
+                                 "] do not chain, lora_a ne[1] must equal lora_b ne[0] (llama.cpp: lora_a tensor is not transposed)");
         p.scale = alpha != 0 ? (double)alpha / (double)p.r() : 1.0;
         ad->pairs.push_back(std::move(p));
     }
@@ -281,16 +304,8 @@ bool lora_read_base(const std::string &path, LoraBase *b, std::string *err) {
 }
 
 bool lora_check_base(const LoraFile &ad, const LoraBase &b, std::string *err) {
-    for (const LoraPair &p : ad.pairs) {
-        if (p.kind == kLmHead && b.tied)
-            return fail(err, ad.source + ": module 'lm_head' is adapted but " + b.source + " ties it to the token embedding");
-        auto it = b.shapes.find(p.gguf());
-        if (it == b.shapes.end()) return fail(err, ad.source + ": module '" + p.module + "': " + b.source + " has no weight '" + p.gguf() + "'");
-        if (it->second.first != p.a.cols || it->second.second != p.b.rows)
-            return fail(err, ad.source + ": module '" + p.module + "': LoRA maps " + std::to_string(p.a.cols) + " -> " + std::to_string(p.b.rows) +
-                                 " features, the base weight '" + p.gguf() + "' " + std::to_string(it->second.first) + " -> " +
-                                 std::to_string(it->second.second));
-    }
+    for (const LoraPair &p : ad.pairs)
+        if (!check_pair(ad.source, p, b, err)) return false;
     return true;
 }
 
@@ -324,7 +339,7 @@ bool lora_write_gguf(LoraFile &ad, const std::string &arch, const std::string &t
     for (LoraPair &p : ad.pairs) {
         if ((float)(p.scale * (double)p.r()) == alpha) continue;
         const double f = p.scale * (double)p.r() / (double)alpha;
-        std::vector<float> b = floats(p.b);
+        std::vector<float> b = p.b.f32();
         for (float &x : b) x = (float)(x * f);
         std::vector<uint8_t> bytes(b.size() * 4);
         std::memcpy(bytes.data(), b.data(), bytes.size());
@@ -478,7 +493,7 @@ static bool ends_with(const std::string &s, const std::string &t) { return s.siz
 // w [out, in] (F32) += scale * B A, row by row in parallel.
 static void add_delta(const LoraPair &p, float *w) {
     const int64_t out = p.b.rows, in = p.a.cols, r = p.r();
-    const std::vector<float> a = floats(p.a), b = floats(p.b);
+    const std::vector<float> a = p.a.f32(), b = p.b.f32();
     const float s = (float)p.scale;
 #pragma omp parallel
     {

@@ -38,6 +38,7 @@ struct LoraHalf {
     const uint8_t *data = nullptr;
     uint64_t nbytes = 0;
     std::vector<uint8_t> own; // when converted, folded or dequantized
+    std::vector<float> f32() const; // the elements, row-major
     void adopt(std::vector<uint8_t> bytes, const std::string &dt) {
         own = std::move(bytes), data = own.data(), nbytes = own.size(), dtype = dt;
     }
@@ -63,18 +64,24 @@ struct LoraFile {
     std::unique_ptr<gguf_file> gg;
 };
 
-// A PEFT adapter directory (adapter_config.json + adapter_model.safetensors), a GGUF LoRA file,
-// or either (by whether path is a directory). Errors name the file and the tensor or key.
-bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err);
-bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err);
-bool lora_read(const std::string &path, LoraFile *ad, std::string *err);
-
-// in_features / out_features of every weight of a base model (HF directory or GGUF), by GGUF name.
+// in_features / out_features of every weight of a base model (HF directory or GGUF, or a model
+// configuration: adapter.cpp), by GGUF name.
 struct LoraBase {
     std::string arch, source;
     bool gguf = false, tied = false;
     std::map<std::string, std::pair<int64_t, int64_t>> shapes;
 };
+
+// A PEFT adapter directory (adapter_config.json + adapter_model.safetensors), a GGUF LoRA file,
+// or either (by whether path is a directory). Errors name the file and the tensor or key. The
+// GGUF reader applies llama.cpp's loader checks (general.type, adapter.type, alpha's type, the
+// tensors' suffixes, both halves of each pair, a's orientation against b) and, given a base,
+// also its checks against the base, in llama.cpp's order: the architecture, then per pair the
+// base weight's existence and shape before the orientation. Its messages give llama.cpp's reason.
+bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err);
+bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err, const LoraBase *base = nullptr);
+bool lora_read(const std::string &path, LoraFile *ad, std::string *err);
+
 bool lora_read_base(const std::string &path, LoraBase *b, std::string *err);
 // llama.cpp's loader checks of an adapter against its base: every module's weight exists, with
 // the adapter's in and out features; no lm_head adapter on a tied base.

@@ -393,8 +393,8 @@ static void test_gguf_rules(const std::string &path, const ModelConfig &cfg, int
     t2[0].name = "blk.0.attn_q.weight.lora_x";
     variant("suffix", kvs, t2, "has unexpected suffix");
     t2 = ts;
-    t2[0].name = "blk.9.attn_q.weight.lora_a";
-    variant("no such base", kvs, t2, "is not a projection");
+    t2[0].name = "blk.9.attn_q.weight.lora_a", t2[1].name = "blk.9.attn_q.weight.lora_b"; // a whole pair for a layer the base lacks
+    variant("no such base", kvs, t2, "maybe wrong base model");
     t2 = ts;
     std::swap(t2[0].ne[0], t2[0].ne[1]);
     variant("shape", kvs, t2, "incorrect shape");
