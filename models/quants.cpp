@@ -1,6 +1,7 @@
-// models/quants.cpp - ggml block geometry, dequantization to fp32 / bf16 and the reference
-// quantizers. Each block kernel follows formats.md 1.6 (ggml-quants.c dequantize_row_* and
-// quantize_row_*_ref); all block fields are read with memcpy, so sources need no alignment.
+// models/quants.cpp - ggml block geometry, dequantization to fp32 / bf16 and the quantizers.
+// Each block kernel follows formats.md 1.6 (ggml-quants.c dequantize_row_* and, for the 32-element
+// types, quantize_row_*_ref; the K-quant quantizers are this file's own, writing the layouts its
+// dequantizers read); all block fields are read with memcpy, so sources need no alignment.
 #include "models/quants.h"
 
 #include "forge-impl.h" // forge_f16_to_f32, forge_f32_to_f16, forge_f32_to_bf16, forge_bf16_to_f32
@@ -240,9 +241,9 @@ void q_q8_0(const float *x, uint8_t *b) {
 }
 
 // The element of largest magnitude, with its sign (Q4_0 and Q5_0 map it to the most negative q).
-float signed_absmax(const float *x) {
+float signed_absmax(const float *x, int n = 32) {
     float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < 32; j++)
+    for (int j = 0; j < n; j++)
         if (std::fabs(x[j]) > amax) { amax = std::fabs(x[j]); max = x[j]; }
     return max;
 }
@@ -286,6 +287,181 @@ void q_qx_1(const float *x, uint8_t *b) {
     if (BITS == 5) std::memcpy(b + 4, &qh, 4);
 }
 
+// ---- K-quant block quantizers: x[256] -> one super-block at b --------------------------------
+// Each sub-block first gets its own best scale (and min), found by a short search that scores
+// every candidate by the squared error after a least-squares refit; the sub-block scales are then
+// rounded to the few bits the format keeps, against a super-block fp16 scale, and every element
+// is requantized with the rounded scale the dequantizer will use.
+
+constexpr int SEARCH = 10; // candidate inverse scales: nmax + k/10 steps, k in [-SEARCH, SEARCH]
+
+inline int nearest(float v) { return (int)std::lrint(v); }
+
+// x[n] ~ scale * q - min with q in [0, nmax], scale >= 0, min >= 0 (the offset never goes above 0,
+// as ggml's make_qkx2_quants). Start from the min/max fit and try inverse scales around it.
+void fit_scale_min(const float *x, int n, int nmax, float *scale, float *min) {
+    float lo = 0.0f, hi = x[0];
+    for (int i = 0; i < n; i++) { lo = std::min(lo, x[i]); hi = std::max(hi, x[i]); }
+    *scale = (hi - lo) / (float)nmax, *min = -lo;
+    if (hi == lo) return;
+    float best = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float e = *scale * (float)std::clamp(nearest((x[i] - lo) / *scale), 0, nmax) + lo - x[i];
+        best += e * e;
+    }
+    for (int k = -SEARCH; k <= SEARCH; k++) {
+        const float is = ((float)nmax + 0.1f * (float)k) / (hi - lo);
+        float sq = 0, sqq = 0, sx = 0, sqx = 0;
+        for (int i = 0; i < n; i++) {
+            const float q = (float)std::clamp(nearest((x[i] - lo) * is), 0, nmax);
+            sq += q, sqq += q * q, sx += x[i], sqx += q * x[i];
+        }
+        const float det = (float)n * sqq - sq * sq;
+        if (det <= 0) continue;
+        float s = ((float)n * sqx - sq * sx) / det, o = (sqq * sx - sq * sqx) / det;
+        if (o > 0) o = 0, s = sqx / sqq;
+        if (s <= 0) continue;
+        float err = 0;
+        for (int i = 0; i < n; i++) {
+            const float e = s * (float)std::clamp(nearest((x[i] - o) / s), 0, nmax) + o - x[i];
+            err += e * e;
+        }
+        if (err < best) best = err, *scale = s, *min = -o;
+    }
+}
+
+// x[n] ~ scale * q with q in [-nmax, nmax - 1]; the scale's sign maps the largest magnitude to
+// -nmax, where the range is one longer. Each candidate keeps its least-squares scale.
+float fit_scale(const float *x, int n, int nmax) {
+    const float big = signed_absmax(x, n);
+    if (big == 0.0f) return 0.0f;
+    float scale = 0.0f, best = -1.0f;
+    for (int k = -SEARCH; k <= SEARCH; k++) {
+        const float is = -((float)nmax + 0.1f * (float)k) / big;
+        float sqq = 0, sqx = 0;
+        for (int i = 0; i < n; i++) {
+            const float q = (float)std::clamp(nearest(x[i] * is), -nmax, nmax - 1);
+            sqq += q * q, sqx += q * x[i];
+        }
+        // the squared error is sum x^2 - sqx^2 / sqq: the best candidate has the largest sqx^2 / sqq
+        if (sqq > 0 && sqx * sqx / sqq > best) best = sqx * sqx / sqq, scale = sqx / sqq;
+    }
+    return scale;
+}
+
+// Q2_K / Q4_K / Q5_K: NSUB sub-blocks of 256 / NSUB, q in [0, NMAX]; scales and mins as SMAX-step
+// integers against the super-block d = max scale / SMAX and dmin = max min / SMAX.
+template <int NSUB, int NMAX, int SMAX>
+void quant_scale_min_k(const float *x, uint8_t *q, int *ls, int *lm, float *d, float *dmin) {
+    constexpr int L = 256 / NSUB;
+    float sc[NSUB], mn[NSUB], max_sc = 0, max_mn = 0;
+    for (int s = 0; s < NSUB; s++) {
+        fit_scale_min(x + L * s, L, NMAX, &sc[s], &mn[s]);
+        max_sc = std::max(max_sc, sc[s]), max_mn = std::max(max_mn, mn[s]);
+    }
+    *d = forge_f16_to_f32(forge_f32_to_f16(max_sc / SMAX));
+    *dmin = forge_f16_to_f32(forge_f32_to_f16(max_mn / SMAX));
+    for (int s = 0; s < NSUB; s++) {
+        ls[s] = *d > 0 ? std::clamp(nearest(sc[s] / *d), 0, SMAX) : 0;
+        lm[s] = *dmin > 0 ? std::clamp(nearest(mn[s] / *dmin), 0, SMAX) : 0;
+        const float dl = *d * (float)ls[s], ml = *dmin * (float)lm[s];
+        for (int i = L * s; i < L * s + L; i++) q[i] = (uint8_t)(dl > 0 ? std::clamp(nearest((x[i] + ml) / dl), 0, NMAX) : 0);
+    }
+}
+
+// Q3_K / Q6_K: 16 sub-blocks of 16, q in [-NMAX, NMAX - 1]; signed scales in [-SMAX, SMAX - 1]
+// against d = -(the scale of largest magnitude) / SMAX, which maps that scale to -SMAX.
+template <int NMAX, int SMAX>
+void quant_scale_k(const float *x, int8_t *q, int *ls, float *d) {
+    float sc[16];
+    for (int s = 0; s < 16; s++) sc[s] = fit_scale(x + 16 * s, 16, NMAX);
+    *d = forge_f16_to_f32(forge_f32_to_f16(-signed_absmax(sc, 16) / SMAX));
+    for (int s = 0; s < 16; s++) {
+        ls[s] = *d != 0 ? std::clamp(nearest(sc[s] / *d), -SMAX, SMAX - 1) : 0;
+        const float dl = *d * (float)ls[s];
+        for (int i = 16 * s; i < 16 * s + 16; i++) q[i] = (int8_t)(dl != 0 ? std::clamp(nearest(x[i] / dl), -NMAX, NMAX - 1) : 0);
+    }
+}
+
+// Q2_K: 2-bit q, 4-bit scale (low nibble) and min (high nibble) per sub-block of 16; element e
+// sits in byte 16 + 32 (e / 128) + e % 32 at bit 2 ((e % 128) / 32).
+void q_q2_k(const float *x, uint8_t *b) {
+    uint8_t q[256];
+    int ls[16], lm[16];
+    float d, dmin;
+    quant_scale_min_k<16, 3, 15>(x, q, ls, lm, &d, &dmin);
+    std::memset(b, 0, 84);
+    for (int s = 0; s < 16; s++) b[s] = (uint8_t)(ls[s] | lm[s] << 4);
+    for (int e = 0; e < 256; e++) b[16 + 32 * (e / 128) + e % 32] |= (uint8_t)(q[e] << (2 * ((e % 128) / 32)));
+    put_half(b + 80, d);
+    put_half(b + 82, dmin);
+}
+
+// Q3_K: q + 4 in 0..7 split into 2 low bits (laid out as Q2_K's) and a high bit in hmask[e % 32]
+// at bit e / 32; 6-bit scales stored + 32, low nibbles in bytes 0-7, high 2 bits in bytes 8-11.
+void q_q3_k(const float *x, uint8_t *b) {
+    int8_t q[256];
+    int ls[16];
+    float d;
+    quant_scale_k<4, 32>(x, q, ls, &d);
+    std::memset(b, 0, 110);
+    for (int e = 0; e < 256; e++) {
+        const int u = q[e] + 4;
+        b[32 + 32 * (e / 128) + e % 32] |= (uint8_t)((u & 3) << (2 * ((e % 128) / 32)));
+        b[e % 32] |= (uint8_t)((u >> 2) << (e / 32));
+    }
+    for (int s = 0; s < 16; s++) {
+        const int u = ls[s] + 32;
+        b[96 + s % 8] |= (uint8_t)((u & 15) << (4 * (s / 8)));
+        b[104 + s % 4] |= (uint8_t)((u >> 4) << (2 * (s / 4)));
+    }
+    put_half(b + 108, d);
+}
+
+// Q4_K / Q5_K: sub-block s of 32; 64-element chunk c = s / 2 keeps its low nibbles in qs[32 c + l]
+// (s even: low half of the byte) and Q5_K's fifth bits in qh[l] at bit s. The 6-bit scale and
+// min of s < 4 fill bytes s and s + 4; for s >= 4 their low nibbles share byte s + 4 and their
+// top 2 bits go to the free top bits of bytes s - 4 and s (the inverse of scale_min_k4).
+template <bool FIVE>
+void q_qk_45(const float *x, uint8_t *b) {
+    uint8_t q[256];
+    int ls[8], lm[8];
+    float d, dmin;
+    quant_scale_min_k<8, FIVE ? 31 : 15, 63>(x, q, ls, lm, &d, &dmin);
+    std::memset(b, 0, FIVE ? 176 : 144);
+    put_half(b, d);
+    put_half(b + 2, dmin);
+    uint8_t *scales = b + 4, *qh = b + 16, *qs = FIVE ? b + 48 : b + 16;
+    for (int s = 0; s < 4; s++) {
+        scales[s] = (uint8_t)(ls[s] | (ls[s + 4] >> 4) << 6);
+        scales[s + 4] = (uint8_t)(lm[s] | (lm[s + 4] >> 4) << 6);
+        scales[s + 8] = (uint8_t)((ls[s + 4] & 15) | (lm[s + 4] & 15) << 4);
+    }
+    for (int e = 0; e < 256; e++) {
+        const int s = e / 32, l = e % 32;
+        qs[32 * (s / 2) + l] |= (uint8_t)((q[e] & 15) << (4 * (s % 2)));
+        if (FIVE) qh[l] |= (uint8_t)((q[e] >> 4) << s);
+    }
+}
+
+// Q6_K: q + 32 in 0..63; half h = e / 128, group g = (e % 128) / 32, l = e % 32: low nibble in
+// ql[64 h + 32 (g % 2) + l] (g >= 2: high half), top 2 bits in qh[32 h + l] at bit 2 g; int8
+// scales[e / 16].
+void q_q6_k(const float *x, uint8_t *b) {
+    int8_t q[256];
+    int ls[16];
+    float d;
+    quant_scale_k<32, 128>(x, q, ls, &d);
+    std::memset(b, 0, 210);
+    for (int e = 0; e < 256; e++) {
+        const int u = q[e] + 32, h = e / 128, g = (e % 128) / 32, l = e % 32;
+        b[64 * h + 32 * (g % 2) + l] |= (uint8_t)((u & 15) << (4 * (g / 2)));
+        b[128 + 32 * h + l] |= (uint8_t)((u >> 4) << (2 * g));
+    }
+    for (int s = 0; s < 16; s++) b[192 + s] = (uint8_t)(int8_t)ls[s];
+    put_half(b + 208, d);
+}
+
 using quant_fn = void (*)(const float *, uint8_t *);
 
 quant_fn block_quantizer(uint32_t type) {
@@ -295,6 +471,11 @@ quant_fn block_quantizer(uint32_t type) {
     case GGML_TYPE_Q5_0: return q_qx_0<5>;
     case GGML_TYPE_Q4_1: return q_qx_1<4>;
     case GGML_TYPE_Q5_1: return q_qx_1<5>;
+    case GGML_TYPE_Q2_K: return q_q2_k;
+    case GGML_TYPE_Q3_K: return q_q3_k;
+    case GGML_TYPE_Q4_K: return q_qk_45<false>;
+    case GGML_TYPE_Q5_K: return q_qk_45<true>;
+    case GGML_TYPE_Q6_K: return q_q6_k;
     default: return nullptr;
     }
 }

@@ -1,7 +1,8 @@
 // models/quants.h - ggml tensor types: block geometry of every ggml type id, dequantization of
 // the types small GGUF models use (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
-// Q4_K, Q5_K, Q6_K, IQ4_NL) to fp32 or bf16, and simple reference quantizers (F32, F16, BF16,
-// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1). Layouts and formulas: shared/reference/formats.md 1.5 and 1.6.
+// Q4_K, Q5_K, Q6_K, IQ4_NL) to fp32 or bf16, and quantizers (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1 as ggml's reference ones; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K with a per-sub-block scale
+// search). Layouts and formulas: shared/reference/formats.md 1.5 and 1.6.
 //
 // A tensor is rows of ne[0] elements; blocks run along a row and never straddle two rows, so a
 // row of n elements (n a multiple of the block size) takes n / blck_size * type_size bytes.
@@ -52,7 +53,7 @@ const char *ggml_type_name(uint32_t type);
 // The type id of a name ("q8_0", "Q4_K": any case), or UINT32_MAX when no type has it.
 uint32_t ggml_type_by_name(const std::string &name);
 bool ggml_can_dequantize(uint32_t type);
-bool ggml_can_quantize(uint32_t type); // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+bool ggml_can_quantize(uint32_t type); // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K
 // Bytes of one row of ne0 elements; false (with *err) for an unknown type, a negative ne0 or
 // one that is not a multiple of the block size.
 bool ggml_row_size(uint32_t type, int64_t ne0, uint64_t *bytes, std::string *err);
@@ -72,7 +73,9 @@ bool dequantize_bf16(uint32_t type, const void *src, int64_t ne0, int64_t nrows,
 // One row of n elements (n a multiple of the block size; ggml_can_quantize(type)), quantized
 // the way ggml's quantize_row_*_ref does: Q8_0 d = amax/127, q = round(x/d); Q4_0 / Q5_0 scale
 // by the signed absmax so that it maps to -8 / -16; Q4_1 / Q5_1 d = (max-min)/15 (31), m = min.
-// Values are expected to be finite.
+// The K-quants fit each sub-block's scale (and min) by a small search for the least squared
+// error, round those to the format's bits against the super-block scale, and requantize every
+// element with the rounded scale (quants.cpp). Values are expected to be finite.
 void quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 // nrows rows of ne0 elements, in parallel over rows. false (with *err) for a type that cannot
 // be quantized, a bad row length, or a non-finite input (the message gives its row and column).

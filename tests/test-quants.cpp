@@ -2,7 +2,8 @@
 // blocks of every supported type (the test packs chosen scales and quants into bytes following
 // formats.md 1.6 and computes the expected values from those logical values, independently of
 // the unpacking code); bf16 rounding of the output; quantize -> dequantize error bounds for
-// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; the threaded tensor paths; errors.
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and for Q2_K..Q6_K against those on the same data; the threaded
+// tensor paths; errors.
 #include "test-util.h"
 
 #include "models/quants.h"
@@ -289,6 +290,8 @@ void test_geometry() {
     for (uint32_t t : {0u, 1u, 2u, 3u, 6u, 7u, 8u, 10u, 11u, 12u, 13u, 14u, 20u, 30u})
         CHECK(ggml_can_dequantize(t), "can dequantize %u", t);
     for (uint32_t t : {9u, 15u, 16u, 24u, 26u, 39u}) CHECK(!ggml_can_dequantize(t), "cannot dequantize %u", t);
+    for (uint32_t t : {0u, 1u, 2u, 3u, 6u, 7u, 8u, 10u, 11u, 12u, 13u, 14u, 30u}) CHECK(ggml_can_quantize(t), "can quantize %u", t);
+    for (uint32_t t : {9u, 15u, 16u, 24u, 26u, 39u}) CHECK(!ggml_can_quantize(t), "cannot quantize %u", t);
     uint64_t rb = 0;
     std::string err;
     CHECK(ggml_row_size(GGML_TYPE_Q4_K, 896, &rb, &err) == false && err.find("block size 256") != std::string::npos,
@@ -380,6 +383,98 @@ void test_roundtrip() {
     CHECK(quantize(GGML_TYPE_F16, fx, 2, 1, hb, nullptr) && hb[0] == 0x3555 && hb[1] == 0xbc04, "f16 %04x %04x", hb[0], hb[1]);
 }
 
+// Standard normal values (Box-Muller).
+float gaussian(Rng &rng) {
+    const double u1 = ((double)(rng.next() >> 40) + 0.5) / 16777216.0, u2 = (double)(rng.next() >> 40) / 16777216.0;
+    return (float)(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+// quantize -> dequantize of rows of n elements; returns the relative RMS error |y - x| / |x|.
+double rel_rms(uint32_t type, const std::vector<float> &x, int64_t n, std::vector<float> *y, std::vector<uint8_t> *q = nullptr) {
+    uint64_t rb = 0;
+    std::string err;
+    ggml_row_size(type, n, &rb, &err);
+    const int64_t rows = (int64_t)x.size() / n;
+    std::vector<uint8_t> qq(rb * rows);
+    y->assign(x.size(), 0.0f);
+    CHECK(quantize(type, x.data(), n, rows, qq.data(), &err) && dequantize_f32(type, qq.data(), n, rows, y->data(), &err),
+          "%s: %s", ggml_type_name(type), err.c_str());
+    if (q) *q = qq;
+    double se = 0, sx = 0;
+    for (size_t i = 0; i < x.size(); i++) se += ((double)(*y)[i] - x[i]) * ((double)(*y)[i] - x[i]), sx += (double)x[i] * x[i];
+    return sx > 0 ? std::sqrt(se / sx) : std::sqrt(se);
+}
+
+// The K-quants against the 32-element types of about as many bits, on the same rows: gaussian,
+// uniform with an offset (all positive), gaussian with one outlier of 30 sigma, and a row of
+// special blocks (zeros, constants of either sign, values of 0.01 whose scales are fp16
+// subnormals). Bits per weight: Q2_K 2.625, Q3_K 3.4375, Q4_K 4.5, Q5_K 5.5, Q6_K 6.5625; Q4_0
+// 4.5, Q4_1 5, Q5_1 6, Q8_0 8.5. Bounds on the ratio of relative RMS errors, 5-15% above the
+// measured ones (printed):
+//  * Q4_K <= 1.0 x Q4_1 and Q5_K <= 1.0 x Q5_1 (measured 0.90-0.95): half a bit less, but a
+//    scale fitted per 32 elements by least squares rather than min/max. On the offset row 1.9
+//    (measured 1.7): the format's min is never above 0, so q = 0 stands for at most 0 and the
+//    range spans 0..3.5 instead of Q4_1's 1.5..3.5, 1.75 times the step;
+//  * Q6_K <= 3.6 x Q8_0 (measured 2.9-3.3): two bits fewer, 4x the step, fitted scales per 16;
+//  * Q3_K <= 1.9 x Q4_0 (1.2-1.7) and Q2_K <= 3.5 x Q4_0 (2.1-3.2): one and two bits fewer,
+//    fitted scales per 16.
+// Then per type: quantize is deterministic and equals quantize_row, zeros stay zeros, constants
+// come back within their fp16 scale's rounding, and quantizing the dequantized row again moves
+// it by at most 2% of the first error on the gaussian and offset rows (measured 0-1%: the stored
+// q's are those of the rounded scales). Where a sub-block's dequantized values take only a few
+// levels (the outlier's, the tiny ones) several scales reproduce them exactly and the search may
+// pick another, which moves the super-block scale and so every sub-block's rounding: there the
+// bound is 60% of the first error (measured up to 52%, Q2_K's 4-bit scales; 14% for Q5_K).
+void test_kquant_roundtrip() {
+    const int64_t n = 256 * 8;
+    std::vector<std::vector<float>> rows(4, std::vector<float>(n));
+    Rng rng(21);
+    for (int64_t i = 0; i < n; i++) {
+        rows[0][i] = gaussian(rng);
+        rows[1][i] = rng.uniform(-1, 1) + 2.5f;
+        rows[2][i] = gaussian(rng);
+        rows[3][i] = 0.01f * gaussian(rng);
+    }
+    rows[2][777] = 30.0f;
+    for (int64_t i = 0; i < 256; i++) rows[3][i] = 0.0f, rows[3][256 + i] = 0.75f, rows[3][512 + i] = -1.3f;
+    const char *names[4] = {"gaussian", "uniform+2.5", "outlier", "special"};
+    struct K { uint32_t type, ref; double bound[3]; }; // bound on the ratio for rows 0-2
+    const K ks[] = {{GGML_TYPE_Q4_K, GGML_TYPE_Q4_1, {1.0, 1.9, 1.0}}, {GGML_TYPE_Q5_K, GGML_TYPE_Q5_1, {1.0, 1.9, 1.0}},
+                    {GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, {3.6, 3.6, 3.6}}, {GGML_TYPE_Q3_K, GGML_TYPE_Q4_0, {1.9, 1.9, 1.9}},
+                    {GGML_TYPE_Q2_K, GGML_TYPE_Q4_0, {3.5, 3.5, 3.5}}};
+    for (const K &k : ks) {
+        const char *tn = ggml_type_name(k.type);
+        CHECK(ggml_can_quantize(k.type), "%s can be quantized", tn);
+        for (int r = 0; r < 4; r++) {
+            std::vector<float> y, yr, y2;
+            std::vector<uint8_t> q, q2;
+            const double e = rel_rms(k.type, rows[r], n, &y, &q), er = rel_rms(k.ref, rows[r], n, &yr);
+            rel_rms(k.type, rows[r], n, &y2, &q2);
+            CHECK(q == q2, "%s %s: quantize is not deterministic", tn, names[r]);
+            const double fix = rel_rms(k.type, y, n, &y2); // requantization of the dequantized row
+            std::printf("  %-4s %-11s: relative rms error %.4f, %s %.4f (ratio %.2f); requantized %.2g\n", tn, names[r], e,
+                        ggml_type_name(k.ref), er, e / er, fix);
+            if (r < 3) CHECK(e <= k.bound[r] * er, "%s %s: relative rms error %.4f > %.2f x %s's %.4f", tn, names[r], e, k.bound[r],
+                             ggml_type_name(k.ref), er);
+            CHECK(fix <= (r < 2 ? 0.02 : 0.6) * e, "%s %s: requantizing the dequantized row moves it by %.3g (first error %.3g)", tn, names[r], fix, e);
+            if (r != 3) continue;
+            for (int64_t i = 0; i < 256; i++) CHECK(y[i] == 0.0f, "%s: zero block element %lld = %g", tn, (long long)i, y[i]);
+            for (int64_t i = 256; i < 768; i++)
+                CHECK(std::fabs(y[i] - rows[3][i]) <= 2e-3 * std::fabs(rows[3][i]), "%s: constant block element %lld = %.7g, not %.7g", tn,
+                      (long long)i, y[i], rows[3][i]);
+            // the row path equals the tensor path
+            std::vector<uint8_t> q1(q.size());
+            quantize_row(k.type, rows[3].data(), q1.data(), n);
+            CHECK(q1 == q, "%s: quantize_row differs from quantize", tn);
+        }
+        std::string err;
+        uint8_t blk[256];
+        CHECK(!quantize(k.type, rows[0].data(), 128, 1, blk, &err) && err.find("block size 256") != std::string::npos &&
+                  err.find(tn) != std::string::npos,
+              "%s: a row of 128 must be refused: %s", tn, err.c_str());
+    }
+}
+
 // The threaded tensor paths equal the row functions on a big tensor of random bytes (any bits:
 // NaN and inf scales included, compared bit for bit).
 void test_tensor_paths() {
@@ -415,7 +510,9 @@ void test_errors() {
               err.find("unsupported") != std::string::npos, "IQ2_XXS: %s", err.c_str());
     CHECK(!dequantize_bf16(GGML_TYPE_Q8_0, src, 100, 1, (uint16_t *)y, &err) && err.find("100") != std::string::npos &&
               err.find("block size 32") != std::string::npos, "Q8_0 row 100: %s", err.c_str());
-    CHECK(!quantize(GGML_TYPE_Q4_K, y, 256, 1, src, &err) && err.find("Q4_K") != std::string::npos, "quantize Q4_K: %s", err.c_str());
+    for (float &v : y) v = 1.0f;
+    CHECK(!quantize(GGML_TYPE_Q8_K, y, 256, 1, src, &err) && err.find("Q8_K") != std::string::npos &&
+              err.find("unsupported") != std::string::npos, "quantize Q8_K: %s", err.c_str());
     float x[64] = {};
     x[40] = std::nanf("");
     CHECK(!quantize(GGML_TYPE_Q8_0, x, 32, 2, src, &err) && err.find("row 1, column 8") != std::string::npos,
@@ -436,6 +533,7 @@ int main() {
         test_q3_k(nb);
     }
     test_roundtrip();
+    test_kquant_roundtrip();
     test_tensor_paths();
     test_errors();
     return test_finish("test-quants");
