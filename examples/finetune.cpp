@@ -183,7 +183,7 @@ const char *kUsageText =
     "  --log-every N          plain progress line every N steps when stderr is not a terminal\n"
     "  --merge [PATH]         after training, write the base with the adapter merged into it: an HF\n"
     "                         directory (default <out>/merged) from an HF base, GGUF (default\n"
-    "                         <out>/merged.gguf; K-quant weights become Q8_0) from a GGUF base; a\n"
+    "                         <out>/merged.gguf; each weight keeps its type) from a GGUF base; a\n"
     "                         PATH ending in .gguf gives GGUF from an HF base too\n"
     "\n"
     "device:\n"
@@ -1108,15 +1108,13 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
     if (!o.merge.empty()) {
         info("merge   %s + the adapter -> %s\n", r.rm.path.c_str(), o.merge.c_str());
         LoraFile ad;
-        std::string notes;
         const bool tty = isatty(2);
         auto progress = [tty](size_t done, size_t total) {
             if (tty) info("\r\x1b[Kmerge   weight %zu of %zu", done, total);
         };
-        if (!lora_read_peft(o.out, &ad, &err) || !lora_merge(r.rm.path, ad, o.merge, "auto", &err, &notes, progress))
+        if (!lora_read_peft(o.out, &ad, &err) || !lora_merge(r.rm.path, ad, o.merge, "auto", &err, progress))
             die(kError, "--merge: %s", err.c_str());
         if (tty) info("\r\x1b[K");
-        for (size_t p = 0, nl; (nl = notes.find('\n', p)) != std::string::npos; p = nl + 1) info("note    %s\n", notes.substr(p, nl - p).c_str());
     }
     double best = INFINITY;
     int64_t best_step = 0;

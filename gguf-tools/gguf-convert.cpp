@@ -1,9 +1,8 @@
 // gguf-tools/gguf-convert.cpp - converts a Hugging Face model directory (config.json, safetensors
 // sharded or not, tokenizer.json when present) to a GGUF file that llama.cpp reads, with the
 // tensor names and metadata keys of formats.md sections 2 and 3 (models/gguf-model.h,
-// gguf_from_hf). --type picks the type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
-// q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, or auto (the
-// default: the checkpoint's own float type, so nothing is rounded). The written file is read back
+// gguf_from_hf). --type picks the type of the 2-D weights: any type models/quants.h quantizes, or
+// auto (the default: the checkpoint's own float type, so nothing is rounded). The written file is read back
 // and its configuration checked before the tool reports success.
 // Exit status: 0 ok, 1 conversion failed, 2 bad usage.
 #include "models/gguf-model.h"
@@ -21,12 +20,13 @@ namespace {
 
 void usage(FILE *f) {
     std::fprintf(f,
-                 "usage: gguf-convert HF_DIR -o OUT.gguf [--type auto|f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k]\n"
+                 "usage: gguf-convert HF_DIR -o OUT.gguf [--type auto|TYPE]\n"
                  "  HF_DIR   a model directory: config.json + model.safetensors or model.safetensors.index.json\n"
                  "           and its shards; tokenizer.json (+ tokenizer_config.json) adds the tokenizer keys\n"
-                 "  --type   type of the 2-D weights (norms and biases stay F32); auto keeps the checkpoint's\n"
-                 "           F32 / F16 / BF16; the quantized types fall back to F16 for rows that are not whole\n"
-                 "           blocks (32 elements, 256 for the _k types)\n");
+                 "  --type   type of the 2-D weights (norms and biases stay F32): %s;\n"
+                 "           auto keeps the checkpoint's F32 / F16 / BF16; the quantized types fall back to F16\n"
+                 "           for rows that are not whole blocks (32 elements, 256 for the _k types)\n",
+                 ggml_quantizable_names().c_str());
 }
 
 bool is_dir(const std::string &p) {
@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
     if (in.empty() || out.empty()) return usage(stderr), 2;
     const uint32_t named = ggml_type_by_name(type_name);
     if (type_name != "auto" && !ggml_can_quantize(named)) {
-        std::fprintf(stderr, "gguf-convert: --type '%s' is not one of auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k\n", type_name.c_str());
+        std::fprintf(stderr, "gguf-convert: --type '%s' is not one of auto, %s\n", type_name.c_str(), ggml_quantizable_names().c_str());
         return 2;
     }
     if (!is_dir(in)) {

@@ -33,7 +33,7 @@ void usage(FILE *f) {
                  "  gguf-lora merge --base HF_DIR|MODEL.gguf --adapter PEFT_DIR|LORA.gguf -o OUT [--type auto|TYPE]\n"
                  "      W + scale * B A for every adapted weight; OUT ending in .gguf is written as GGUF (--type as in\n"
                  "      gguf-convert), any other OUT as an HF directory (model.safetensors + the base's config and tokenizer).\n"
-                 "      A GGUF base gives a GGUF OUT with every weight in its own type (K-quants become Q8_0).\n");
+                 "      A GGUF base gives a GGUF OUT with every weight in its own type.\n");
 }
 
 } // namespace
@@ -103,17 +103,14 @@ int main(int argc, char **argv) {
         const std::string type = get("--type", "auto");
         if (!pos.empty() || out.empty() || !opt.count("--base") || !opt.count("--adapter")) return usage(stderr), 2;
         if (type != "auto" && !ggml_can_quantize(ggml_type_by_name(type))) {
-            std::fprintf(stderr, "gguf-lora: --type '%s' is not one of auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1\n", type.c_str());
+            std::fprintf(stderr, "gguf-lora: --type '%s' is not one of auto, %s\n", type.c_str(), ggml_quantizable_names().c_str());
             return 2;
         }
-        std::string notes;
         const bool tty = isatty(2);
-        ok = lora_read(opt["--adapter"], &ad, &err) && lora_merge(opt["--base"], ad, out, type, &err, &notes, [tty](size_t done, size_t total) {
+        ok = lora_read(opt["--adapter"], &ad, &err) && lora_merge(opt["--base"], ad, out, type, &err, [tty](size_t done, size_t total) {
                  if (tty) std::fprintf(stderr, "\r\x1b[Kgguf-lora: merged %zu of %zu weights", done, total);
              });
         if (tty) std::fprintf(stderr, "\r\x1b[K");
-        for (size_t p = 0, nl; (nl = notes.find('\n', p)) != std::string::npos; p = nl + 1)
-            std::fprintf(stderr, "gguf-lora: note: %s\n", notes.substr(p, nl - p).c_str());
         if (ok) std::printf("%s: %s merged with %s (%zu weights)\n", out.c_str(), opt["--base"].c_str(), opt["--adapter"].c_str(), ad.pairs.size());
     } else {
         std::fprintf(stderr, "gguf-lora: unknown command '%s'\n", cmd.c_str());

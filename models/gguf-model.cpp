@@ -368,6 +368,7 @@ uint32_t file_type_of(uint32_t type) {
     case GGML_TYPE_Q4_K: return 14;
     case GGML_TYPE_Q5_K: return 16;
     case GGML_TYPE_Q6_K: return 18;
+    case GGML_TYPE_IQ4_NL: return 25;
     case GGML_TYPE_BF16: return 32;
     default: return 0;
     }
@@ -377,7 +378,7 @@ uint32_t file_type_of(uint32_t type) {
 
 bool gguf_from_hf(const std::string &dir, const std::string &out_path, uint32_t out_type, std::string *err) {
     if (!ggml_can_quantize(out_type)) {
-        *err = out_path + ": output type " + ggml_type_name(out_type) + " is not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
+        *err = out_path + ": output type " + ggml_type_name(out_type) + " is not one of " + ggml_quantizable_names();
         return false;
     }
     json::Value cj;

@@ -559,8 +559,7 @@ static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, cons
 
 // A GGUF base into a GGUF out: keys and tensors copied, each adapted weight dequantized, merged
 // and quantized again as it is written (one weight in memory at a time).
-static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::string &out, std::string *err, std::string *notes,
-                       const LoraMergeProgress &progress) {
+static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::string &out, std::string *err, const LoraMergeProgress &progress) {
     std::unique_ptr<gguf_file> f = gguf_file::open(base, err);
     if (!f) return false;
     std::map<std::string, const LoraPair *> by_weight;
@@ -577,14 +576,8 @@ static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::s
             if (t.n_dims != 2 || t.ne[0] != p->a.cols || t.ne[1] != p->b.rows)
                 return fail(err, base + ": tensor '" + t.name + "' is not ne [" + std::to_string(p->a.cols) + ", " + std::to_string(p->b.rows) +
                                      "] as the adapter's module '" + p->module + "' needs");
-            if (!ggml_can_dequantize(t.type))
+            if (!ggml_can_dequantize(t.type)) // every type forge dequantizes it also quantizes
                 return fail(err, base + ": tensor '" + t.name + "' is " + ggml_type_name(t.type) + ", which forge cannot dequantize to merge into");
-            if (!ggml_can_quantize(t.type)) {
-                o.type = t.ne[0] % 32 == 0 ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
-                if (notes)
-                    *notes += t.name + ": " + ggml_type_name(t.type) + " is written as " + ggml_type_name(o.type) +
-                              " (forge does not quantize to " + ggml_type_name(t.type) + ")\n";
-            }
             const gguf_tensor_info *ti = &t;
             const gguf_file *fp = f.get();
             const uint32_t type = o.type;
@@ -633,11 +626,11 @@ bool lora_merge_target_ok(const std::string &base, const std::string &out, const
     return true;
 }
 
-bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &out, const std::string &type, std::string *err, std::string *notes,
+bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &out, const std::string &type, std::string *err,
                 const LoraMergeProgress &progress) {
     LoraBase b;
     if (!lora_merge_target_ok(base, out, type, err) || !lora_read_base(base, &b, err) || !lora_check_base(ad, b, err)) return false;
-    if (b.gguf) return merge_gguf(base, ad, out, err, notes, progress);
+    if (b.gguf) return merge_gguf(base, ad, out, err, progress);
     if (!ends_with(out, ".gguf")) return merge_into_dir(base, ad, out, err, progress);
     uint32_t gtype = 0;
     if (type == "auto") {
@@ -646,7 +639,7 @@ bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &
         const SafetensorsTensor *t = ck.find("model.embed_tokens.weight");
         gtype = t ? ggml_of(t->dtype) : GGML_TYPE_F32;
     } else if (!ggml_can_quantize(gtype = ggml_type_by_name(type))) {
-        return fail(err, "--type " + type + ": not a type forge writes (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1)");
+        return fail(err, "--type " + type + ": not a type forge writes (" + ggml_quantizable_names() + ")");
     }
     std::string tmp = out + ".merge-XXXXXX";
     if (!mkdtemp(&tmp[0])) return fail(err, out + ": cannot create a temporary directory " + tmp + ": " + std::strerror(errno));

@@ -102,14 +102,11 @@ bool lora_write_peft(const LoraFile &ad, const std::string &dir, const std::stri
 //    type, or a type name as gguf-convert takes it), any other out as an HF directory
 //    (model.safetensors in the base's dtypes + the base's config and tokenizer files);
 //  * a GGUF file: out must end in .gguf; every key and tensor is copied, and each adapted weight
-//    keeps its type when forge can quantize it (F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1), else
-//    (K-quants, IQ4_NL) it is written as Q8_0, or F16 for rows that are not whole Q8_0 blocks;
-//    type must be auto.
-// *notes gets one line per weight whose type changed (nullptr: not wanted); progress (when given)
-// is called after each merged weight with the count so far and the total.
+//    keeps its type (quants.h quantizes every type it dequantizes); type must be auto.
+// progress (when given) is called after each merged weight with the count so far and the total.
 using LoraMergeProgress = std::function<void(size_t done, size_t total)>;
 bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &out, const std::string &type, std::string *err,
-                std::string *notes = nullptr, const LoraMergeProgress &progress = nullptr);
+                const LoraMergeProgress &progress = nullptr);
 // Checks, before any work, that lora_merge(base, ..., out, type) can be asked for: base is an HF
 // directory or a GGUF file, out is not the base, a GGUF base goes to a .gguf out.
 bool lora_merge_target_ok(const std::string &base, const std::string &out, const std::string &type, std::string *err);

@@ -462,6 +462,43 @@ void q_q6_k(const float *x, uint8_t *b) {
     put_half(b + 208, d);
 }
 
+// IQ4_NL: 32 elements, fp16 d and 4-bit indices into KVALUES_IQ4NL (a grid from -127 to 113,
+// denser near 0). Two starts: d maps the element of largest magnitude to -127 or to 113. From
+// each, every element takes the grid value nearest to x / d, and d is refitted by least squares
+// to those values and rounded to fp16; the elements are mapped again with the refitted d of the
+// start that leaves the smaller squared error.
+void q_iq4_nl(const float *x, uint8_t *b) {
+    auto pick = [x](float d, int *idx) {
+        for (int j = 0; j < 32; j++) {
+            const float v = d != 0.0f ? x[j] / d : 0.0f;
+            int best = 0;
+            for (int k = 1; k < 16; k++)
+                if (std::fabs(v - (float)KVALUES_IQ4NL[k]) < std::fabs(v - (float)KVALUES_IQ4NL[best])) best = k;
+            idx[j] = best;
+        }
+    };
+    auto refit = [x](const int *idx, float d) {
+        float sxv = 0, svv = 0;
+        for (int j = 0; j < 32; j++) sxv += x[j] * (float)KVALUES_IQ4NL[idx[j]], svv += (float)(KVALUES_IQ4NL[idx[j]] * KVALUES_IQ4NL[idx[j]]);
+        return forge_f16_to_f32(forge_f32_to_f16(sxv != 0 ? sxv / svv : d));
+    };
+    const float big = signed_absmax(x);
+    float best_d = 0, best_err = INFINITY;
+    for (float d : {big / -127.0f, big / 113.0f}) {
+        int idx[32];
+        pick(d, idx);
+        d = refit(idx, d);
+        pick(d, idx);
+        float err = 0;
+        for (int j = 0; j < 32; j++) err += (x[j] - d * (float)KVALUES_IQ4NL[idx[j]]) * (x[j] - d * (float)KVALUES_IQ4NL[idx[j]]);
+        if (err < best_err) best_err = err, best_d = d;
+    }
+    int idx[32];
+    pick(best_d, idx);
+    put_half(b, best_d);
+    for (int j = 0; j < 16; j++) b[2 + j] = (uint8_t)(idx[j] | idx[j + 16] << 4);
+}
+
 using quant_fn = void (*)(const float *, uint8_t *);
 
 quant_fn block_quantizer(uint32_t type) {
@@ -476,6 +513,7 @@ quant_fn block_quantizer(uint32_t type) {
     case GGML_TYPE_Q4_K: return q_qk_45<false>;
     case GGML_TYPE_Q5_K: return q_qk_45<true>;
     case GGML_TYPE_Q6_K: return q_q6_k;
+    case GGML_TYPE_IQ4_NL: return q_iq4_nl;
     default: return nullptr;
     }
 }
@@ -530,6 +568,17 @@ uint32_t ggml_type_by_name(const std::string &name) {
 bool ggml_can_dequantize(uint32_t type) { return is_float_type(type) || block_dequantizer(type) != nullptr; }
 
 bool ggml_can_quantize(uint32_t type) { return is_float_type(type) || block_quantizer(type) != nullptr; }
+
+std::string ggml_quantizable_names() {
+    std::string out;
+    for (uint32_t t = 0; t < N_TRAITS; t++) {
+        if (!TRAITS[t].name || !ggml_can_quantize(t)) continue;
+        std::string n = TRAITS[t].name;
+        for (char &c : n) c = (char)std::tolower((unsigned char)c);
+        out += (out.empty() ? "" : ", ") + n;
+    }
+    return out;
+}
 
 bool ggml_row_size(uint32_t type, int64_t ne0, uint64_t *bytes, std::string *err) {
     const ggml_type_traits *t = ggml_traits(type);

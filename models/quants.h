@@ -2,7 +2,8 @@
 // the types small GGUF models use (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
 // Q4_K, Q5_K, Q6_K, IQ4_NL) to fp32 or bf16, and quantizers (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
 // Q5_0, Q5_1 as ggml's reference ones; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K with a per-sub-block scale
-// search). Layouts and formulas: shared/reference/formats.md 1.5 and 1.6.
+// search; IQ4_NL with a least-squares scale): every type it dequantizes. Layouts and formulas:
+// shared/reference/formats.md 1.5 and 1.6.
 //
 // A tensor is rows of ne[0] elements; blocks run along a row and never straddle two rows, so a
 // row of n elements (n a multiple of the block size) takes n / blck_size * type_size bytes.
@@ -53,7 +54,9 @@ const char *ggml_type_name(uint32_t type);
 // The type id of a name ("q8_0", "Q4_K": any case), or UINT32_MAX when no type has it.
 uint32_t ggml_type_by_name(const std::string &name);
 bool ggml_can_dequantize(uint32_t type);
-bool ggml_can_quantize(uint32_t type); // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K
+bool ggml_can_quantize(uint32_t type); // the types above: F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, Q2_K..Q6_K, IQ4_NL
+// The names of the types ggml_can_quantize takes, lower case and comma-separated ("f32, f16, ...").
+std::string ggml_quantizable_names();
 // Bytes of one row of ne0 elements; false (with *err) for an unknown type, a negative ne0 or
 // one that is not a multiple of the block size.
 bool ggml_row_size(uint32_t type, int64_t ne0, uint64_t *bytes, std::string *err);
@@ -75,7 +78,8 @@ bool dequantize_bf16(uint32_t type, const void *src, int64_t ne0, int64_t nrows,
 // by the signed absmax so that it maps to -8 / -16; Q4_1 / Q5_1 d = (max-min)/15 (31), m = min.
 // The K-quants fit each sub-block's scale (and min) by a small search for the least squared
 // error, round those to the format's bits against the super-block scale, and requantize every
-// element with the rounded scale (quants.cpp). Values are expected to be finite.
+// element with the rounded scale (quants.cpp); IQ4_NL maps each element to the nearest of its 16
+// grid values under a least-squares scale. Values are expected to be finite.
 void quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 // nrows rows of ne0 elements, in parallel over rows. false (with *err) for a type that cannot
 // be quantized, a bad row length, or a non-finite input (the message gives its row and column).

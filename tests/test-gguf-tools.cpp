@@ -565,7 +565,7 @@ static void test_merge_kquant() {
     w.name = "blk.0.attn_q.weight", w.type = GGML_TYPE_Q4_K, w.n_dims = 2, w.ne[0] = in, w.ne[1] = out, w.data = q4k.data();
     other.name = "blk.0.attn_q.bias", other.type = GGML_TYPE_F32, other.ne[0] = out, other.data = bias.data();
     const std::string base = g_tmp + "/q4k-base.gguf", merged = g_tmp + "/q4k-merged.gguf";
-    std::string err, notes;
+    std::string err;
     CHECK(gguf_write(base, {gguf_kv::string("general.architecture", "qwen2")}, {w, other}, &err), "%s", err.c_str());
     LoraFile ad;
     LoraPair p;
@@ -576,9 +576,9 @@ static void test_merge_kquant() {
     ad.pairs.push_back(std::move(p));
     ad.source = "in-memory adapter";
     std::vector<std::pair<size_t, size_t>> steps;
-    const bool ok = lora_merge(base, ad, merged, "auto", &err, &notes, [&](size_t done, size_t total) { steps.push_back({done, total}); });
+    const bool ok = lora_merge(base, ad, merged, "auto", &err, [&](size_t done, size_t total) { steps.push_back({done, total}); });
     CHECK(steps.size() == 1 && steps[0] == std::make_pair((size_t)1, (size_t)1), "merge progress: %zu calls", steps.size());
-    CHECK(ok && notes.find("blk.0.attn_q.weight") == std::string::npos, "Q4_K base: %s / notes: %s", err.c_str(), notes.c_str());
+    CHECK(ok, "Q4_K base: %s", err.c_str());
     std::unique_ptr<gguf_file> bf = gguf_file::open(base, &err), mf = ok ? gguf_file::open(merged, &err) : nullptr;
     const gguf_tensor_info *mw = mf ? mf->find_tensor("blk.0.attn_q.weight") : nullptr, *mb = mf ? mf->find_tensor("blk.0.attn_q.bias") : nullptr;
     if (!bf || !mw || !mb) { CHECK(false, "Q4_K base: %s", err.c_str()); return; }
