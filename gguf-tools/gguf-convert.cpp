@@ -24,8 +24,9 @@ void usage(FILE *f) {
                  "  HF_DIR   a model directory: config.json + model.safetensors or model.safetensors.index.json\n"
                  "           and its shards; tokenizer.json (+ tokenizer_config.json) adds the tokenizer keys\n"
                  "  --type   type of the 2-D weights (norms and biases stay F32): %s;\n"
-                 "           auto keeps the checkpoint's F32 / F16 / BF16; the quantized types fall back to F16\n"
-                 "           for rows that are not whole blocks (32 elements, 256 for the _k types)\n",
+                 "           auto keeps the checkpoint's F32 / F16 / BF16. Rows that are not whole blocks (32\n"
+                 "           elements, 256 for the _k types) fall back as llama-quantize does: q2_k, q3_k ->\n"
+                 "           iq4_nl, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, else (or again not whole) f16\n",
                  ggml_quantizable_names().c_str());
 }
 

@@ -36,9 +36,11 @@ bool model_load_gguf(Model &m, std::shared_ptr<const gguf_file> f, forge_ctx *ct
 bool gguf_tokenizer_meta(const gguf_file &f, GgufTokenizerMeta *out, std::string *err);
 
 // Converts an HF model directory (config.json + safetensors, optionally tokenizer.json and
-// tokenizer_config.json) to a GGUF file. out_type (a ggml type id) is one of GGML_TYPE_F32,
-// F16, BF16, Q8_0 and applies to the 2-D weights; 1-D tensors (norms, biases) stay F32, and a
-// weight whose rows are not whole Q8_0 blocks falls back to F16 (as llama.cpp's converter does).
+// tokenizer_config.json) to a GGUF file. out_type (a ggml type id) is any type
+// ggml_can_quantize takes and applies to the 2-D weights; 1-D tensors (norms, biases) stay F32.
+// A weight whose rows are not whole blocks of out_type falls back as llama.cpp's quantizer does:
+// a K-quant to a 32-element type (Q2_K, Q3_K -> IQ4_NL; Q4_K -> Q5_0; Q5_K -> Q5_1; Q6_K -> Q8_0),
+// anything else, or rows not whole blocks of that either, to F16.
 // Gemma norms are written as w + 1. The tokenizer keys are written when tokenizer.json is
 // present: byte-level BPE (Qwen) as gpt2/qwen2 with its merges; SentencePiece (Gemma) as llama
 // with scores = -(rank of the merge that forms the token), which makes the score order the

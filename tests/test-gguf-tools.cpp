@@ -310,31 +310,33 @@ static void test_convert() {
               rel_l2(gl, hf), rel_l2(hf, regular));
     }
     // the other types, on the fixture with a tokenizer: they load, their 2-D weights have the type
-    // asked for (or F16 where rows are not whole blocks: all of them for q4_k, 256, on this model,
-    // which checks that the name is taken), and the logits stay close. The bound is
-    // 5e-2 at 8 bits and doubles with each bit fewer (q8_0 gives 0.019 on this 64-wide model;
-    // q5_1 0.13, q4_0 0.23): a wrong scale or layout gives 1 or more.
+    // asked for or, where rows are not whole blocks, llama-quantize's fallback (this model's rows
+    // are 64 and 128 wide: every K-quant weight falls back, q4_k to Q5_0, q6_k to Q8_0, q2_k to
+    // IQ4_NL), and the logits stay close. The bound is 5e-2 at the 8 bits actually written and
+    // doubles with each bit fewer (q8_0 gives 0.019 on this 64-wide model; q5_1 0.13, q4_0 0.23):
+    // a wrong scale or layout gives 1 or more.
     const std::string tiny = std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen2";
     std::vector<float> hf;
     std::string e;
     CHECK(logits(tiny, false, "", &hf, &e), "tiny-qwen2: %s", e.c_str());
-    const std::pair<const char *, int> types[] = {{"f16", 8}, {"bf16", 8}, {"q8_0", 8}, {"q5_1", 5}, {"q4_0", 4}, {"q4_k", 4}};
-    for (const auto &tb : types) {
-        const char *type = tb.first;
-        const std::string gg = g_tmp + "/tiny-" + type + ".gguf";
-        int st = tool("gguf-convert", tiny + " -o " + gg + " --type " + type, &out, &err);
-        CHECK(st == 0 && out.find("with tokenizer") != std::string::npos, "tiny-qwen2 %s: exit %d: %s", type, st, err.c_str());
+    struct Typed { const char *type, *written; int bits; };
+    const Typed types[] = {{"f16", "f16", 8},   {"bf16", "bf16", 8},  {"q8_0", "q8_0", 8}, {"q5_1", "q5_1", 5},     {"q4_0", "q4_0", 4},
+                           {"q4_k", "q5_0", 5}, {"q6_k", "q8_0", 8}, {"q2_k", "iq4_nl", 4}, {"iq4_nl", "iq4_nl", 4}};
+    for (const Typed &tb : types) {
+        const std::string gg = g_tmp + "/tiny-" + tb.type + ".gguf";
+        int st = tool("gguf-convert", tiny + " -o " + gg + " --type " + tb.type, &out, &err);
+        CHECK(st == 0 && out.find("with tokenizer") != std::string::npos, "tiny-qwen2 %s: exit %d: %s", tb.type, st, err.c_str());
         std::unique_ptr<gguf_file> f = gguf_file::open(gg, &e);
         bool typed = f != nullptr;
         for (size_t i = 0; f && i < f->tensors().size(); i++) {
             const gguf_tensor_info &t = f->tensors()[i];
-            typed = typed && (t.n_dims == 1 || t.type == ggml_type_by_name(type) || t.type == GGML_TYPE_F16);
+            typed = typed && (t.n_dims == 1 || t.type == ggml_type_by_name(tb.written));
         }
         std::vector<float> gl;
-        CHECK(typed && logits(gg, true, "", &gl, &e), "tiny-qwen2 %s: weights of another type, or %s", type, e.c_str());
+        CHECK(typed && logits(gg, true, "", &gl, &e), "tiny-qwen2 %s: weights not all %s, or %s", tb.type, tb.written, e.c_str());
         const double d = rel_l2(gl, hf);
-        CHECK(d < 5e-2 * (1 << (8 - tb.second)), "tiny-qwen2 %s: logits relative L2 %.3g vs HF", type, d);
-        std::printf("gguf-convert tiny   %-4s: logits relative L2 %.2g vs HF\n", type, d);
+        CHECK(d < 5e-2 * (1 << (8 - tb.bits)), "tiny-qwen2 %s: logits relative L2 %.3g vs HF", tb.type, d);
+        std::printf("gguf-convert tiny   %-6s (%-6s): logits relative L2 %.2g vs HF\n", tb.type, tb.written, d);
     }
     CHECK(tool("gguf-convert", tiny + " -o " + g_tmp + "/x.gguf --type iq2_xxs", &out, &err) == 2 && err.find("iq2_xxs") != std::string::npos,
           "a --type forge cannot write must be refused by name");
