@@ -23,11 +23,13 @@ void usage(FILE *f) {
                  "usage: gguf-convert HF_DIR -o OUT.gguf [--type auto|TYPE]\n"
                  "  HF_DIR   a model directory: config.json + model.safetensors or model.safetensors.index.json\n"
                  "           and its shards; tokenizer.json (+ tokenizer_config.json) adds the tokenizer keys\n"
-                 "  --type   type of the 2-D weights (norms and biases stay F32): %s;\n"
+                 "  --type   type of the 2-D weights (norms and biases stay F32): %s\n"
+                 "           (q4_k_m, q5_k_m: llama-quantize's mixtures, Q6_K for the output, and for attn_v\n"
+                 "           and ffn_down in the first and last eighth of the layers and every third between);\n"
                  "           auto keeps the checkpoint's F32 / F16 / BF16. Rows that are not whole blocks (32\n"
                  "           elements, 256 for the _k types) fall back as llama-quantize does: q2_k, q3_k ->\n"
                  "           iq4_nl, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, else (or again not whole) f16\n",
-                 ggml_quantizable_names().c_str());
+                 gguf_file_type_names().c_str());
 }
 
 bool is_dir(const std::string &p) {
@@ -78,9 +80,9 @@ int main(int argc, char **argv) {
         }
     }
     if (in.empty() || out.empty()) return usage(stderr), 2;
-    const uint32_t named = ggml_type_by_name(type_name);
-    if (type_name != "auto" && !ggml_can_quantize(named)) {
-        std::fprintf(stderr, "gguf-convert: --type '%s' is not one of auto, %s\n", type_name.c_str(), ggml_quantizable_names().c_str());
+    GgufFileType named;
+    if (type_name != "auto" && !gguf_file_type_by_name(type_name, &named)) {
+        std::fprintf(stderr, "gguf-convert: --type '%s' is not one of auto, %s\n", type_name.c_str(), gguf_file_type_names().c_str());
         return 2;
     }
     if (!is_dir(in)) {
@@ -93,12 +95,12 @@ int main(int argc, char **argv) {
         std::fprintf(stderr, "gguf-convert: %s\n", err.c_str());
         return 1;
     }
-    uint32_t type = 0;
-    if (type_name == "auto" ? !auto_type(in, &type, &err) : (type = named, false)) {
+    uint32_t auto_t = 0;
+    if (type_name == "auto" && !auto_type(in, &auto_t, &err)) {
         std::fprintf(stderr, "gguf-convert: %s\n", err.c_str());
         return 1;
     }
-    if (!gguf_from_hf(in, out, type, &err)) {
+    if (!gguf_from_hf(in, out, type_name == "auto" ? GgufFileType(auto_t) : named, &err)) {
         std::fprintf(stderr, "gguf-convert: %s\n", err.c_str());
         return 1;
     }

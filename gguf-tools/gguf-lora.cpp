@@ -6,8 +6,8 @@
 //
 // The work is models/lora-convert.h's, which says how names, ranks and scales map and how a merge
 // rounds. Exit status: 0 ok, 1 failure, 2 bad usage.
+#include "models/gguf-model.h"
 #include "models/lora-convert.h"
-#include "models/quants.h"
 
 #include <cstdio>
 #include <map>
@@ -102,8 +102,9 @@ int main(int argc, char **argv) {
     } else if (cmd == "merge") {
         const std::string type = get("--type", "auto");
         if (!pos.empty() || out.empty() || !opt.count("--base") || !opt.count("--adapter")) return usage(stderr), 2;
-        if (type != "auto" && !ggml_can_quantize(ggml_type_by_name(type))) {
-            std::fprintf(stderr, "gguf-lora: --type '%s' is not one of auto, %s\n", type.c_str(), ggml_quantizable_names().c_str());
+        GgufFileType ft;
+        if (type != "auto" && !gguf_file_type_by_name(type, &ft)) {
+            std::fprintf(stderr, "gguf-lora: --type '%s' is not one of auto, %s\n", type.c_str(), gguf_file_type_names().c_str());
             return 2;
         }
         const bool tty = isatty(2);

@@ -10,7 +10,9 @@
 #include "quants.h"
 #include "safetensors.h"
 
+#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
@@ -355,8 +357,9 @@ bool tokenizer_kvs(const std::string &dir, std::vector<gguf_kv> *kvs, std::strin
     return true;
 }
 
-uint32_t file_type_of(uint32_t type) {
-    switch (type) {
+uint32_t file_type_of(GgufFileType ft) {
+    if (ft.mixed) return ft.base == GGML_TYPE_Q4_K ? 15 : 17; // LLAMA_FTYPE_MOSTLY_Q4_K_M, Q5_K_M
+    switch (ft.base) {
     case GGML_TYPE_F16: return 1;
     case GGML_TYPE_Q4_0: return 2; // llama.cpp's LLAMA_FTYPE_MOSTLY_*
     case GGML_TYPE_Q4_1: return 3;
@@ -394,11 +397,39 @@ uint32_t row_type(uint32_t type, int64_t ne0) {
     return ggml_row_size(type, ne0, &row, &e) ? type : GGML_TYPE_F16;
 }
 
+// The type of weight name (rows of ne0) in a file of type ft, before the fallback for rows that
+// are not whole blocks: the base type, or in a mixed file llama.cpp's llama_tensor_get_type_impl
+// for Q4_K_M / Q5_K_M (without its Falcon, 70B and mixture-of-experts rules, which no model forge
+// reads takes): the output weight (the token embedding when tied) Q6_K, Q8_0 when its rows are
+// not whole K-quant blocks; attn_v and ffn_down of layer i Q6_K when use_more_bits(i).
+uint32_t weight_type(GgufFileType ft, const std::string &name, int64_t ne0, int n_layer, bool tied) {
+    if (!ft.mixed) return ft.base;
+    if (name == "output.weight" || (tied && name == "token_embd.weight")) return ne0 % 256 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q6_K;
+    int layer, n = 0;
+    char kind[24];
+    if (std::sscanf(name.c_str(), "blk.%d.%23[a-z_].weight%n", &layer, kind, &n) != 2 || (size_t)n != name.size()) return ft.base;
+    const bool more_bits = layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
+    return more_bits && (!std::strcmp(kind, "attn_v") || !std::strcmp(kind, "ffn_down")) ? GGML_TYPE_Q6_K : ft.base;
+}
+
 } // namespace
 
-bool gguf_from_hf(const std::string &dir, const std::string &out_path, uint32_t out_type, std::string *err) {
-    if (!ggml_can_quantize(out_type)) {
-        *err = out_path + ": output type " + ggml_type_name(out_type) + " is not one of " + ggml_quantizable_names();
+bool gguf_file_type_by_name(const std::string &name, GgufFileType *ft) {
+    std::string n = name;
+    for (char &ch : n) ch = (char)std::tolower((unsigned char)ch);
+    if (n == "q4_k_m" || n == "q5_k_m") return *ft = GgufFileType(n == "q4_k_m" ? GGML_TYPE_Q4_K : GGML_TYPE_Q5_K, true), true;
+    const uint32_t t = ggml_type_by_name(n);
+    if (!ggml_can_quantize(t)) return false;
+    *ft = GgufFileType(t);
+    return true;
+}
+
+std::string gguf_file_type_names() { return ggml_quantizable_names() + ", q4_k_m, q5_k_m"; }
+
+bool gguf_from_hf(const std::string &dir, const std::string &out_path, GgufFileType out_type, std::string *err) {
+    if (!ggml_can_quantize(out_type.base) || (out_type.mixed && out_type.base != GGML_TYPE_Q4_K && out_type.base != GGML_TYPE_Q5_K)) {
+        *err = out_path + ": output type " + ggml_type_name(out_type.base) + (out_type.mixed ? " (mixed)" : "") + " is not one of " +
+               gguf_file_type_names();
         return false;
     }
     json::Value cj;
@@ -453,7 +484,7 @@ bool gguf_from_hf(const std::string &dir, const std::string &out_path, uint32_t 
         if (c.attn_scale != derived) kvs.push_back(gguf_kv::f32(a + "attention.scale", c.attn_scale));
     }
     kvs.push_back(gguf_kv::u32("general.file_type", file_type_of(out_type)));
-    if (out_type != GGML_TYPE_F32 && out_type != GGML_TYPE_F16 && out_type != GGML_TYPE_BF16)
+    if (out_type.base != GGML_TYPE_F32 && out_type.base != GGML_TYPE_F16 && out_type.base != GGML_TYPE_BF16)
         kvs.push_back(gguf_kv::u32("general.quantization_version", 2));
     struct stat sb;
     if (stat((dir + "/tokenizer.json").c_str(), &sb) == 0 && !tokenizer_kvs(dir, &kvs, err)) return false;
@@ -515,7 +546,7 @@ bool gguf_from_hf(const std::string &dir, const std::string &out_path, uint32_t 
         o.ne[0] = t.cols ? t.cols : t.rows;
         o.ne[1] = t.cols ? t.rows : 1;
         o.type = GGML_TYPE_F32;
-        if (t.cols) o.type = row_type(out_type, o.ne[0]);
+        if (t.cols) o.type = row_type(weight_type(out_type, t.gguf, o.ne[0], (int)c.n_layer, c.tied), o.ne[0]);
         const bool shift = gemma && t.norm;
         const int64_t ne0 = o.ne[0], nrows = o.ne[1];
         const uint32_t type = o.type;

@@ -1,7 +1,8 @@
 // models/gguf-model.h - GGUF model files <-> the decoder (formats.md sections 2 and 3): the
 // configuration from {arch}.* metadata, the weights by GGUF tensor name (dequantized on the CPU
 // where they are quantized), the tokenizer.ggml.* metadata, and a converter from an HF
-// directory to GGUF (F32, F16, BF16 or Q8_0) with the names and keys that llama.cpp writes.
+// directory to GGUF (every type quants.h writes, and llama-quantize's Q4_K_M / Q5_K_M mixtures)
+// with the names and keys that llama.cpp writes.
 //
 // What differs from an HF load: Gemma norm weights are stored as w + 1 (norm_offset 0), the
 // untied lm_head is output.weight (tied when it is absent), n_vocab is token_embd's ne[1], and
@@ -35,16 +36,32 @@ bool model_load_gguf(Model &m, std::shared_ptr<const gguf_file> f, forge_ctx *ct
 // The tokenizer.ggml.* metadata of a GGUF file (absent keys stay empty / -1).
 bool gguf_tokenizer_meta(const gguf_file &f, GgufTokenizerMeta *out, std::string *err);
 
+// The type of a converted file's 2-D weights: one ggml type for all of them (any type
+// ggml_can_quantize takes), or, with mixed, llama-quantize's Q4_K_M / Q5_K_M mixture of a
+// Q4_K / Q5_K base: Q6_K for the output weight (the token embedding when it is tied to the
+// output) and for attn_v and ffn_down in the layers llama.cpp's use_more_bits picks (the first
+// and last eighth and every third in between).
+struct GgufFileType {
+    uint32_t base = 0; // a ggml type id
+    bool mixed = false;
+    GgufFileType(uint32_t type = 0, bool k_m = false) : base(type), mixed(k_m) {}
+};
+// "q4_k_m", "q5_k_m", or a type name as ggml_type_by_name takes it (any case); false for a
+// name that is none of these or a type forge cannot write.
+bool gguf_file_type_by_name(const std::string &name, GgufFileType *ft);
+// The names gguf_file_type_by_name takes, for messages: "f32, f16, ..., q4_k_m, q5_k_m".
+std::string gguf_file_type_names();
+
 // Converts an HF model directory (config.json + safetensors, optionally tokenizer.json and
-// tokenizer_config.json) to a GGUF file. out_type (a ggml type id) is any type
-// ggml_can_quantize takes and applies to the 2-D weights; 1-D tensors (norms, biases) stay F32.
-// A weight whose rows are not whole blocks of out_type falls back as llama.cpp's quantizer does:
+// tokenizer_config.json) to a GGUF file, its 2-D weights of out_type; 1-D tensors (norms,
+// biases) stay F32. A weight whose rows are not whole blocks of its type falls back as llama.cpp's
+// quantizer does:
 // a K-quant to a 32-element type (Q2_K, Q3_K -> IQ4_NL; Q4_K -> Q5_0; Q5_K -> Q5_1; Q6_K -> Q8_0),
 // anything else, or rows not whole blocks of that either, to F16.
 // Gemma norms are written as w + 1. The tokenizer keys are written when tokenizer.json is
 // present: byte-level BPE (Qwen) as gpt2/qwen2 with its merges; SentencePiece (Gemma) as llama
 // with scores = -(rank of the merge that forms the token), which makes the score order the
 // merge order. Errors name the file and the tensor or key.
-bool gguf_from_hf(const std::string &hf_dir, const std::string &out_path, uint32_t out_type, std::string *err);
+bool gguf_from_hf(const std::string &hf_dir, const std::string &out_path, GgufFileType out_type, std::string *err);
 
 } // namespace forge

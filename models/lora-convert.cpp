@@ -632,14 +632,14 @@ bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &
     if (!lora_merge_target_ok(base, out, type, err) || !lora_read_base(base, &b, err) || !lora_check_base(ad, b, err)) return false;
     if (b.gguf) return merge_gguf(base, ad, out, err, progress);
     if (!ends_with(out, ".gguf")) return merge_into_dir(base, ad, out, err, progress);
-    uint32_t gtype = 0;
+    GgufFileType gtype;
     if (type == "auto") {
         SafetensorsCheckpoint ck;
         if (!ck.open(base, err)) return false;
         const SafetensorsTensor *t = ck.find("model.embed_tokens.weight");
         gtype = t ? ggml_of(t->dtype) : GGML_TYPE_F32;
-    } else if (!ggml_can_quantize(gtype = ggml_type_by_name(type))) {
-        return fail(err, "--type " + type + ": not a type forge writes (" + ggml_quantizable_names() + ")");
+    } else if (!gguf_file_type_by_name(type, &gtype)) {
+        return fail(err, "--type " + type + ": not a type forge writes (" + gguf_file_type_names() + ")");
     }
     std::string tmp = out + ".merge-XXXXXX";
     if (!mkdtemp(&tmp[0])) return fail(err, out + ": cannot create a temporary directory " + tmp + ": " + std::strerror(errno));

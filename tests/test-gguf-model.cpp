@@ -14,6 +14,7 @@
 #include "../models/gguf-model.h"
 #include "../models/json.h"
 #include "../models/quants.h"
+#include "../models/safetensors.h"
 
 #include <cstring>
 #include <map>
@@ -305,6 +306,84 @@ static void test_tokenizer_keys() {
     rmdir(dir.c_str());
 }
 
+// llama-quantize's Q4_K_M and Q5_K_M mixtures, on a generated 8-layer Qwen2 whose rows are whole
+// K-quant blocks (hidden 256, ffn 512): llama.cpp's use_more_bits picks layers 0, 3, 6 and 7 of 8
+// (the first and last eighth, and every third between), whose attn_v and ffn_down are Q6_K; the
+// tied token embedding is the output, Q6_K; every other 2-D weight is the base type; the file
+// type is llama.cpp's (15, 17) and the file loads.
+static void test_mixtures() {
+    const std::string dir = g_tmp + "/mix";
+    mkdir(dir.c_str(), 0755);
+    const int64_t H = 256, F = 512, V = 300, L = 8, q = 256, kv = 128;
+    write_text(dir + "/config.json", "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"hidden_size\": 256, "
+                                     "\"intermediate_size\": 512, \"num_hidden_layers\": 8, \"num_attention_heads\": 4, "
+                                     "\"num_key_value_heads\": 2, \"vocab_size\": 300, \"max_position_embeddings\": 64, "
+                                     "\"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0, \"tie_word_embeddings\": true, \"hidden_act\": \"silu\"}");
+    std::vector<std::vector<float>> keep;
+    std::vector<SafetensorsWriteTensor> ts;
+    uint64_t state = 7;
+    auto add = [&](const std::string &name, std::vector<int64_t> shape) {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        keep.emplace_back((size_t)n);
+        for (float &x : keep.back()) x = (float)((state = state * 6364136223846793005ull + 1442695040888963407ull) >> 40) / 16777216.0f * 0.2f - 0.1f;
+        ts.push_back({name, "F32", shape, keep.back().data(), (uint64_t)n * 4});
+    };
+    add("model.embed_tokens.weight", {V, H});
+    add("model.norm.weight", {H});
+    for (int l = 0; l < L; l++) {
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        add(p + "input_layernorm.weight", {H});
+        add(p + "post_attention_layernorm.weight", {H});
+        add(p + "self_attn.q_proj.weight", {q, H});
+        add(p + "self_attn.q_proj.bias", {q});
+        add(p + "self_attn.k_proj.weight", {kv, H});
+        add(p + "self_attn.k_proj.bias", {kv});
+        add(p + "self_attn.v_proj.weight", {kv, H});
+        add(p + "self_attn.v_proj.bias", {kv});
+        add(p + "self_attn.o_proj.weight", {H, q});
+        add(p + "mlp.gate_proj.weight", {F, H});
+        add(p + "mlp.up_proj.weight", {F, H});
+        add(p + "mlp.down_proj.weight", {H, F});
+    }
+    std::string err;
+    CHECK(safetensors_write(dir + "/model.safetensors", ts, {}, &err), "%s", err.c_str());
+    for (const char *name : {"q4_k_m", "q5_k_m"}) {
+        GgufFileType ft;
+        const std::string path = g_tmp + "/mix-" + name + ".gguf";
+        if (!gguf_file_type_by_name(name, &ft) || !gguf_from_hf(dir, path, ft, &err)) {
+            CHECK(false, "%s: %s", name, err.c_str());
+            continue;
+        }
+        const uint32_t base = ft.base;
+        auto f = gguf_file::open(path, &err);
+        int wrong = 0, q6 = 0;
+        for (const gguf_tensor_info &t : f ? f->tensors() : std::vector<gguf_tensor_info>{}) {
+            int layer = -1;
+            std::sscanf(t.name.c_str(), "blk.%d.", &layer);
+            const bool more = layer == 0 || layer == 3 || layer == 6 || layer == 7;
+            const bool v_or_down = contains(t.name, "attn_v.weight") || contains(t.name, "ffn_down.weight");
+            const uint32_t want = t.n_dims == 1 ? GGML_TYPE_F32 : t.name == "token_embd.weight" || (more && v_or_down) ? GGML_TYPE_Q6_K : base;
+            if (t.type != want && wrong++ < 3) CHECK(false, "%s: %s is %s, expected %s", name, t.name.c_str(), ggml_type_name(t.type), ggml_type_name(want));
+            q6 += t.type == GGML_TYPE_Q6_K;
+        }
+        uint32_t ftype = 0;
+        const gguf_kv *k = f ? f->find("general.file_type") : nullptr;
+        if (k) std::memcpy(&ftype, k->raw.data(), 4);
+        Model m;
+        forge_ctx *ctx = forge_ctx_new();
+        const bool loads = f && model_load_gguf(m, path, ctx, FORGE_TYPE_F32, &err);
+        forge_ctx_free(ctx);
+        CHECK(f && wrong == 0 && q6 == 9 && ftype == (base == GGML_TYPE_Q4_K ? 15u : 17u) && loads, "%s: %d wrong types, %d Q6_K, file type %u, %s",
+              name, wrong, q6, ftype, err.c_str());
+        std::printf("  %s: token_embd and the attn_v and ffn_down of layers 0, 3, 6, 7 Q6_K, the rest %s; file type %u\n", name,
+                    ggml_type_name(base), ftype);
+        unlink(path.c_str());
+    }
+    for (const char *f : {"config.json", "model.safetensors"}) unlink((dir + "/" + f).c_str());
+    rmdir(dir.c_str());
+}
+
 int main() {
     char tmpl[] = "/tmp/forge-gguf-model-XXXXXX";
     if (!mkdtemp(tmpl)) return 1;
@@ -312,6 +391,7 @@ int main() {
     for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2", "gemma3"}) test_arch(arch);
     test_errors();
     test_tokenizer_keys();
+    test_mixtures();
     for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2", "gemma3"})
         for (const char *t : {"F32", "Q8_0"}) unlink((g_tmp + "/" + arch + "-" + t + ".gguf").c_str());
     rmdir(g_tmp.c_str());
