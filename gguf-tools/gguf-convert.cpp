@@ -28,7 +28,7 @@ void usage(FILE *f) {
                  "           and ffn_down in the first and last eighth of the layers and every third between);\n"
                  "           auto keeps the checkpoint's F32 / F16 / BF16. Rows that are not whole blocks (32\n"
                  "           elements, 256 for the _k types) fall back as llama-quantize does: q2_k, q3_k ->\n"
-                 "           iq4_nl, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, else (or again not whole) f16\n",
+                 "           q4_0, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, else (or again not whole) f16\n",
                  gguf_file_type_names().c_str());
 }
 

@@ -379,7 +379,7 @@ uint32_t file_type_of(GgufFileType ft) {
 
 // The type of a weight of rows of ne0 when the file's type is type, as llama-quantize picks it:
 // rows that are not whole 256-element K-quant blocks take the fallback of llama.cpp's
-// llama_tensor_get_type (Q2_K and Q3_K -> IQ4_NL, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0),
+// tensor_type_fallback (Q2_K and Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0),
 // and rows that are not whole blocks of that type either, F16. Qwen2.5-0.5B's hidden size of 896
 // is 3.5 K-quant blocks: its q4_k file has Q5_0 for the weights whose rows are 896 long.
 uint32_t row_type(uint32_t type, int64_t ne0) {
@@ -388,7 +388,7 @@ uint32_t row_type(uint32_t type, int64_t ne0) {
     if (ggml_row_size(type, ne0, &row, &e)) return type;
     switch (type) {
     case GGML_TYPE_Q2_K:
-    case GGML_TYPE_Q3_K: type = GGML_TYPE_IQ4_NL; break;
+    case GGML_TYPE_Q3_K: type = GGML_TYPE_Q4_0; break;
     case GGML_TYPE_Q4_K: type = GGML_TYPE_Q5_0; break;
     case GGML_TYPE_Q5_K: type = GGML_TYPE_Q5_1; break;
     case GGML_TYPE_Q6_K: type = GGML_TYPE_Q8_0; break;

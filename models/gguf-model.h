@@ -56,7 +56,7 @@ std::string gguf_file_type_names();
 // tokenizer_config.json) to a GGUF file, its 2-D weights of out_type; 1-D tensors (norms,
 // biases) stay F32. A weight whose rows are not whole blocks of its type falls back as llama.cpp's
 // quantizer does:
-// a K-quant to a 32-element type (Q2_K, Q3_K -> IQ4_NL; Q4_K -> Q5_0; Q5_K -> Q5_1; Q6_K -> Q8_0),
+// a K-quant to a 32-element type (Q2_K, Q3_K -> Q4_0; Q4_K -> Q5_0; Q5_K -> Q5_1; Q6_K -> Q8_0),
 // anything else, or rows not whole blocks of that either, to F16.
 // Gemma norms are written as w + 1. The tokenizer keys are written when tokenizer.json is
 // present: byte-level BPE (Qwen) as gpt2/qwen2 with its merges; SentencePiece (Gemma) as llama

@@ -312,7 +312,7 @@ static void test_convert() {
     // the other types, on the fixture with a tokenizer: they load, their 2-D weights have the type
     // asked for or, where rows are not whole blocks, llama-quantize's fallback (this model's rows
     // are 64 and 128 wide: every K-quant weight falls back, q4_k to Q5_0, q6_k to Q8_0, q2_k to
-    // IQ4_NL), and the logits stay close. The bound is 5e-2 at the 8 bits actually written and
+    // Q4_0), and the logits stay close. The bound is 5e-2 at the 8 bits actually written and
     // doubles with each bit fewer (q8_0 gives 0.019 on this 64-wide model; q5_1 0.13, q4_0 0.23):
     // a wrong scale or layout gives 1 or more.
     const std::string tiny = std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen2";
@@ -321,7 +321,7 @@ static void test_convert() {
     CHECK(logits(tiny, false, "", &hf, &e), "tiny-qwen2: %s", e.c_str());
     struct Typed { const char *type, *written; int bits; };
     const Typed types[] = {{"f16", "f16", 8},   {"bf16", "bf16", 8},  {"q8_0", "q8_0", 8}, {"q5_1", "q5_1", 5},     {"q4_0", "q4_0", 4},
-                           {"q4_k", "q5_0", 5}, {"q6_k", "q8_0", 8}, {"q2_k", "iq4_nl", 4}, {"iq4_nl", "iq4_nl", 4}};
+                           {"q4_k", "q5_0", 5}, {"q6_k", "q8_0", 8}, {"q2_k", "q4_0", 4}, {"iq4_nl", "iq4_nl", 4}};
     for (const Typed &tb : types) {
         const std::string gg = g_tmp + "/tiny-" + tb.type + ".gguf";
         int st = tool("gguf-convert", tiny + " -o " + gg + " --type " + tb.type, &out, &err);
