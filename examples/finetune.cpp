@@ -185,6 +185,9 @@ const char *kUsageText =
     "                         directory (default <out>/merged) from an HF base, GGUF (default\n"
     "                         <out>/merged.gguf; each weight keeps its type) from a GGUF base; a\n"
     "                         PATH ending in .gguf gives GGUF from an HF base too\n"
+    "  --merge-type TYPE      the merged GGUF's type from an HF base, as gguf-convert --type takes it\n"
+    "                         (q8_0, q4_k_m, q5_k_m, ...; default: the base's float type); the\n"
+    "                         default PATH becomes <out>/merged.gguf\n"
     "\n"
     "device:\n"
     "  --device DEV           cpu, cuda or cuda:N (default: cuda when a GPU is present, else cpu)\n"
@@ -205,7 +208,7 @@ const char *kUsageText =
 // ---- options -------------------------------------------------------------------------------------
 
 struct Options {
-    std::string model, data, eval_data, out, resume, base_model, logits_out, chat_template, merge, init_adapter;
+    std::string model, data, eval_data, out, resume, base_model, logits_out, chat_template, merge, init_adapter, merge_type = "auto";
     std::vector<std::string> data_files, eval_files; // --data and --eval-data, each as often as given (data, eval_data: their list)
     std::string device, dtype, text_split = "paragraph", lr_schedule = "cosine";
     double eval_split = 0.05, lr = 2e-4, weight_decay = 0.0, clip = 1.0, epochs = 1.0, lora_alpha = 32.0;
@@ -300,6 +303,7 @@ Options parse_args(int argc, char **argv) {
             o.merge_flag = true;
             if (i + 1 < argc && argv[i + 1][0] != '-') o.merge = argv[++i];
         }
+        else if (a == "--merge-type") o.merge_type = val();
         else die(kUsage, "unknown option '%s' (see --help)", a.c_str());
     }
     if (o.model.empty()) die(kUsage, "no model: pass -m MODEL (see --help)");
@@ -313,6 +317,7 @@ Options parse_args(int argc, char **argv) {
     if (o.eval_only && (o.merge_flag || o.resume_flag || o.save_best || o.save_every))
         die(kUsage, "--eval-only takes no step: --merge, --resume, --save-best and --save-every do not apply (--init-adapter picks the adapter)");
     if (o.extend && !o.resume_flag) die(kUsage, "--extend continues a run: it needs --resume");
+    if (o.merge_type != "auto" && !o.merge_flag) die(kUsage, "--merge-type is the type of --merge's GGUF: it needs --merge");
     if (!o.init_adapter.empty() && o.lora_given)
         die(kUsage, "--init-adapter: the rank, alpha, targets and rsLoRA come from the adapter; drop --lora-r, --lora-alpha, --lora-targets "
                     "and --rslora");
@@ -1112,7 +1117,7 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
         auto progress = [tty](size_t done, size_t total) {
             if (tty) info("\r\x1b[Kmerge   weight %zu of %zu", done, total);
         };
-        if (!lora_read_peft(o.out, &ad, &err) || !lora_merge(r.rm.path, ad, o.merge, "auto", &err, progress))
+        if (!lora_read_peft(o.out, &ad, &err) || !lora_merge(r.rm.path, ad, o.merge, o.merge_type, &err, progress))
             die(kError, "--merge: %s", err.c_str());
         if (tty) info("\r\x1b[K");
     }
@@ -1161,9 +1166,9 @@ int main(int argc, char **argv) {
         o.out = "runs/" + base + "-lora";
     }
     if (o.merge_flag) { // a merge the base cannot take fails now, not after the training
-        if (o.merge.empty()) o.merge = o.out + (r.rm.gguf ? "/merged.gguf" : "/merged");
+        if (o.merge.empty()) o.merge = o.out + (r.rm.gguf || o.merge_type != "auto" ? "/merged.gguf" : "/merged");
         std::string err;
-        if (!lora_merge_target_ok(r.rm.path, o.merge, "auto", &err)) die(kUsage, "--merge: %s", err.c_str());
+        if (!lora_merge_target_ok(r.rm.path, o.merge, o.merge_type, &err)) die(kUsage, "--merge: %s", err.c_str());
     }
     std::string ckpt;
     if (o.resume_flag) {

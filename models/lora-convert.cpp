@@ -617,8 +617,12 @@ bool lora_merge_target_ok(const std::string &base, const std::string &out, const
         return fail(err, base + ": the merge's base must be an HF model directory (config.json + safetensors) or a GGUF file");
     if (!base_dir && !ends_with(out, ".gguf"))
         return fail(err, out + ": the base " + base + " is a GGUF file, so the merged model is written as GGUF: give a path ending in .gguf");
-    if (!base_dir && type != "auto")
-        return fail(err, "--type " + type + ": a GGUF base keeps each weight's own type; leave --type out");
+    GgufFileType ft;
+    if (type != "auto" && !base_dir) return fail(err, "type " + type + ": a GGUF base keeps each weight's own type; leave the type out");
+    if (type != "auto" && !ends_with(out, ".gguf"))
+        return fail(err, "type " + type + ": only a GGUF output has a type; " + out + " is an HF directory (give a path ending in .gguf)");
+    if (type != "auto" && !gguf_file_type_by_name(type, &ft))
+        return fail(err, "type " + type + ": not a type forge writes (" + gguf_file_type_names() + ")");
     char *rb = realpath(base.c_str(), nullptr), *ro = realpath(out.c_str(), nullptr);
     const bool same = rb && ro && !std::strcmp(rb, ro);
     std::free(rb), std::free(ro);
@@ -638,8 +642,8 @@ bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &
         if (!ck.open(base, err)) return false;
         const SafetensorsTensor *t = ck.find("model.embed_tokens.weight");
         gtype = t ? ggml_of(t->dtype) : GGML_TYPE_F32;
-    } else if (!gguf_file_type_by_name(type, &gtype)) {
-        return fail(err, "--type " + type + ": not a type forge writes (" + gguf_file_type_names() + ")");
+    } else {
+        gguf_file_type_by_name(type, &gtype); // checked by lora_merge_target_ok
     }
     std::string tmp = out + ".merge-XXXXXX";
     if (!mkdtemp(&tmp[0])) return fail(err, out + ": cannot create a temporary directory " + tmp + ": " + std::strerror(errno));

@@ -99,7 +99,7 @@ bool lora_write_peft(const LoraFile &ad, const std::string &dir, const std::stri
 
 // The merged model at out, from a base that is
 //  * an HF directory: out ending in .gguf is written as GGUF of type (auto: the embedding's
-//    type, or a type name as gguf-convert takes it), any other out as an HF directory
+//    type, or a file type as gguf-convert takes it, q4_k_m included), any other out as an HF directory
 //    (model.safetensors in the base's dtypes + the base's config and tokenizer files);
 //  * a GGUF file: out must end in .gguf; every key and tensor is copied, and each adapted weight
 //    keeps its type (quants.h quantizes every type it dequantizes); type must be auto.
@@ -108,7 +108,9 @@ using LoraMergeProgress = std::function<void(size_t done, size_t total)>;
 bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &out, const std::string &type, std::string *err,
                 const LoraMergeProgress &progress = nullptr);
 // Checks, before any work, that lora_merge(base, ..., out, type) can be asked for: base is an HF
-// directory or a GGUF file, out is not the base, a GGUF base goes to a .gguf out.
+// directory or a GGUF file, out is not the base, a GGUF base goes to a .gguf out, and a type
+// other than auto is a file type forge writes (gguf_file_type_by_name), for a .gguf out from an
+// HF base.
 bool lora_merge_target_ok(const std::string &base, const std::string &out, const std::string &type, std::string *err);
 
 } // namespace forge

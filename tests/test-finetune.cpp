@@ -524,6 +524,29 @@ static void test_merge_gguf(const std::string &data) {
         std::printf("test-finetune: --merge from a %s GGUF: merged vs the run's logits relative L2 %.2g (the adapter moves them %.2g)\n",
                     name.c_str(), d, moved);
     }
+    // --merge-type from the HF base: <out>/merged.gguf with every 2-D weight of that type (rows of
+    // 64 and 128 are whole Q8_0 blocks), carrying the adapter up to Q8_0's rounding
+    const std::string dir = g_tmp + "/merge-type";
+    Result r = run("-m " + kModel + " --data " + data + " --device cpu --threads 2 --seq-len 64 --batch 4 --seed 1 --steps 3 --lr 1e-2 --out " + dir +
+                   " --logits-out " + dir + "/logits.safetensors --merge --merge-type q8_0");
+    CHECK(r.rc == 0 && has(r, dir + "/merged.gguf: the base with the adapter merged"), "--merge-type q8_0: exit %d\n%s", r.rc, r.out.c_str());
+    std::string err;
+    std::unique_ptr<gguf_file> mf = gguf_file::open(dir + "/merged.gguf", &err);
+    bool typed = mf != nullptr;
+    for (size_t i = 0; mf && i < mf->tensors().size(); i++)
+        typed = typed && (mf->tensors()[i].n_dims == 1 || mf->tensors()[i].type == GGML_TYPE_Q8_0);
+    std::vector<int32_t> ids;
+    std::vector<float> ref;
+    if (!typed || !read_logits(dir + "/logits.safetensors", &ids, &ref)) {
+        CHECK(false, "--merge-type q8_0: weights not all Q8_0, or no logits (%s)", err.c_str());
+        return;
+    }
+    const std::vector<float> merged = logits_with("merged q8_0", ids, nullptr, nullptr, dir + "/merged.gguf"),
+                             plain = logits_with("base", ids, nullptr, nullptr, kModel);
+    const double d = rel_l2(merged, ref), moved = rel_l2(plain, ref);
+    CHECK(d < 0.05 * moved, "--merge-type q8_0: merged vs run: relative L2 %.3g; the adapter moves the logits by %.3g", d, moved);
+    std::printf("test-finetune: --merge --merge-type q8_0 from the HF base: merged vs the run's logits relative L2 %.2g (the adapter moves them %.2g)\n",
+                d, moved);
 }
 
 // SIGINT in the middle of a run: the step under way finishes and is checkpointed, exit 130.
@@ -767,6 +790,13 @@ int main() {
     expect_fail("merge into a missing directory", common + "--data " + data + " --merge " + g_tmp + "/no/such/merged" + out, 1,
                 {"--merge " + g_tmp + "/no/such/merged: cannot write into " + g_tmp + "/no/such/: no such directory"});
     expect_fail("merge onto the base", common + "--data " + data + " --merge " + kModel + out, 2, {"is the base model itself"});
+    expect_fail("merge type without merge", common + "--data " + data + " --merge-type q8_0" + out, 2, {"--merge-type is the type of --merge's GGUF: it needs --merge"});
+    expect_fail("unknown merge type", common + "--data " + data + " --merge --merge-type q9_9" + out, 2,
+                {"--merge: type q9_9: not a type forge writes (f32, f16", "q4_k_m, q5_k_m)"});
+    expect_fail("merge type into a directory", common + "--data " + data + " --merge " + g_tmp + "/m --merge-type q8_0" + out, 2,
+                {"type q8_0: only a GGUF output has a type; " + g_tmp + "/m is an HF directory"});
+    expect_fail("merge type of a GGUF base", "-m " + g_tmp + "/tiny-F32.gguf --data " + data + " --merge --merge-type q8_0" + out, 2,
+                {"type q8_0: a GGUF base keeps each weight's own type"});
     expect_fail("model name not found", "-m qwen2.5-0.5b --data " + data + out, 1,
                 {"-m qwen2.5-0.5b: model not found. Looked in:", g_tmp + "/nohome/.cache/huggingface/hub/models--*--qwen2.5-0.5b", "./models/qwen2.5-0.5b",
                  "huggingface-cli download Qwen/Qwen2.5-0.5B"},
