@@ -1117,9 +1117,11 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
         auto progress = [tty](size_t done, size_t total) {
             if (tty) info("\r\x1b[Kmerge   weight %zu of %zu", done, total);
         };
-        if (!lora_read_peft(o.out, &ad, &err) || !lora_merge(r.rm.path, ad, o.merge, o.merge_type, &err, progress))
+        double kept = NAN;
+        if (!lora_read_peft(o.out, &ad, &err) || !lora_merge(r.rm.path, ad, o.merge, o.merge_type, &err, progress, &kept))
             die(kError, "--merge: %s", err.c_str());
         if (tty) info("\r\x1b[K");
+        if (!std::isnan(kept)) info("merge   %s\n", lora_merge_kept_note(kept).c_str());
     }
     double best = INFINITY;
     int64_t best_step = 0;

@@ -9,6 +9,7 @@
 #include "models/gguf-model.h"
 #include "models/lora-convert.h"
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -108,10 +109,12 @@ int main(int argc, char **argv) {
             return 2;
         }
         const bool tty = isatty(2);
+        double kept = NAN;
         ok = lora_read(opt["--adapter"], &ad, &err) && lora_merge(opt["--base"], ad, out, type, &err, [tty](size_t done, size_t total) {
                  if (tty) std::fprintf(stderr, "\r\x1b[Kgguf-lora: merged %zu of %zu weights", done, total);
-             });
+             }, &kept);
         if (tty) std::fprintf(stderr, "\r\x1b[K");
+        if (ok && !std::isnan(kept)) std::fprintf(stderr, "gguf-lora: %s\n", lora_merge_kept_note(kept).c_str());
         if (ok) std::printf("%s: %s merged with %s (%zu weights)\n", out.c_str(), opt["--base"].c_str(), opt["--adapter"].c_str(), ad.pairs.size());
     } else {
         std::fprintf(stderr, "gguf-lora: unknown command '%s'\n", cmd.c_str());

@@ -558,14 +558,18 @@ static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, cons
 }
 
 // A GGUF base into a GGUF out: keys and tensors copied, each adapted weight dequantized, merged
-// and quantized again as it is written (one weight in memory at a time).
-static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::string &out, std::string *err, const LoraMergeProgress &progress) {
+// and quantized again as it is written (one weight in memory at a time). *kept gets the share of
+// the adapter's change that the written weights carry: the change they make to the base's
+// values, projected on the adapter's, sum((W_out - W) D) / sum(D D) over every adapted weight.
+static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::string &out, std::string *err, const LoraMergeProgress &progress,
+                       double *kept) {
     std::unique_ptr<gguf_file> f = gguf_file::open(base, err);
     if (!f) return false;
     std::map<std::string, const LoraPair *> by_weight;
     for (const LoraPair &p : ad.pairs) by_weight[p.gguf()] = &p;
     std::vector<gguf_tensor_out> ts;
     size_t done = 0;
+    double along = 0, squared = 0; // sum((W_out - W) D), sum(D D)
     for (const gguf_tensor_info &t : f->tensors()) {
         gguf_tensor_out o;
         o.name = t.name, o.type = t.type, o.n_dims = t.n_dims, o.data = t.data;
@@ -582,14 +586,26 @@ static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::s
             const gguf_file *fp = f.get();
             const uint32_t type = o.type;
             o.data = nullptr;
-            o.fill = [fp, ti, p, type, &done, &progress, total = ad.pairs.size()](uint8_t *dst, uint64_t, std::string *e) {
-                std::vector<float> w((size_t)ti->nelements());
-                if (!fp->load_f32(*ti, w.data(), e)) return false;
-                add_delta(*p, w.data());
+            o.fill = [fp, ti, p, type, &done, &progress, &along, &squared, total = ad.pairs.size()](uint8_t *dst, uint64_t, std::string *e) {
+                const int64_t ne0 = ti->ne[0], rows = ti->ne[1];
+                std::vector<float> w0((size_t)(ne0 * rows)), w;
+                if (!fp->load_f32(*ti, w0.data(), e)) return false;
+                add_delta(*p, (w = w0).data());
                 if (progress) progress(++done, total);
-                if (quantize(type, w.data(), ti->ne[0], ti->ne[1], dst, e)) return true;
-                *e = ti->name + ": " + *e;
-                return false;
+                uint64_t rb = 0;
+                if (!quantize(type, w.data(), ne0, rows, dst, e) || !ggml_row_size(type, ne0, &rb, e)) {
+                    *e = ti->name + ": " + *e;
+                    return false;
+                }
+                std::vector<float> back((size_t)ne0); // each written row read back
+                for (int64_t r = 0; r < rows; r++) {
+                    dequantize_row_f32(type, dst + r * rb, back.data(), ne0);
+                    for (int64_t i = 0; i < ne0; i++) {
+                        const double base = w0[(size_t)(r * ne0 + i)], d = w[(size_t)(r * ne0 + i)] - base;
+                        along += (back[(size_t)i] - base) * d, squared += d * d;
+                    }
+                }
+                return true;
             };
             by_weight.erase(it);
         }
@@ -597,7 +613,9 @@ static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::s
     }
     if (!by_weight.empty())
         return fail(err, base + ": no tensor '" + by_weight.begin()->first + "' for the adapter's module '" + by_weight.begin()->second->module + "'");
-    return gguf_write(out, f->kvs(), ts, err);
+    if (!gguf_write(out, f->kvs(), ts, err)) return false;
+    if (kept) *kept = squared > 0 ? along / squared : 1.0;
+    return true;
 }
 
 static void remove_tree(const std::string &dir) {
@@ -607,6 +625,15 @@ static void remove_tree(const std::string &dir) {
         closedir(d);
     }
     rmdir(dir.c_str());
+}
+
+std::string lora_merge_kept_note(double kept) {
+    if (std::isnan(kept)) return "";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "the merged weights carry %.0f%% of the adapter's change to them", 100.0 * kept);
+    return std::string(buf) + (kept >= 0.9 ? "" : "; the base's quantization rounds the rest back onto its grid. For the adapter's full "
+                                                  "effect run the base with the adapter (adapter.gguf: llama.cpp --lora), or merge into "
+                                                  "a 16-bit base and quantize the result");
 }
 
 bool lora_merge_target_ok(const std::string &base, const std::string &out, const std::string &type, std::string *err) {
@@ -631,10 +658,11 @@ bool lora_merge_target_ok(const std::string &base, const std::string &out, const
 }
 
 bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &out, const std::string &type, std::string *err,
-                const LoraMergeProgress &progress) {
+                const LoraMergeProgress &progress, double *kept) {
+    if (kept) *kept = NAN;
     LoraBase b;
     if (!lora_merge_target_ok(base, out, type, err) || !lora_read_base(base, &b, err) || !lora_check_base(ad, b, err)) return false;
-    if (b.gguf) return merge_gguf(base, ad, out, err, progress);
+    if (b.gguf) return merge_gguf(base, ad, out, err, progress, kept);
     if (!ends_with(out, ".gguf")) return merge_into_dir(base, ad, out, err, progress);
     GgufFileType gtype;
     if (type == "auto") {

@@ -39,6 +39,15 @@ struct LoraHalf {
     uint64_t nbytes = 0;
     std::vector<uint8_t> own; // when converted, folded or dequantized
     std::vector<float> f32() const; // the elements, row-major
+    LoraHalf() = default;
+    LoraHalf(LoraHalf &&) = default; // a moved vector keeps its buffer: data stays valid
+    LoraHalf &operator=(LoraHalf &&) = default;
+    LoraHalf(const LoraHalf &o) { *this = o; }
+    LoraHalf &operator=(const LoraHalf &o) { // a copy of own points data at the copy
+        dtype = o.dtype, rows = o.rows, cols = o.cols, nbytes = o.nbytes, own = o.own;
+        data = own.empty() ? o.data : own.data();
+        return *this;
+    }
     void adopt(std::vector<uint8_t> bytes, const std::string &dt) {
         own = std::move(bytes), data = own.data(), nbytes = own.size(), dtype = dt;
     }
@@ -104,9 +113,15 @@ bool lora_write_peft(const LoraFile &ad, const std::string &dir, const std::stri
 //  * a GGUF file: out must end in .gguf; every key and tensor is copied, and each adapted weight
 //    keeps its type (quants.h quantizes every type it dequantizes); type must be auto.
 // progress (when given) is called after each merged weight with the count so far and the total.
+// From a GGUF base, *kept (when given) is the share of the adapter's change D = scale B A that the
+// written weights carry, sum((W_out - W) D) / sum(D D) over every adapted weight: a 4-bit type
+// can round much of a small change back onto the base's grid (bench/merge-retention.sh). From an
+// HF base it is NaN: W + D is rounded from full precision there, without that bias.
 using LoraMergeProgress = std::function<void(size_t done, size_t total)>;
 bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &out, const std::string &type, std::string *err,
-                const LoraMergeProgress &progress = nullptr);
+                const LoraMergeProgress &progress = nullptr, double *kept = nullptr);
+// What a merge's *kept says, for its user ("" for NaN); below 90% with the ways to keep it all.
+std::string lora_merge_kept_note(double kept);
 // Checks, before any work, that lora_merge(base, ..., out, type) can be asked for: base is an HF
 // directory or a GGUF file, out is not the base, a GGUF base goes to a .gguf out, and a type
 // other than auto is a file type forge writes (gguf_file_type_by_name), for a .gguf out from an

@@ -498,6 +498,8 @@ static void test_merge_gguf(const std::string &data) {
         Result r = run("-m " + base + " --data " + data + " --device cpu --threads 2 --seq-len 64 --batch 4 --seed 1 --steps 3 --lr 1e-2 --out " +
                        dir + " --logits-out " + dir + "/logits.safetensors --merge");
         CHECK(r.rc == 0 && has(r, dir + "/merged.gguf: the base with the adapter merged"), "%s base: exit %d\n%s", name.c_str(), r.rc, r.out.c_str());
+        CHECK(has(r, "the merged weights carry 100% of the adapter's change") && !has(r, "rounds the rest"),
+              "%s base: the merge reports that its weights carry the whole adapter\n%s", name.c_str(), r.out.c_str());
         std::unique_ptr<gguf_file> bf = gguf_file::open(base, &err), mf = gguf_file::open(dir + "/merged.gguf", &err);
         if (!bf || !mf) { CHECK(false, "%s", err.c_str()); continue; }
         int adapted = 0;

@@ -584,9 +584,22 @@ static void test_merge_kquant() {
     ad.pairs.push_back(std::move(p));
     ad.source = "in-memory adapter";
     std::vector<std::pair<size_t, size_t>> steps;
-    const bool ok = lora_merge(base, ad, merged, "auto", &err, [&](size_t done, size_t total) { steps.push_back({done, total}); });
+    double kept = 0;
+    const bool ok = lora_merge(base, ad, merged, "auto", &err, [&](size_t done, size_t total) { steps.push_back({done, total}); }, &kept);
     CHECK(steps.size() == 1 && steps[0] == std::make_pair((size_t)1, (size_t)1), "merge progress: %zu calls", steps.size());
-    CHECK(ok, "Q4_K base: %s", err.c_str());
+    CHECK(ok && kept > 0.9 && kept < 1.1 && lora_merge_kept_note(kept).find("rounds") == std::string::npos, "Q4_K base: %s, kept %.3g", err.c_str(), kept);
+    // an adapter 1000 times smaller changes the weights by less than Q4_K's step: most of it is
+    // rounded back onto the base's grid, and the note says so
+    LoraFile small;
+    small.pairs.push_back(ad.pairs[0]);
+    small.pairs[0].scale = 2e-3;
+    small.source = ad.source;
+    double small_kept = 1;
+    CHECK(lora_merge(base, small, g_tmp + "/q4k-small.gguf", "auto", &err, nullptr, &small_kept) && small_kept < 0.5 &&
+              lora_merge_kept_note(small_kept).find("rounds the rest back onto its grid") != std::string::npos,
+          "Q4_K base, small adapter: kept %.3g (%s)", small_kept, err.c_str());
+    std::printf("merge into Q4_K: the written weights carry %.0f%% of the adapter's change (%.0f%% for one 1000 times smaller)\n", 100 * kept,
+                100 * small_kept);
     std::unique_ptr<gguf_file> bf = gguf_file::open(base, &err), mf = ok ? gguf_file::open(merged, &err) : nullptr;
     const gguf_tensor_info *mw = mf ? mf->find_tensor("blk.0.attn_q.weight") : nullptr, *mb = mf ? mf->find_tensor("blk.0.attn_q.bias") : nullptr;
     if (!bf || !mw || !mb) { CHECK(false, "Q4_K base: %s", err.c_str()); return; }
