@@ -59,4 +59,5 @@ run hf-f32-to-q4_k_m "$tmp/hf" --merge-type q4_k_m
 run gguf-f32 "$tmp/f32.gguf"
 run gguf-q8_0 "$tmp/q8_0.gguf"
 run gguf-q4_k_m "$tmp/q4_k_m.gguf"
+run gguf-q4_k_m-to-q8_0 "$tmp/q4_k_m.gguf" --merge-type q8_0
 echo; echo "]}"

@@ -377,26 +377,6 @@ uint32_t file_type_of(GgufFileType ft) {
     }
 }
 
-// The type of a weight of rows of ne0 when the file's type is type, as llama-quantize picks it:
-// rows that are not whole 256-element K-quant blocks take the fallback of llama.cpp's
-// tensor_type_fallback (Q2_K and Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0),
-// and rows that are not whole blocks of that type either, F16. Qwen2.5-0.5B's hidden size of 896
-// is 3.5 K-quant blocks: its q4_k file has Q5_0 for the weights whose rows are 896 long.
-uint32_t row_type(uint32_t type, int64_t ne0) {
-    uint64_t row;
-    std::string e;
-    if (ggml_row_size(type, ne0, &row, &e)) return type;
-    switch (type) {
-    case GGML_TYPE_Q2_K:
-    case GGML_TYPE_Q3_K: type = GGML_TYPE_Q4_0; break;
-    case GGML_TYPE_Q4_K: type = GGML_TYPE_Q5_0; break;
-    case GGML_TYPE_Q5_K: type = GGML_TYPE_Q5_1; break;
-    case GGML_TYPE_Q6_K: type = GGML_TYPE_Q8_0; break;
-    default: return GGML_TYPE_F16;
-    }
-    return ggml_row_size(type, ne0, &row, &e) ? type : GGML_TYPE_F16;
-}
-
 // The type of weight name (rows of ne0) in a file of type ft, before the fallback for rows that
 // are not whole blocks: the base type, or in a mixed file llama.cpp's llama_tensor_get_type_impl
 // for Q4_K_M / Q5_K_M (without its Falcon, 70B and mixture-of-experts rules, which no model forge
@@ -422,6 +402,21 @@ bool gguf_file_type_by_name(const std::string &name, GgufFileType *ft) {
     if (!ggml_can_quantize(t)) return false;
     *ft = GgufFileType(t);
     return true;
+}
+
+uint32_t gguf_row_type(uint32_t type, int64_t ne0) {
+    uint64_t row;
+    std::string e;
+    if (ggml_row_size(type, ne0, &row, &e)) return type;
+    switch (type) {
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K: type = GGML_TYPE_Q4_0; break;
+    case GGML_TYPE_Q4_K: type = GGML_TYPE_Q5_0; break;
+    case GGML_TYPE_Q5_K: type = GGML_TYPE_Q5_1; break;
+    case GGML_TYPE_Q6_K: type = GGML_TYPE_Q8_0; break;
+    default: return GGML_TYPE_F16;
+    }
+    return ggml_row_size(type, ne0, &row, &e) ? type : GGML_TYPE_F16;
 }
 
 std::string gguf_file_type_names() { return ggml_quantizable_names() + ", q4_k_m, q5_k_m"; }
@@ -546,7 +541,7 @@ bool gguf_from_hf(const std::string &dir, const std::string &out_path, GgufFileT
         o.ne[0] = t.cols ? t.cols : t.rows;
         o.ne[1] = t.cols ? t.rows : 1;
         o.type = GGML_TYPE_F32;
-        if (t.cols) o.type = row_type(weight_type(out_type, t.gguf, o.ne[0], (int)c.n_layer, c.tied), o.ne[0]);
+        if (t.cols) o.type = gguf_row_type(weight_type(out_type, t.gguf, o.ne[0], (int)c.n_layer, c.tied), o.ne[0]);
         const bool shift = gemma && t.norm;
         const int64_t ne0 = o.ne[0], nrows = o.ne[1];
         const uint32_t type = o.type;

@@ -51,6 +51,11 @@ struct GgufFileType {
 bool gguf_file_type_by_name(const std::string &name, GgufFileType *ft);
 // The names gguf_file_type_by_name takes, for messages: "f32, f16, ..., q4_k_m, q5_k_m".
 std::string gguf_file_type_names();
+// The type a weight of rows of ne0 is written in when type is asked for, as llama-quantize picks
+// it: type itself when the rows are whole blocks of it, else a K-quant's fallback (Q2_K and Q3_K
+// -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, as llama.cpp's tensor_type_fallback), and F16
+// when the rows are not whole blocks of that either (Qwen2.5-0.5B's 896-wide rows take Q5_0 for Q4_K).
+uint32_t gguf_row_type(uint32_t type, int64_t ne0);
 
 // Converts an HF model directory (config.json + safetensors, optionally tokenizer.json and
 // tokenizer_config.json) to a GGUF file, its 2-D weights of out_type; 1-D tensors (norms,

@@ -561,8 +561,10 @@ static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, cons
 // and quantized again as it is written (one weight in memory at a time). *kept gets the share of
 // the adapter's change that the written weights carry: the change they make to the base's
 // values, projected on the adapter's, sum((W_out - W) D) / sum(D D) over every adapted weight.
-static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::string &out, std::string *err, const LoraMergeProgress &progress,
-                       double *kept) {
+static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::string &out, const std::string &type, std::string *err,
+                       const LoraMergeProgress &progress, double *kept) {
+    GgufFileType ft; // auto: each weight its own type; else the adapted weights in this one
+    if (type != "auto") gguf_file_type_by_name(type, &ft); // checked by lora_merge_target_ok
     std::unique_ptr<gguf_file> f = gguf_file::open(base, err);
     if (!f) return false;
     std::map<std::string, const LoraPair *> by_weight;
@@ -584,22 +586,23 @@ static bool merge_gguf(const std::string &base, const LoraFile &ad, const std::s
                 return fail(err, base + ": tensor '" + t.name + "' is " + ggml_type_name(t.type) + ", which forge cannot dequantize to merge into");
             const gguf_tensor_info *ti = &t;
             const gguf_file *fp = f.get();
-            const uint32_t type = o.type;
+            if (type != "auto") o.type = gguf_row_type(ft.base, t.ne[0]);
+            const uint32_t wtype = o.type;
             o.data = nullptr;
-            o.fill = [fp, ti, p, type, &done, &progress, &along, &squared, total = ad.pairs.size()](uint8_t *dst, uint64_t, std::string *e) {
+            o.fill = [fp, ti, p, wtype, &done, &progress, &along, &squared, total = ad.pairs.size()](uint8_t *dst, uint64_t, std::string *e) {
                 const int64_t ne0 = ti->ne[0], rows = ti->ne[1];
                 std::vector<float> w0((size_t)(ne0 * rows)), w;
                 if (!fp->load_f32(*ti, w0.data(), e)) return false;
                 add_delta(*p, (w = w0).data());
                 if (progress) progress(++done, total);
                 uint64_t rb = 0;
-                if (!quantize(type, w.data(), ne0, rows, dst, e) || !ggml_row_size(type, ne0, &rb, e)) {
+                if (!quantize(wtype, w.data(), ne0, rows, dst, e) || !ggml_row_size(wtype, ne0, &rb, e)) {
                     *e = ti->name + ": " + *e;
                     return false;
                 }
                 std::vector<float> back((size_t)ne0); // each written row read back
                 for (int64_t r = 0; r < rows; r++) {
-                    dequantize_row_f32(type, dst + r * rb, back.data(), ne0);
+                    dequantize_row_f32(wtype, dst + r * rb, back.data(), ne0);
                     for (int64_t i = 0; i < ne0; i++) {
                         const double base = w0[(size_t)(r * ne0 + i)], d = w[(size_t)(r * ne0 + i)] - base;
                         along += (back[(size_t)i] - base) * d, squared += d * d;
@@ -632,8 +635,8 @@ std::string lora_merge_kept_note(double kept) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "the merged weights carry %.0f%% of the adapter's change to them", 100.0 * kept);
     return std::string(buf) + (kept >= 0.9 ? "" : "; the base's quantization rounds the rest back onto its grid. For the adapter's full "
-                                                  "effect run the base with the adapter (adapter.gguf: llama.cpp --lora), or merge into "
-                                                  "a 16-bit base and quantize the result");
+                                                  "effect write the merged weights in a finer type (q8_0), run the base with the adapter "
+                                                  "(adapter.gguf: llama.cpp --lora), or merge into a 16-bit base and quantize the result");
 }
 
 bool lora_merge_target_ok(const std::string &base, const std::string &out, const std::string &type, std::string *err) {
@@ -645,11 +648,12 @@ bool lora_merge_target_ok(const std::string &base, const std::string &out, const
     if (!base_dir && !ends_with(out, ".gguf"))
         return fail(err, out + ": the base " + base + " is a GGUF file, so the merged model is written as GGUF: give a path ending in .gguf");
     GgufFileType ft;
-    if (type != "auto" && !base_dir) return fail(err, "type " + type + ": a GGUF base keeps each weight's own type; leave the type out");
     if (type != "auto" && !ends_with(out, ".gguf"))
         return fail(err, "type " + type + ": only a GGUF output has a type; " + out + " is an HF directory (give a path ending in .gguf)");
     if (type != "auto" && !gguf_file_type_by_name(type, &ft))
         return fail(err, "type " + type + ": not a type forge writes (" + gguf_file_type_names() + ")");
+    if (!base_dir && ft.mixed)
+        return fail(err, "type " + type + ": from a GGUF base a type applies to the adapted weights alone; give one type (q8_0, q6_k, ...)");
     char *rb = realpath(base.c_str(), nullptr), *ro = realpath(out.c_str(), nullptr);
     const bool same = rb && ro && !std::strcmp(rb, ro);
     std::free(rb), std::free(ro);
@@ -662,7 +666,7 @@ bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &
     if (kept) *kept = NAN;
     LoraBase b;
     if (!lora_merge_target_ok(base, out, type, err) || !lora_read_base(base, &b, err) || !lora_check_base(ad, b, err)) return false;
-    if (b.gguf) return merge_gguf(base, ad, out, err, progress, kept);
+    if (b.gguf) return merge_gguf(base, ad, out, type, err, progress, kept);
     if (!ends_with(out, ".gguf")) return merge_into_dir(base, ad, out, err, progress);
     GgufFileType gtype;
     if (type == "auto") {

@@ -111,7 +111,8 @@ bool lora_write_peft(const LoraFile &ad, const std::string &dir, const std::stri
 //    type, or a file type as gguf-convert takes it, q4_k_m included), any other out as an HF directory
 //    (model.safetensors in the base's dtypes + the base's config and tokenizer files);
 //  * a GGUF file: out must end in .gguf; every key and tensor is copied, and each adapted weight
-//    keeps its type (quants.h quantizes every type it dequantizes); type must be auto.
+//    keeps its type (quants.h quantizes every type it dequantizes), or with a type (one type,
+//    not a mixture) is written in that type, with gguf_row_type's fallback.
 // progress (when given) is called after each merged weight with the count so far and the total.
 // From a GGUF base, *kept (when given) is the share of the adapter's change D = scale B A that the
 // written weights carry, sum((W_out - W) D) / sum(D D) over every adapted weight: a 4-bit type
@@ -124,8 +125,8 @@ bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &
 std::string lora_merge_kept_note(double kept);
 // Checks, before any work, that lora_merge(base, ..., out, type) can be asked for: base is an HF
 // directory or a GGUF file, out is not the base, a GGUF base goes to a .gguf out, and a type
-// other than auto is a file type forge writes (gguf_file_type_by_name), for a .gguf out from an
-// HF base.
+// other than auto is a file type forge writes (gguf_file_type_by_name) for a .gguf out, and not a
+// mixture for a GGUF base.
 bool lora_merge_target_ok(const std::string &base, const std::string &out, const std::string &type, std::string *err);
 
 } // namespace forge

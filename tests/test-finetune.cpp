@@ -797,8 +797,8 @@ int main() {
                 {"--merge: type q9_9: not a type forge writes (f32, f16", "q4_k_m, q5_k_m)"});
     expect_fail("merge type into a directory", common + "--data " + data + " --merge " + g_tmp + "/m --merge-type q8_0" + out, 2,
                 {"type q8_0: only a GGUF output has a type; " + g_tmp + "/m is an HF directory"});
-    expect_fail("merge type of a GGUF base", "-m " + g_tmp + "/tiny-F32.gguf --data " + data + " --merge --merge-type q8_0" + out, 2,
-                {"type q8_0: a GGUF base keeps each weight's own type"});
+    expect_fail("merge mixture of a GGUF base", "-m " + g_tmp + "/tiny-F32.gguf --data " + data + " --merge --merge-type q4_k_m" + out, 2,
+                {"type q4_k_m: from a GGUF base a type applies to the adapted weights alone; give one type"});
     expect_fail("model name not found", "-m qwen2.5-0.5b --data " + data + out, 1,
                 {"-m qwen2.5-0.5b: model not found. Looked in:", g_tmp + "/nohome/.cache/huggingface/hub/models--*--qwen2.5-0.5b", "./models/qwen2.5-0.5b",
                  "huggingface-cli download Qwen/Qwen2.5-0.5B"},

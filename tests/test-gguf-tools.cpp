@@ -598,8 +598,15 @@ static void test_merge_kquant() {
     CHECK(lora_merge(base, small, g_tmp + "/q4k-small.gguf", "auto", &err, nullptr, &small_kept) && small_kept < 0.5 &&
               lora_merge_kept_note(small_kept).find("rounds the rest back onto its grid") != std::string::npos,
           "Q4_K base, small adapter: kept %.3g (%s)", small_kept, err.c_str());
-    std::printf("merge into Q4_K: the written weights carry %.0f%% of the adapter's change (%.0f%% for one 1000 times smaller)\n", 100 * kept,
-                100 * small_kept);
+    // the same small adapter written as Q8_0: the adapted weight changes type and keeps it all
+    double q8_kept = 0;
+    std::unique_ptr<gguf_file> q8f;
+    CHECK(lora_merge(base, small, g_tmp + "/q4k-small-q8.gguf", "q8_0", &err, nullptr, &q8_kept) && q8_kept > 0.9 &&
+              (q8f = gguf_file::open(g_tmp + "/q4k-small-q8.gguf", &err)) && q8f->find_tensor("blk.0.attn_q.weight")->type == GGML_TYPE_Q8_0 &&
+              q8f->find_tensor("blk.0.attn_q.bias")->type == GGML_TYPE_F32,
+          "Q4_K base, small adapter, type q8_0: kept %.3g (%s)", q8_kept, err.c_str());
+    std::printf("merge into Q4_K: the written weights carry %.0f%% of the adapter's change (%.0f%% for one 1000 times smaller, %.0f%% of "
+                "that one written as Q8_0)\n", 100 * kept, 100 * small_kept, 100 * q8_kept);
     std::unique_ptr<gguf_file> bf = gguf_file::open(base, &err), mf = ok ? gguf_file::open(merged, &err) : nullptr;
     const gguf_tensor_info *mw = mf ? mf->find_tensor("blk.0.attn_q.weight") : nullptr, *mb = mf ? mf->find_tensor("blk.0.attn_q.bias") : nullptr;
     if (!bf || !mw || !mb) { CHECK(false, "Q4_K base: %s", err.c_str()); return; }
