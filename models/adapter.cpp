@@ -60,7 +60,7 @@ LoraBase model_base(const ModelConfig &c) {
     const int64_t H = c.hidden, q = c.n_head * c.head_dim, kv = c.n_kv_head * c.head_dim;
     const int64_t ins[7] = {H, H, H, q, H, H, c.ffn}, outs[7] = {q, kv, kv, H, c.ffn, c.ffn, H};
     LoraBase b;
-    b.arch = c.arch_name, b.source = "the " + std::to_string(c.n_layer) + "-layer " + c.arch_name + " base";
+    b.arch = c.arch_name, b.source = "the projections forge adapts in the " + std::to_string(c.n_layer) + "-layer " + c.arch_name + " base";
     for (int l = 0; l < (int)c.n_layer; l++)
         for (int p = 0; p < 7; p++) b.shapes[gguf_weight(l, p)] = {ins[p], outs[p]};
     return b;

@@ -189,7 +189,7 @@ static bool check_pair(const std::string &source, const LoraPair &p, const LoraB
     if (p.kind == kLmHead && b.tied) return fail(err, source + ": module 'lm_head' is adapted but " + b.source + " ties it to the token embedding");
     auto it = b.shapes.find(p.gguf());
     if (it == b.shapes.end())
-        return fail(err, source + ": module '" + p.module + "': " + b.source + " has no weight '" + p.gguf() + "' (llama.cpp: maybe wrong base model?)");
+        return fail(err, source + ": module '" + p.module + "': no weight '" + p.gguf() + "' in " + b.source + " (llama.cpp: maybe wrong base model?)");
     if (it->second.first != p.a.cols || it->second.second != p.b.rows)
         return fail(err, source + ": module '" + p.module + "' has incorrect shape: LoRA maps " + std::to_string(p.a.cols) + " -> " +
                              std::to_string(p.b.rows) + " features, the base weight '" + p.gguf() + "' " + std::to_string(it->second.first) +
@@ -209,7 +209,7 @@ bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err, con
     if (base) {
         if (!f.get_str("general.architecture", &s, err)) return false;
         if (s != base->arch)
-            return fail(err, path + ": general.architecture is '" + s + "' but the base model " + base->source + " is '" + base->arch +
+            return fail(err, path + ": general.architecture is '" + s + "', the base model's is '" + base->arch +
                                  "' (llama.cpp: model arch and LoRA arch mismatch)");
     }
     float alpha = 0; // llama.cpp: a missing alpha means scale 1
