@@ -1,9 +1,10 @@
 // gguf-tools/gguf-convert.cpp - converts a Hugging Face model directory (config.json, safetensors
 // sharded or not, tokenizer.json when present) to a GGUF file that llama.cpp reads, with the
 // tensor names and metadata keys of formats.md sections 2 and 3 (models/gguf-model.h,
-// gguf_from_hf). --type picks the type of the 2-D weights: any type models/quants.h quantizes, or
-// auto (the default: the checkpoint's own float type, so nothing is rounded). The written file is read back
-// and its configuration checked before the tool reports success.
+// gguf_from_hf). --type picks the type of the 2-D weights: any type models/quants.h quantizes,
+// llama-quantize's q4_k_m / q5_k_m mixtures, or auto (the default: the checkpoint's own float
+// type, so nothing is rounded). The written file is read back and its configuration checked
+// before the tool reports success.
 // Exit status: 0 ok, 1 conversion failed, 2 bad usage.
 #include "models/gguf-model.h"
 #include "models/quants.h"

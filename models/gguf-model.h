@@ -58,11 +58,8 @@ std::string gguf_file_type_names();
 uint32_t gguf_row_type(uint32_t type, int64_t ne0);
 
 // Converts an HF model directory (config.json + safetensors, optionally tokenizer.json and
-// tokenizer_config.json) to a GGUF file, its 2-D weights of out_type; 1-D tensors (norms,
-// biases) stay F32. A weight whose rows are not whole blocks of its type falls back as llama.cpp's
-// quantizer does:
-// a K-quant to a 32-element type (Q2_K, Q3_K -> Q4_0; Q4_K -> Q5_0; Q5_K -> Q5_1; Q6_K -> Q8_0),
-// anything else, or rows not whole blocks of that either, to F16.
+// tokenizer_config.json) to a GGUF file, its 2-D weights of out_type, each in gguf_row_type's
+// fallback where its rows are not whole blocks; 1-D tensors (norms, biases) stay F32.
 // Gemma norms are written as w + 1. The tokenizer keys are written when tokenizer.json is
 // present: byte-level BPE (Qwen) as gpt2/qwen2 with its merges; SentencePiece (Gemma) as llama
 // with scores = -(rank of the merge that forms the token), which makes the score order the
