@@ -1,7 +1,8 @@
 // models/quants.cpp - ggml block geometry, dequantization to fp32 / bf16 and the quantizers.
-// Each block kernel follows formats.md 1.6 (ggml-quants.c dequantize_row_* and, for the 32-element
-// types, quantize_row_*_ref; the K-quant quantizers are this file's own, writing the layouts its
-// dequantizers read); all block fields are read with memcpy, so sources need no alignment.
+// Each block kernel follows formats.md 1.6 (ggml-quants.c dequantize_row_* and, for Q8_0 and
+// Q4/Q5 _0/_1, quantize_row_*_ref; the K-quant and IQ4_NL quantizers are this file's own, writing
+// the layouts its dequantizers read); all block fields are read with memcpy, so sources need no
+// alignment.
 #include "models/quants.h"
 
 #include "forge-impl.h" // forge_f16_to_f32, forge_f32_to_f16, forge_f32_to_bf16, forge_bf16_to_f32
