@@ -152,6 +152,7 @@ bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err) {
         if (t.dtype != "F32" && t.dtype != "F16" && t.dtype != "BF16")
             return fail(err, wpath + ": tensor '" + n + "': dtype " + t.dtype + " is not F32, F16 or BF16");
         if (t.shape.size() != 2) return fail(err, wpath + ": tensor '" + n + "' is not 2-D");
+        if (t.shape[0] == 0 || t.shape[1] == 0) return fail(err, wpath + ": tensor '" + n + "' is empty (a dimension of 0)");
         LoraHalf &h = is_a ? p.a : p.b;
         h.dtype = t.dtype, h.rows = t.shape[0], h.cols = t.shape[1], h.data = t.data, h.nbytes = t.nbytes;
     }
@@ -198,8 +199,12 @@ static bool check_pair(const std::string &source, const LoraPair &p, const LoraB
 }
 
 bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err, const LoraBase *base) {
-    ad->gg = gguf_file::open(path, err);
-    if (!ad->gg) return false;
+    std::unique_ptr<gguf_file> f = gguf_file::open(path, err);
+    return f && lora_read_gguf(std::move(f), path, ad, err, base);
+}
+
+bool lora_read_gguf(std::unique_ptr<gguf_file> file, const std::string &path, LoraFile *ad, std::string *err, const LoraBase *base) {
+    ad->gg = std::move(file);
     const gguf_file &f = *ad->gg;
     std::string s;
     if (!f.get_str("general.type", &s, err)) return false;
@@ -232,6 +237,7 @@ bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err, con
         if (p.module.empty() && !parse_gguf_base(b, &p.layer, &p.kind, &p.module))
             return fail(err, where + ": '" + b + "' is not a projection (blk.N.attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down.weight, output.weight)");
         if (t.n_dims > 2) return fail(err, where + " has " + std::to_string(t.n_dims) + " dimensions, not 2");
+        if (t.nelements() == 0) return fail(err, where + " is empty (a dimension of 0)");
         LoraHalf &h = is_a ? p.a : p.b;
         h.rows = t.ne[1], h.cols = t.ne[0];
         if (t.type == GGML_TYPE_F32 || t.type == GGML_TYPE_F16 || t.type == GGML_TYPE_BF16) {

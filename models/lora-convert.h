@@ -89,6 +89,8 @@ struct LoraBase {
 // base weight's existence and shape before the orientation. Its messages give llama.cpp's reason.
 bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err);
 bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err, const LoraBase *base = nullptr);
+// The same from a parsed file (path names it in messages).
+bool lora_read_gguf(std::unique_ptr<gguf_file> f, const std::string &path, LoraFile *ad, std::string *err, const LoraBase *base = nullptr);
 bool lora_read(const std::string &path, LoraFile *ad, std::string *err);
 
 bool lora_read_base(const std::string &path, LoraBase *b, std::string *err);

@@ -398,6 +398,9 @@ static void test_gguf_rules(const std::string &path, const ModelConfig &cfg, int
     t2 = ts;
     std::swap(t2[0].ne[0], t2[0].ne[1]);
     variant("shape", kvs, t2, "incorrect shape");
+    t2 = ts; // a rank of 0 (found by fuzz-gguf-lora: its empty halves were read from a null pointer)
+    t2[0].ne[1] = 0, t2[1].ne[0] = 0;
+    variant("empty", kvs, t2, "is empty (a dimension of 0)");
     t2 = ts; // b with one row more than a's rank: ne[0] disagrees with a.ne[1]
     std::vector<float> bigger((size_t)((r + 1) * t2[1].ne[1]), 0.0f);
     t2[1].ne[0] = r + 1, t2[1].data = bigger.data();
