@@ -8,7 +8,8 @@
 // Then variants of a good file rewritten with one defect each must fail with a message naming the
 // file and the tensor or key: a missing tensor, a shape that contradicts the metadata, an unknown
 // or unsupported architecture, a missing key; and an untied output.weight must be used. Tiny
-// byte-level BPE and SentencePiece tokenizer.json files must survive the conversion.
+// byte-level BPE and SentencePiece tokenizer.json files must survive the conversion, and the
+// q4_k_m / q5_k_m mixtures put Q6_K where llama-quantize does (test_mixtures).
 #include "test-util.h"
 #include "../models/config.h"
 #include "../models/gguf-model.h"
