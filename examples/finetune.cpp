@@ -174,6 +174,8 @@ const char *kUsageText =
     "  --save-every N         checkpoint every N steps (default 0: at the end only)\n"
     "  --save-total-limit N   keep only the N newest checkpoints (default 0: all)\n"
     "  --save-best            keep the adapter of the lowest eval loss so far in <out>/best (with best.json)\n"
+    "  --early-stop N         stop when N evals in a row have not lowered the eval loss (checkpointed;\n"
+    "                         with --save-best, best/ holds the adapter of the lowest)\n"
     "  --resume [DIR]         continue from a checkpoint (DIR, or the latest in --out) exactly\n"
     "  --extend               with --resume: train to a new --steps / --epochs (the learning-rate\n"
     "                         schedule is laid out again over the new length from the checkpoint's step)\n"
@@ -214,7 +216,7 @@ struct Options {
     std::string device, dtype, text_split = "paragraph", lr_schedule = "cosine";
     double eval_split = 0.05, lr = 2e-4, weight_decay = 0.0, clip = 1.0, epochs = 1.0, lora_alpha = 32.0;
     int64_t seq_len = 1024, batch = 4, grad_accum = 1, steps = 0, warmup = -1, seed = 42, eval_every = -1;
-    int64_t save_every = 0, save_total_limit = 0, log_every = 0, lora_r = 16, threads = 0, eval_rows = 256;
+    int64_t save_every = 0, save_total_limit = 0, log_every = 0, lora_r = 16, threads = 0, eval_rows = 256, early_stop = 0;
     double bucket_mb = 4.0;
     std::string lora_targets = "q,k,v,o,gate,up,down";
     int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
@@ -283,6 +285,7 @@ Options parse_args(int argc, char **argv) {
         else if (a == "--save-every") o.save_every = parse_int(a, val(), 0);
         else if (a == "--save-total-limit") o.save_total_limit = parse_int(a, val(), 0);
         else if (a == "--save-best") o.save_best = true;
+        else if (a == "--early-stop") o.early_stop = parse_int(a, val(), 1);
         else if (a == "--extend") o.extend = true;
         else if (a == "--log-every") o.log_every = parse_int(a, val(), 1);
         else if (a == "--out") o.out = val();
@@ -815,6 +818,8 @@ void build(Run &r) {
     }
     if (!(r.adam = forge_graph_build_adamw(r.g, r.hyper))) r.fail_forge("building the training graph");
     forge_tensor_set_flags(r.adam, FORGE_FLAG_OUTPUT);
+    if (o.early_stop && r.eval_rows.empty())
+        die(kUsage, "--early-stop stops on the eval loss: it needs an eval set (--eval-split above 0, or --eval-data)");
     if (!r.eval_rows.empty()) {
         // eval: per-token log-probabilities and top-1 hits through the lm_head (no loss node)
         if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, false, false, &r.eg, &err)) die(kError, "building the eval graph: %s", err.c_str());
@@ -1009,6 +1014,7 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
     bool open_line = false; // a live progress line without its newline yet
     char line[512];
     double acc = NAN;
+    int64_t last_step = start_step;
     std::signal(SIGINT, R == 0 ? on_interrupt : SIG_IGN), std::signal(SIGTERM, R == 0 ? on_interrupt : SIG_IGN);
     if (r.ge && start_step == 0) {
         last_eval = evaluate(r, &acc);
@@ -1086,6 +1092,17 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
             r.metrics.add(line);
             if (o.save_best && last_eval < best) save_best(r, step, last_eval);
         }
+        // --early-stop: the evals after a step since the lowest one (every rank evaluates the same
+        // weights on the same rows, so every rank decides alike)
+        int64_t since_best = 0;
+        Point lowest{0, INFINITY};
+        for (const Point &p : r.metrics.eval) {
+            if (p.step == 0) continue; // the eval before the first step has no adapter
+            if (p.value < lowest.value) lowest = p, since_best = 0;
+            else since_best++;
+        }
+        const bool early = o.early_stop > 0 && do_eval && since_best >= o.early_stop && step < r.total_steps;
+        last_step = step;
         const double eta = timed_steps ? elapsed / (double)timed_steps * (double)(r.total_steps - step) : 0;
         char eval_s[32] = "-";
         if (!std::isnan(last_eval)) std::snprintf(eval_s, sizeof eval_s, std::isnan(acc) ? "%.4f" : "%.4f (%.0f%%)", last_eval, 100 * acc);
@@ -1094,11 +1111,16 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
                       human_time(eta).c_str());
         if (tty) info("\r\x1b[K%s%s", line, do_eval ? "\n" : ""), open_line = !do_eval;
         else if (step % log_every == 0 || do_eval || step == r.total_steps) info("%s\n", line);
-        if (R == 0 && ((o.save_every > 0 && step % o.save_every == 0) || step == r.total_steps)) {
+        if (R == 0 && ((o.save_every > 0 && step % o.save_every == 0) || step == r.total_steps || early)) {
             if (!lora_finite(r.lm.m)) stop_non_finite(r, step, "the LoRA weights are no longer finite after the update", open_line, false);
             save_checkpoint(r, step, rows_done);
         }
         if (R == 0 && (do_eval || step == r.total_steps || (o.save_every > 0 && step % o.save_every == 0))) write_loss_svg(r);
+        if (early) {
+            info("early   stop after step %lld: %lld evals without a lower eval loss than %.4f (step %lld)\n", (long long)step,
+                 (long long)since_best, lowest.value, (long long)lowest.step);
+            break;
+        }
         if (R == 0 && g_interrupted && step < r.total_steps) stop_interrupted(r, step, rows_done, open_line);
     }
     if (open_line) info("\n");
@@ -1128,7 +1150,7 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
     int64_t best_step = 0;
     for (const Point &p : r.metrics.eval)
         if (p.value < best) best = p.value, best_step = p.step;
-    const int64_t n = r.total_steps - start_step;
+    const int64_t n = last_step - start_step;
     info("done    %lld steps in %s (%.0f tokens/s); loss %.4f -> %.4f", (long long)n, human_time(elapsed).c_str(),
          elapsed > 0 ? (double)tokens_total / elapsed : 0.0, first_loss, last_loss);
     if (!r.metrics.eval.empty())

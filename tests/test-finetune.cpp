@@ -736,6 +736,24 @@ int main() {
                   exists(g_tmp + "/best/best/adapter_model.safetensors") && !exists(g_tmp + "/best/.best.tmp"),
               "--save-best: best.json step %lld, want %lld (exit %d)\n%s", (long long)bj["step"].get_int(), (long long)want, r.rc, r.out.c_str());
     }
+    // --early-stop 2: at a high learning rate the eval loss stops falling; the run stops at the
+    // second eval in a row without a new lowest one, checkpoints that step, and says so
+    r = run(common + "--data " + data + " --steps 300 --lr 3e-2 --eval-every 5 --early-stop 2 --out " + g_tmp + "/early");
+    {
+        std::map<int64_t, double> ev = metric(g_tmp + "/early/metrics.jsonl", "eval_loss"), loss = metric(g_tmp + "/early/metrics.jsonl", "loss");
+        int64_t lowest = 0, since = 0;
+        for (const auto &e : ev) {
+            if (e.first == 0) continue;
+            if (lowest == 0 || e.second < ev[lowest]) lowest = e.first, since = 0;
+            else since++;
+        }
+        const int64_t last = loss.empty() ? 0 : loss.rbegin()->first;
+        CHECK(r.rc == 0 && last < 300 && ev.rbegin()->first == last && since == 2 && exists(g_tmp + "/early/checkpoint-" + std::to_string(last)) &&
+                  has(r, "early   stop after step " + std::to_string(last) + ": 2 evals without a lower eval loss"),
+              "--early-stop 2: stopped at step %lld, %lld evals after the lowest (exit %d)\n%s", (long long)last, (long long)since, r.rc, r.out.c_str());
+    }
+    expect_fail("early stop without an eval set", common + "--data " + data + " --eval-split 0 --early-stop 2 --out " + g_tmp + "/early-bad", 2,
+                {"--early-stop stops on the eval loss: it needs an eval set"});
     test_interrupt(common + "--data " + data);
     r = run(common + "--data " + data + " --eval-split 0 --steps 7 --save-every 2 --save-total-limit 2 --out " + g_tmp + "/limit");
     CHECK(r.rc == 0 && !exists(g_tmp + "/limit/checkpoint-2") && !exists(g_tmp + "/limit/checkpoint-4") && exists(g_tmp + "/limit/checkpoint-6") &&
