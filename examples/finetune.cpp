@@ -175,7 +175,7 @@ const char *kUsageText =
     "  --save-total-limit N   keep only the N newest checkpoints (default 0: all)\n"
     "  --save-best            keep the adapter of the lowest eval loss so far in <out>/best (with best.json)\n"
     "  --early-stop N         stop when N evals in a row have not lowered the eval loss (checkpointed;\n"
-    "                         with --save-best, best/ holds the adapter of the lowest)\n"
+    "                         with --save-best, best/ holds the adapter of the lowest; one process)\n"
     "  --resume [DIR]         continue from a checkpoint (DIR, or the latest in --out) exactly\n"
     "  --extend               with --resume: train to a new --steps / --epochs (the learning-rate\n"
     "                         schedule is laid out again over the new length from the checkpoint's step)\n"
@@ -820,6 +820,8 @@ void build(Run &r) {
     forge_tensor_set_flags(r.adam, FORGE_FLAG_OUTPUT);
     if (o.early_stop && r.eval_rows.empty())
         die(kUsage, "--early-stop stops on the eval loss: it needs an eval set (--eval-split above 0, or --eval-data)");
+    if (o.early_stop && g_dist.on()) // each rank times its own GEMM algorithms, so their evals may differ in the last bits
+        die(kUsage, "--early-stop runs in one process for now: with several ranks the stop would need one decision shared by all");
     if (!r.eval_rows.empty()) {
         // eval: per-token log-probabilities and top-1 hits through the lm_head (no loss node)
         if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, false, false, &r.eg, &err)) die(kError, "building the eval graph: %s", err.c_str());
@@ -1092,8 +1094,7 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
             r.metrics.add(line);
             if (o.save_best && last_eval < best) save_best(r, step, last_eval);
         }
-        // --early-stop: the evals after a step since the lowest one (every rank evaluates the same
-        // weights on the same rows, so every rank decides alike)
+        // --early-stop (one process): the evals after a step since the lowest one
         int64_t since_best = 0;
         Point lowest{0, INFINITY};
         for (const Point &p : r.metrics.eval) {
