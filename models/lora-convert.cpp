@@ -113,6 +113,16 @@ bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err) {
     const std::string cpath = dir + "/adapter_config.json", wpath = dir + "/adapter_model.safetensors";
     json::Value c;
     if (!json::parse_file(cpath, &c, err)) return false;
+    struct stat st;
+    if (stat(wpath.c_str(), &st) != 0 && stat((dir + "/adapter_model.bin").c_str(), &st) == 0)
+        return fail(err, dir + "/adapter_model.bin: pickled (.bin) adapters are not read; save the adapter with safetensors");
+    auto weights = std::make_unique<SafetensorsFile>();
+    if (!weights->open(wpath, err)) return false;
+    return lora_read_peft(c, std::move(weights), dir, ad, err);
+}
+
+bool lora_read_peft(const json::Value &c, std::unique_ptr<SafetensorsFile> weights, const std::string &dir, LoraFile *ad, std::string *err) {
+    const std::string cpath = dir + "/adapter_config.json", wpath = dir + "/adapter_model.safetensors";
     if (!c.is_object()) return fail(err, cpath + ": not a JSON object");
     if (c["peft_type"].get_string() != "LORA") return fail(err, cpath + ": \"peft_type\" is \"" + c["peft_type"].get_string() + "\", not \"LORA\"");
     if (c["use_dora"].get_bool(false)) return fail(err, cpath + ": \"use_dora\" is true: DoRA adapters have no GGUF LoRA form");
@@ -128,11 +138,7 @@ bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err) {
     const json::Value &rp = c["rank_pattern"], &ap = c["alpha_pattern"];
     for (const json::Value *p : {&rp, &ap})
         if (!p->is_null() && !p->is_object()) return fail(err, cpath + ": \"rank_pattern\" / \"alpha_pattern\" must be objects");
-    struct stat st;
-    if (stat(wpath.c_str(), &st) != 0 && stat((dir + "/adapter_model.bin").c_str(), &st) == 0)
-        return fail(err, dir + "/adapter_model.bin: pickled (.bin) adapters are not read; save the adapter with safetensors");
-    ad->st.reset(new SafetensorsFile());
-    if (!ad->st->open(wpath, err)) return false;
+    ad->st = std::move(weights);
     std::map<std::string, LoraPair> by_module;
     const std::string pre = "base_model.model.";
     for (const SafetensorsTensor &t : ad->st->tensors()) {

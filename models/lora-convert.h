@@ -88,6 +88,8 @@ struct LoraBase {
 // also its checks against the base, in llama.cpp's order: the architecture, then per pair the
 // base weight's existence and shape before the orientation. Its messages give llama.cpp's reason.
 bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err);
+// The same from a parsed configuration and weights file (dir names them in messages).
+bool lora_read_peft(const json::Value &config, std::unique_ptr<SafetensorsFile> weights, const std::string &dir, LoraFile *ad, std::string *err);
 bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err, const LoraBase *base = nullptr);
 // The same from a parsed file (path names it in messages).
 bool lora_read_gguf(std::unique_ptr<gguf_file> f, const std::string &path, LoraFile *ad, std::string *err, const LoraBase *base = nullptr);
