@@ -4,8 +4,9 @@
 //              [--top-k K] [--top-p P] [--seed S] [--chat] [--device cpu|cuda]
 // The continuation streams to stdout; the token counts and speed go to stderr. --chat wraps the
 // prompt as one user turn with the model's chat template (and stops at its end-of-turn token);
-// -i chats turn after turn, a line of stdin each, the whole conversation fed again each turn in
-// pieces of 64 tokens (so at most 65 step graphs, whatever the turns' lengths) within --ctx.
+// -i chats turn after turn, a line of stdin each: the conversation is rendered again each turn,
+// the cache keeps the tokens it shares with what was fed before, and the rest is fed in pieces
+// of 64 tokens (so at most 65 step graphs, whatever the turns' lengths) within --ctx.
 // The CPU runs f32 weights and activations, CUDA bf16.
 #include "../models/adapter.h"
 #include "../models/config.h"

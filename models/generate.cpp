@@ -133,8 +133,22 @@ bool Generator::init(Model &m, forge_backend *be, int64_t max_len, forge_type ac
 
 void Generator::reset() {
     pos_ = 0;
+    fed_.clear();
     for (forge_tensor *t : k_cache_) forge_tensor_fill(t, 0.0f);
     for (forge_tensor *t : v_cache_) forge_tensor_fill(t, 0.0f);
+}
+
+bool Generator::rewind(int64_t p, std::string *err) {
+    if (p >= pos_) return true;
+    const size_t row = (size_t)forge_tensor_nbytes(k_cache_[0]) / (size_t)max_len_;
+    bytes_.assign(row * (size_t)(pos_ - p), 0); // zero bytes are 0.0 in every float type
+    for (forge_tensor *t : k_cache_)
+        if (forge_tensor_set(t, bytes_.data(), row * (size_t)p, bytes_.size()) != FORGE_OK) return *err = ctx_err(m_->ctx, "generator: rewind"), false;
+    for (forge_tensor *t : v_cache_)
+        if (forge_tensor_set(t, bytes_.data(), row * (size_t)p, bytes_.size()) != FORGE_OK) return *err = ctx_err(m_->ctx, "generator: rewind"), false;
+    pos_ = p;
+    fed_.resize((size_t)p);
+    return true;
 }
 
 bool Generator::feed(const std::vector<int32_t> &ids, std::vector<float> *logits, std::string *err) {
@@ -186,6 +200,7 @@ bool Generator::feed(const std::vector<int32_t> &ids, std::vector<float> *logits
                 return false;
             }
     pos_ += T;
+    fed_.insert(fed_.end(), ids.begin(), ids.end());
     logits->resize((size_t)m_->cfg.vocab);
     if (forge_tensor_get_f32(s.logits, logits->data(), m_->cfg.vocab) != FORGE_OK) {
         *err = ctx_err(ctx, "generation step: logits");
@@ -197,7 +212,6 @@ bool Generator::feed(const std::vector<int32_t> &ids, std::vector<float> *logits
 bool Generator::generate(const std::vector<int32_t> &prompt, int64_t max_new, const SamplingParams &sp, const std::vector<int32_t> &stop,
                          std::vector<int32_t> *out, std::string *err, const std::function<void(int32_t)> &on_token, int64_t chunk) {
     out->clear();
-    reset();
     if (prompt.empty()) {
         *err = "generator: the prompt is empty";
         return false;
@@ -207,10 +221,13 @@ bool Generator::generate(const std::vector<int32_t> &prompt, int64_t max_new, co
                " new ones do not fit the cache of " + std::to_string(max_len_) + " positions";
         return false;
     }
+    size_t keep = 0; // the cached prefix, at most all but the prompt's last token (whose logits are needed)
+    while (keep + 1 < prompt.size() && keep < fed_.size() && fed_[keep] == prompt[keep]) keep++;
+    if (!rewind((int64_t)keep, err)) return false;
     Sampler sampler(sp);
     std::vector<float> logits;
-    const size_t piece = chunk > 0 ? (size_t)chunk : prompt.size();
-    for (size_t at = 0; at < prompt.size(); at += piece) {
+    const size_t piece = chunk > 0 ? (size_t)chunk : prompt.size() - keep;
+    for (size_t at = keep; at < prompt.size(); at += piece) {
         const std::vector<int32_t> ids(prompt.begin() + (long)at, prompt.begin() + (long)std::min(prompt.size(), at + piece));
         if (!feed(ids, &logits, err)) return false;
     }

@@ -57,15 +57,20 @@ class Generator {
     bool init(Model &m, forge_backend *be, int64_t max_len, forge_type act, std::string *err);
     // Empties the cache (position 0).
     void reset();
+    // Keeps the first p positions of the cache and zeroes the rows after them (a step adds its k
+    // and v into rows that must be zero), so that feeding continues at position p.
+    bool rewind(int64_t p, std::string *err);
     int64_t pos() const { return pos_; }
     int64_t max_len() const { return max_len_; }
     // Runs ids at the current position (one graph per distinct chunk length, built on first use),
     // extends the cache and writes the logits (F32, vocab) after the last of them.
     bool feed(const std::vector<int32_t> &ids, std::vector<float> *logits, std::string *err);
-    // reset(), feed(prompt), then up to max_new sampled tokens into *out, stopping after a token
-    // of stop (which is not put in *out). on_token sees each token of *out as it is made. chunk > 0
-    // feeds the prompt in pieces of at most chunk tokens, so that prompts of many lengths (a chat's
-    // turns) build at most chunk graphs instead of one per length.
+    // Feeds the prompt, then up to max_new sampled tokens into *out, stopping after a token of stop
+    // (which is not put in *out). on_token sees each token of *out as it is made. The cache keeps
+    // the longest prefix the prompt shares with the tokens fed before (a chat's earlier turns), at
+    // most all but its last token, and only the rest is fed: rewind, then feed. chunk > 0 feeds it
+    // in pieces of at most chunk tokens, so that prompts of many lengths build at most chunk graphs
+    // instead of one per length.
     bool generate(const std::vector<int32_t> &prompt, int64_t max_new, const SamplingParams &sp, const std::vector<int32_t> &stop,
                   std::vector<int32_t> *out, std::string *err, const std::function<void(int32_t)> &on_token = {}, int64_t chunk = 0);
 
@@ -81,6 +86,7 @@ class Generator {
     forge_backend *be_ = nullptr;
     forge_type act_ = FORGE_TYPE_F32;
     int64_t max_len_ = 0, pos_ = 0;
+    std::vector<int32_t> fed_; // the tokens at positions 0 .. pos_ - 1
     std::vector<forge_tensor *> k_cache_, v_cache_;
     std::map<int64_t, Step> steps_;
     std::vector<int32_t> i32_;

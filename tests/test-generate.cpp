@@ -97,6 +97,13 @@ static void test_arch(const char *arch) {
           out.size(), first);
     ok = gen.generate(prompt, 3, SamplingParams(), {}, &out, &err);
     CHECK(ok && out == std::vector<int32_t>(expect.begin(), expect.begin() + 3), "%s: max_new 3 gave %zu tokens", arch, out.size());
+    // a prompt that extends the tokens fed so far (a chat's next turn) keeps their cache and feeds
+    // only what follows, with the same tokens as from scratch; a shorter one rewinds the cache
+    std::vector<int32_t> longer(prompt), more;
+    longer.insert(longer.end(), expect.begin(), expect.begin() + 4);
+    ok = gen.generate(longer, 3, SamplingParams(), {}, &more, &err);
+    CHECK(ok && gen.pos() == (int64_t)longer.size() + 2 && more == std::vector<int32_t>(expect.begin() + 4, expect.begin() + 7),
+          "%s: a prompt extending the cache: %s", arch, err.c_str());
     CHECK(!gen.generate(prompt, N + 2, SamplingParams(), {}, &out, &err) && err.find("do not fit the cache of 19 positions") != std::string::npos,
           "%s: overlong generation: %s", arch, err.c_str());
 
