@@ -818,10 +818,10 @@ void build(Run &r) {
     }
     if (!(r.adam = forge_graph_build_adamw(r.g, r.hyper))) r.fail_forge("building the training graph");
     forge_tensor_set_flags(r.adam, FORGE_FLAG_OUTPUT);
+    if (o.early_stop && g_dist.on()) // rank 0 alone evaluates: the others could not tell when to stop
+        die(kUsage, "--early-stop runs in one process for now: with several ranks only rank 0 evaluates, and the stop is not shared");
     if (o.early_stop && r.eval_rows.empty())
         die(kUsage, "--early-stop stops on the eval loss: it needs an eval set (--eval-split above 0, or --eval-data)");
-    if (o.early_stop && g_dist.on()) // each rank times its own GEMM algorithms, so their evals may differ in the last bits
-        die(kUsage, "--early-stop runs in one process for now: with several ranks the stop would need one decision shared by all");
     if (!r.eval_rows.empty()) {
         // eval: per-token log-probabilities and top-1 hits through the lm_head (no loss node)
         if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, false, false, &r.eg, &err)) die(kError, "building the eval graph: %s", err.c_str());
@@ -1081,26 +1081,24 @@ void train(Run &r, int64_t start_step, int64_t rows_done) {
                       (double)rows_done / (double)r.train_rows.size());
         r.metrics.add(line);
         const bool do_eval = r.ge && ((r.eval_every > 0 && step % r.eval_every == 0) || step == r.total_steps);
+        Point lowest{0, INFINITY};
+        int64_t since_best = 0;
         if (do_eval) {
             last_eval = evaluate(r, &acc);
             if (!std::isfinite(last_eval)) {
                 std::snprintf(line, sizeof line, "the eval loss after the update is %g", last_eval);
                 stop_non_finite(r, step, line, open_line, false);
             }
-            double best = INFINITY; // the lowest eval after a step, before this one
-            for (const Point &p : r.metrics.eval)
-                if (p.step > 0) best = std::min(best, p.value);
             std::snprintf(line, sizeof line, "{\"step\":%lld,\"eval_loss\":%.9g,\"eval_accuracy\":%.6g}", (long long)step, last_eval, acc);
             r.metrics.add(line);
-            if (o.save_best && last_eval < best) save_best(r, step, last_eval);
-        }
-        // --early-stop (one process): the evals after a step since the lowest one
-        int64_t since_best = 0;
-        Point lowest{0, INFINITY};
-        for (const Point &p : r.metrics.eval) {
-            if (p.step == 0) continue; // the eval before the first step has no adapter
-            if (p.value < lowest.value) lowest = p, since_best = 0;
-            else since_best++;
+            // the lowest eval after a step (the one before the first step has no adapter) and the
+            // evals since it: --save-best keeps a new lowest, --early-stop (one process) counts
+            for (const Point &p : r.metrics.eval) {
+                if (p.step == 0) continue;
+                if (p.value < lowest.value) lowest = p, since_best = 0;
+                else since_best++;
+            }
+            if (o.save_best && lowest.step == step) save_best(r, step, last_eval);
         }
         const bool early = o.early_stop > 0 && do_eval && since_best >= o.early_stop && step < r.total_steps;
         last_step = step;
