@@ -293,8 +293,9 @@ FORGE_API forge_tensor *forge_attention(forge_ctx *ctx, forge_tensor *q, forge_t
 /* Fused linear cross-entropy of h [C, N...] through the lm_head w [C, V] against labels (I32,
    one per token, FORGE_IGNORE_INDEX to skip): sum over target tokens of -log softmax(z)[label],
    divided by count (F32 [1], the global number of target tokens, so that accumulation over
-   micro-batches is exact). z = h w^T, softcapped when softcap > 0. Chunks of `chunk` tokens at a
-   time: the full logits never exist. Result F32 [1]; the gradient for h is made in the same pass.
+   micro-batches is exact). z = h w^T, softcapped when softcap > 0. The full logits never exist:
+   at most chunk x V of them at a time (chunks of `chunk` tokens; the CUDA backend may spend the
+   same memory on more tokens over a slice of the vocabulary). Result F32 [1]; the gradient for h is made in the same pass.
    w NULL: plain cross-entropy, h already holds the logits [V, N...] (any float type; chunk then
    only bounds the rows a backend copies into scratch at a time). */
 FORGE_API forge_tensor *forge_cross_entropy(forge_ctx *ctx, forge_tensor *h, forge_tensor *w, forge_tensor *labels,

@@ -1,11 +1,30 @@
-// forge-cuda/cross_entropy.cu - the fused linear cross-entropy (CROSS_ENTROPY): loss, dH and dW in
-// one pass that never holds more than `chunk` rows of logits.
+// forge-cuda/cross_entropy.cu - the fused linear cross-entropy (CROSS_ENTROPY): loss, dH and dW
+// without ever holding the full logits.
 //
-// The tokens are taken in chunks of n = min(op_i[0], N) (ignored tokens included: their rows of
-// dLogits are zero, so they add nothing to dH's other rows or to dW, and get dH = 0 exactly). Per
-// chunk, on p->stream:
-//   1. z = h_c W^T [n, V] in W's type (forge_cuda_gemm, cuBLASLt: fp32 accumulation, one rounding;
-//      a bf16 lm_head gives bf16 logits, as in HF) into the scratch;
+// With an lm_head whose gradient is not wanted (LoRA's frozen lm_head: dH only) and a hidden size
+// under half the slab width (below), the vocabulary is taken in slabs of up to 8192 words (4096
+// for fp32 logits) and the tokens in passes of as many rows as the scratch allows (op_i[0] bounds
+// it: chunk x V logits). Per pass, per slab
+// [v0, v0 + vs), on p->stream:
+//   1. z = h W[v0:v0+vs]^T [n, vs] in W's type (forge_cuda_gemm, cuBLASLt: fp32 accumulation,
+//      one rounding; bf16 logits from a bf16 lm_head, as in HF) into the scratch;
+//   2. ce_slab_rows, one block per token row, holds its slab row in registers (read once): the
+//      softcapped row's max, a reference m for the row (the running max, moved only when the
+//      slab's max passes it by more than kRescale, when the row's accumulator o and its sum l
+//      are scaled by exp(m_old - m_new)), l += sum exp(z - m), the label's softcapped logit when
+//      the label is in the slab, and z overwritten in place with p = exp(z - m) softcap'(z);
+//   3. o (fp32 [n, C]) += p W[v0:v0+vs] (forge_cuda_gemm, beta 0 for the first slab).
+// The softmax is then o / l, as flash attention normalises its output once at the end: ce_slab_finish
+// writes each token's loss term m + log l - z[label] and dH = (o / l - softcap'(z[label])
+// W[label]) / count in dH's type. The two GEMMs (4 n V C flop) are the whole of the work; the
+// logits move twice (the GEMM's write and the row's read + write), a slab at a time, so that
+// they are partly still in the L2 when the next kernel reads them; o is read and written once
+// per slab. p <= e^kRescale, so neither p nor l can overflow, and o's scale cancels in o / l.
+//
+// With a trainable lm_head (dW), or for the loss alone, the tokens are taken in chunks of
+// n = min(op_i[0], N) rows of the whole vocabulary (ignored tokens included: their rows of
+// dLogits are zero, so they add nothing to dH's other rows or to dW, and get dH = 0 exactly):
+//   1. z = h_c W^T [n, V] in W's type into the scratch;
 //   2. ce_rows, one block of 1024 threads per token row: pass 1 reads the row once (softcap
 //      c tanh(z/c), online max and sum of exp; 16-byte loads of 4 fp32 or 8 bf16 logits, 8-byte
 //      ones of 4 bf16 when rows are not multiples of 8) and writes the token's loss term
@@ -20,9 +39,9 @@
 // Labels outside [0, V) that are not the ignore index set FORGE_CUDA_ERR_LABEL and are treated as
 // ignored. The loss terms (one per token, 0 when ignored) are summed at the end by one block in a
 // fixed order, in double: no atomics, deterministic.
-// Cost: the three GEMMs (6 n V C flop per chunk) dominate and run at cuBLASLt speed; the logits
-// move 4 times per token (GEMM write, two reads, dz write): 8V bytes for bf16, at memory
-// bandwidth. Bf16 logits halve that traffic and the scratch against fp32 ones.
+// Cost of the chunked form: the three GEMMs (6 n V C flop per chunk) dominate and run at cuBLASLt
+// speed; the logits move 4 times per token (GEMM write, two reads, dz write): 8V bytes for bf16,
+// at memory bandwidth. Bf16 logits halve that traffic and the scratch against fp32 ones.
 // Without an lm_head (src1 NULL, plain cross-entropy) h holds the logits: ce_rows reads them
 // where they are (gathered by chunks into the scratch only when h's rows are not evenly strided)
 // and writes dz straight into dH. (A kernel that held a row in the registers of a cluster of
@@ -38,6 +57,10 @@
 namespace {
 
 constexpr int kRowThreads = 1024;
+// The vocabulary slabs: kSlabThreads threads a row, each holding kSlabVecs 16-byte vectors of it.
+constexpr int kSlabThreads = 256, kSlabVecs = 4;
+// How far (in nats) a slab's max may pass the row's reference before the reference moves.
+constexpr float kRescale = 16.0f;
 
 size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -124,6 +147,31 @@ __device__ __forceinline__ void store_vec(T *p, const float (&v)[VEC]) {
     }
 }
 
+// The VEC = 16 / sizeof(T) values of one 16-byte vector, as fp32.
+template <typename T>
+__device__ __forceinline__ void unpack_vec(const uint4 &w, float (&v)[16 / sizeof(T)]) {
+    if constexpr (sizeof(T) == 4) {
+        v[0] = __uint_as_float(w.x), v[1] = __uint_as_float(w.y), v[2] = __uint_as_float(w.z), v[3] = __uint_as_float(w.w);
+    } else {
+        unpack2(w.x, T{}, v[0], v[1]);
+        unpack2(w.y, T{}, v[2], v[3]);
+        unpack2(w.z, T{}, v[4], v[5]);
+        unpack2(w.w, T{}, v[6], v[7]);
+    }
+}
+
+// The label of token t, or -1 when it is ignored (or out of range: FORGE_CUDA_ERR_LABEL, once per
+// row when report is set).
+__device__ __forceinline__ int target_label(const forge_cuda_view &labels, int64_t t, int64_t V, int ignore, bool report, int *error) {
+    const int label = *(const int *)flat_ptr(labels, t);
+    if (label == ignore) return -1;
+    if (label < 0 || label >= V) {
+        if (report) forge_cuda_fail(error, FORGE_CUDA_ERR_LABEL);
+        return -1;
+    }
+    return label;
+}
+
 // One block per token row r of the chunk starting at token t0: loss term into loss[t0 + r], and
 // row r of z (rows ldz apart) turned into dz in row r of dz (rows ldd apart; the same memory as z
 // in the lm_head op, each thread overwriting what it has just read; NULL: the loss only). VEC > 1
@@ -137,12 +185,8 @@ __global__ void __launch_bounds__(kRowThreads) ce_rows(const T *z, int64_t ldz, 
     const int64_t r = blockIdx.x, t = t0 + r;
     const T *zr = z + r * ldz;
     T *dr = dz ? dz + r * ldd : nullptr;
-    const int label = *(const int *)flat_ptr(labels, t);
-    bool target = label != ignore;
-    if (target && (label < 0 || label >= V)) {
-        if (tid == 0) forge_cuda_fail(error, FORGE_CUDA_ERR_LABEL);
-        target = false;
-    }
+    const int label = target_label(labels, t, V, ignore, tid == 0, error);
+    const bool target = label >= 0;
     constexpr int W = kRowThreads * VEC; // elements per sweep of the block
     const int nv = (int)V;               // a row's index fits in 32 bits (its offset does not)
     if (!target) {
@@ -192,6 +236,103 @@ __global__ void __launch_bounds__(kRowThreads) ce_rows(const T *z, int64_t ldz, 
     }
 }
 
+// x over the block of kSlabThreads threads: the max (max = true) or the sum, in every thread.
+__device__ __forceinline__ float slab_reduce(float x, bool max, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o; o >>= 1) {
+        const float y = __shfl_xor_sync(0xffffffffu, x, o);
+        x = max ? fmaxf(x, y) : x + y;
+    }
+    __syncthreads(); // red is free again
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    x = red[0];
+    for (int i = 1; i < kSlabThreads / 32; i++) x = max ? fmaxf(x, red[i]) : x + red[i];
+    return x;
+}
+
+// Step 2 of the slab form (top of file) for the slab [v0, v0 + vs) of token row r of the pass at
+// t0: z's row r (ldz apart; ldz a multiple of VEC = 16 / sizeof(T), z 16-byte aligned) is read
+// once into registers and overwritten with p; m, l (the row's reference and sum), zl and dl (the
+// label's softcapped logit and softcap') are per row of the pass; o (NULL: no dH) is the pass's
+// [n, C] fp32 accumulator. Ignored rows are skipped: their z, o and statistics are never read.
+template <typename T>
+__global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ldz, int vs, int v0, int64_t V, forge_cuda_view labels, int64_t t0,
+                                                             float cap, int ignore, float *m, float *l, float *zl, float *dl, float *o,
+                                                             int64_t C, int *error) {
+    forge_cuda_prologue();
+    constexpr int VEC = 16 / sizeof(T);
+    __shared__ float red[kSlabThreads / 32];
+    const int tid = threadIdx.x;
+    const int64_t r = blockIdx.x;
+    const int label = target_label(labels, t0 + r, V, ignore, v0 == 0 && tid == 0, error);
+    if (label < 0) return;
+    T *zr = z + r * ldz;
+    if (tid == 0 && label >= v0 && label < v0 + vs) {
+        const float x = softcap(to_f32(zr[label - v0]), cap); // read before any thread overwrites it
+        zl[r] = x;
+        dl[r] = cap > 0.0f ? 1.0f - (x / cap) * (x / cap) : 1.0f;
+    }
+    uint4 raw[kSlabVecs]; // the row as read: 16 bytes a vector, unpacked when used (fewer registers)
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kSlabVecs; j++) {
+        const int c = (j * kSlabThreads + tid) * VEC;
+        if (c >= vs) continue;
+        raw[j] = *(const uint4 *)(zr + c);
+        float v[VEC];
+        unpack_vec<T>(raw[j], v);
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            if (c + i < vs) mx = fmaxf(mx, softcap(v[i], cap));
+    }
+    mx = slab_reduce(mx, true, red);
+    const float m_old = v0 == 0 ? -INFINITY : m[r];
+    const float m_new = mx > m_old + kRescale ? mx : m_old;
+    float l_old = v0 == 0 ? 0.0f : l[r];
+    if (m_new != m_old && v0 > 0) { // the row's sum and accumulator so far, to the new reference
+        const float f = __expf(m_old - m_new);
+        l_old *= f;
+        for (int64_t c = tid; o && c < C; c += kSlabThreads) o[r * C + c] *= f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kSlabVecs; j++) {
+        const int c = (j * kSlabThreads + tid) * VEC;
+        if (c >= vs) continue;
+        float v[VEC];
+        unpack_vec<T>(raw[j], v);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) {
+            const float x = softcap(v[i], cap), e = c + i < vs ? __expf(x - m_new) : 0.0f;
+            s += e;
+            v[i] = cap > 0.0f ? e * (1.0f - (x / cap) * (x / cap)) : e;
+        }
+        if (o) store_vec<T, VEC>(zr + c, v);
+    }
+    s = slab_reduce(s, false, red);
+    if (tid == 0) m[r] = m_new, l[r] = l_old + s;
+}
+
+// The end of a pass of n rows at t0 in the slab form: each row's loss term and dH (when o is not
+// NULL; W's rows ldw apart, dH through its view, zeros for ignored tokens).
+template <typename T>
+__global__ void ce_slab_finish(const float *m, const float *l, const float *zl, const float *dl, const float *o, int64_t C, const T *w, int64_t ldw,
+                               forge_cuda_view labels, int64_t t0, int64_t V, int ignore, const float *count, float *loss, forge_cuda_view dh) {
+    forge_cuda_prologue();
+    const int64_t r = blockIdx.x, t = t0 + r;
+    const int label = target_label(labels, t, V, ignore, false, nullptr);
+    if (threadIdx.x == 0) loss[t] = label < 0 ? 0.0f : m[r] + logf(l[r]) - zl[r];
+    if (!o) return;
+    char *d = forge_cuda_ptr(dh, 0, t % dh.ne[1], t / dh.ne[1] % dh.ne[2], t / (dh.ne[1] * dh.ne[2]));
+    const float inv_l = label < 0 ? 0.0f : 1.0f / l[r], inv_count = 1.0f / *count, g = label < 0 ? 0.0f : dl[r];
+    const T *wl = w + (label < 0 ? 0 : label) * ldw;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        const float x = label < 0 ? 0.0f : (o[r * C + c] * inv_l - g * to_f32(wl[c])) * inv_count;
+        forge_cuda_store(dh.type, d + c * dh.nb[0], x);
+    }
+}
+
 // (best, index) <- the first maximum of the union of two sets: the larger value, the smaller
 // index among equal ones.
 __device__ __forceinline__ void argmax_combine(float &best, int &idx, float b2, int i2) {
@@ -211,12 +352,8 @@ __global__ void __launch_bounds__(kRowThreads) ce_eval_rows(const T *z, int64_t 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t r = blockIdx.x, t = t0 + r;
     const T *zr = z + r * ldz;
-    const int label = *(const int *)flat_ptr(labels, t);
-    bool target = label != ignore;
-    if (target && (label < 0 || label >= V)) {
-        if (tid == 0) forge_cuda_fail(error, FORGE_CUDA_ERR_LABEL);
-        target = false;
-    }
+    const int label = target_label(labels, t, V, ignore, tid == 0, error);
+    const bool target = label >= 0;
     if (!target) {
         if (tid == 0) logprob[t] = hit[t] = 0.0f;
         return;
@@ -286,15 +423,17 @@ __global__ void ce_sum(const float *loss, int64_t N, const float *count, float *
     if (threadIdx.x == 0) *dst = (float)(red[0] / *count);
 }
 
-// How a node runs: the chunk, whether h and dH are used in place, and the scratch layout.
-// Without an lm_head (logits: h holds z) there is no GEMM: z is read in place when h_direct (in
-// one chunk of all N rows), else gathered a chunk at a time into the z scratch, and dz goes into
-// dH.
+// How a node runs: the form (vocabulary slabs, or token chunks), its rows at a time, whether h and
+// dH are used in place, and the scratch layout. Without an lm_head (logits: h holds z) there is no
+// GEMM: z is read in place when h_direct (in one chunk of all N rows), else gathered a chunk at a
+// time into the z scratch, and dz goes into dH.
 struct ce_plan {
     int64_t N, C, V, chunk, ldh, ldw;
     forge_type ab;           // the GEMMs' input type (W's), or the logits' type
     bool logits, h_direct, dh_direct;
-    size_t z_off, hc_off, dh_off, loss_off, bytes;
+    bool slabs;              // the slab form: chunk token rows a pass, vocabulary slabs of vs (rows lds apart)
+    int64_t vs, lds;
+    size_t z_off, hc_off, dh_off, loss_off, o_off, st_off, bytes;
 
     explicit ce_plan(const forge_tensor *node) {
         const forge_tensor *h = node->src[0], *w = node->src[1], *dH = node->op == FORGE_OP_CROSS_ENTROPY ? node->res[1] : nullptr;
@@ -309,12 +448,29 @@ struct ce_plan {
                    h->nb[3] == h->nb[2] * h->ne[2];
         ldh = h_direct ? (int64_t)(h->nb[1] / es) : h->ne[0];
         chunk = logits && h_direct ? N : std::max<int64_t>(1, std::min<int64_t>(node->op_i[0], N));
+        // The slab form while o's read and write a slab (8 C bytes a token) cost less than the
+        // logits' own moves (2 C < the slab's width): at hidden 4096 over 8192-word slabs it was
+        // 5% slower than the chunks, at 2304 5-7% faster (docs/performance.md).
+        const int64_t vmax = kSlabThreads * kSlabVecs * (int64_t)(16 / es);
+        slabs = !logits && dH && !node->res[2] && 2 * C < vmax;
+        vs = lds = 0;
+        if (slabs) { // the token chunk's bytes of logits, spent on more tokens by a slab of the vocabulary
+            const int64_t vec = (int64_t)(16 / es);
+            vs = std::min<int64_t>(V, vmax);
+            lds = (vs + vec - 1) / vec * vec;
+            const int64_t budget = std::max<int64_t>(1, node->op_i[0]) * V * (int64_t)es;
+            const int64_t rows = std::max<int64_t>(1, budget / (lds * (int64_t)es + C * 4 + 16));
+            const int64_t passes = (N + rows - 1) / rows;
+            chunk = (N + passes - 1) / passes; // passes of equal size
+        }
         dh_direct = !dH || dH->type == ab || dH->type == FORGE_TYPE_F32;
         bytes = 0;
-        z_off = logits && h_direct ? 0 : take((size_t)(chunk * V) * es);
+        z_off = logits && h_direct ? 0 : take((size_t)(chunk * (slabs ? lds : V)) * es);
         hc_off = h_direct || logits ? 0 : take((size_t)(chunk * C) * es);
-        dh_off = dh_direct ? 0 : take((size_t)(chunk * C) * sizeof(float));
+        dh_off = dh_direct || slabs ? 0 : take((size_t)(chunk * C) * sizeof(float));
         loss_off = take((size_t)N * sizeof(float));
+        o_off = slabs ? take((size_t)(chunk * C) * sizeof(float)) : 0;
+        st_off = slabs ? take((size_t)chunk * 4 * sizeof(float)) : 0;
     }
     size_t take(size_t n) {
         const size_t off = bytes;
@@ -360,6 +516,29 @@ void launch_rows(int64_t n, const T *z, int64_t ldz, T *dz, int64_t ldd, int64_t
     forge_cuda_launch_kernel(k, (unsigned)n, kRowThreads, 0, p->stream, z, ldz, dz, ldd, V, labels, t0, count, cap, ignore, loss, p->error);
 }
 
+// The slab form's pass of n token rows at t0 (top of file) from hc (rows ldh apart): loss terms
+// into loss, dH when dH is not NULL.
+template <typename T>
+void slab_pass(const ce_plan &pl, int64_t n, int64_t t0, const void *hc, const forge_tensor *w, const forge_tensor *dH, const forge_cuda_view &labels,
+               const float *count, float cap, int ignore, float *loss, const forge_cuda_params *p) {
+    char *work = (char *)p->work;
+    T *z = (T *)(work + pl.z_off);
+    float *o = dH ? (float *)(work + pl.o_off) : nullptr, *st = (float *)(work + pl.st_off);
+    float *m = st, *l = st + pl.chunk, *zl = st + 2 * pl.chunk, *dl = st + 3 * pl.chunk;
+    const T *wt = (const T *)w->data;
+    for (int64_t v0 = 0; v0 < pl.V; v0 += pl.vs) {
+        const int64_t vs = std::min(pl.vs, pl.V - v0);
+        forge_cuda_gemm(p, n, vs, pl.C, hc, pl.ldh, 0, wt + v0 * pl.ldw, pl.ldw, 1, pl.ab, z, pl.lds, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
+        forge_cuda_launch_kernel(ce_slab_rows<T>, (unsigned)n, kSlabThreads, 0, p->stream, z, pl.lds, (int)vs, (int)v0, pl.V, labels, t0, cap, ignore,
+                                 m, l, zl, dl, o, pl.C, p->error);
+        if (o)
+            forge_cuda_gemm(p, n, pl.C, vs, z, pl.lds, 0, wt + v0 * pl.ldw, pl.ldw, 0, pl.ab, o, pl.C, FORGE_TYPE_F32, 1.0f, v0 == 0 ? 0.0f : 1.0f,
+                            nullptr, FORGE_TYPE_F32);
+    }
+    forge_cuda_launch_kernel(ce_slab_finish<T>, (unsigned)n, 256, 0, p->stream, m, l, zl, dl, o, pl.C, wt, pl.ldw, labels, t0, pl.V, ignore, count,
+                             loss, forge_cuda_view_of(dH));
+}
+
 } // namespace
 
 void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
@@ -376,6 +555,22 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
 
     for (int64_t t0 = 0; t0 < pl.N; t0 += pl.chunk) {
         const int64_t n = std::min(pl.chunk, pl.N - t0);
+        if (pl.slabs) {
+            const void *hc = (const char *)h->data + t0 * (int64_t)h->nb[1];
+            if (!pl.h_direct) {
+                forge_cuda_launch_kernel(ce_copy_rows, (unsigned)n, 256, 0, p->stream, hv, t0, scratch_view(work + pl.hc_off, pl.ab, h->ne[0], n), 0,
+                                         h->ne[0]);
+                hc = work + pl.hc_off;
+            }
+            const float cap = node->op_f[0];
+            const int ignore = node->op_i[1];
+            switch (pl.ab) {
+            case FORGE_TYPE_BF16: slab_pass<__nv_bfloat16>(pl, n, t0, hc, w, dH, lv, cnt, cap, ignore, loss, p); break;
+            case FORGE_TYPE_F16: slab_pass<__half>(pl, n, t0, hc, w, dH, lv, cnt, cap, ignore, loss, p); break;
+            default: slab_pass<float>(pl, n, t0, hc, w, dH, lv, cnt, cap, ignore, loss, p); break;
+            }
+            continue;
+        }
         // the chunk's logits z (ldz apart) and where dz goes (in place but for plain cross-entropy;
         // nowhere when no gradient is wanted)
         const void *z = work + pl.z_off;

@@ -2,7 +2,8 @@
 // through the conformance harness: the loss, dH (gradient of h) and dW (gradient of the lm_head)
 // at the Qwen2.5 (V 151936, C 896) and Gemma2 (V 256000, C 2304, softcap 30) shapes, ignored
 // tokens (a whole chunk of them too), chunk sizes 1, odd and > N, V not a multiple of 4, a strided
-// h, frozen W, forward only, BF16 and F32; CROSS_ENTROPY_EVAL's log-probabilities (and its top-1
+// h, frozen W (the vocabulary-slab form: several slabs and passes, a short last slab, rows that
+// move their reference), forward only, BF16 and F32; CROSS_ENTROPY_EVAL's log-probabilities (and its top-1
 // hits in F32); plain cross-entropy without an lm_head (h holds the logits) in F32 and BF16, rows
 // longer than Gemma2's vocabulary, V odd (single-element loads), strided, forward only and eval;
 // and a label out of range is a runtime error.
@@ -108,6 +109,17 @@ int main() {
         {"chunk 1 odd V1001 C128 N9 f32", 128, 1001, 9, 1, 0, 1, F32, 2, 0.3f},
         {"chunk > N V5003 C256 N37 softcap 10 f32", 256, 5003, 37, 1, 10.0f, 100, F32, 2, 0.3f},
         {"strided h C96 V2000 N17 chunk 5 bf16", 96, 2000, 17, 1, 0, 5, BF, 2, 0.5f, true},
+        // the slab form (dH alone, the lm_head frozen): vocabulary slabs of 8192 (bf16) or 4096
+        // (f32) words, the last one short; tokens in several passes when the chunk's bytes run out
+        {"slabs qwen2.5 V151936 C896 N40 chunk 16 bf16 dH", 896, 151936, 20, 2, 0, 16, BF, 1, 0.1f},
+        {"slabs gemma2 V256000 C2304 softcap 30 N6 chunk 4 bf16 dH", 2304, 256000, 6, 1, 30.0f, 4, BF, 1, 0.5f},
+        {"slabs qwen2.5 V151936 C896 N40 chunk 1 bf16 dH (3 passes)", 896, 151936, 20, 2, 0, 1, BF, 1, 0.1f},
+        {"slabs V2004 C64 N24 chunk 8 bf16 dH (rows of 4 mod 8)", 64, 2004, 12, 2, 0, 8, BF, 1, 1.0f},
+        {"slabs odd V1003 C64 N9 chunk 4 bf16 dH", 64, 1003, 9, 1, 0, 4, BF, 1, 1.0f},
+        {"slabs strided h C96 V2000 N17 chunk 5 bf16 dH", 96, 2000, 17, 1, 0, 5, BF, 1, 0.5f, true},
+        // logits of spread ~80: later slabs' maxima pass the first's by more than kRescale, so
+        // rows move their reference and scale what they have summed
+        {"slabs V20000 C64 N16 chunk 2 f32 dH (references moved)", 64, 20000, 16, 1, 0, 2, F32, 1, 30.0f},
         // the row kernels' access widths for two-byte logits: 8 (above), 4 (rows of 4 mod 8), 1 (odd)
         {"V2004 C64 N24 chunk 8 bf16 dH dW (rows of 4 mod 8)", 64, 2004, 12, 2, 0, 8, BF, 2, 1.0f},
         {"eval V2004 C64 N20 chunk 8 bf16 log-probs (rows of 4 mod 8)", 64, 2004, 10, 2, 0, 8, BF, 0, 1.0f, false, 1},

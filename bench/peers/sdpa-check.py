@@ -3,7 +3,11 @@
 # before each), to explain the spread of bench/peers/ops.py's SDPA figure between calls: with
 # enable_gqa and on k / v expanded by repeat_interleave (as HF does when it cannot pass
 # enable_gqa), each under SDPA's own choice of backend and under every backend forced in turn
-# (torch.nn.attention.sdpa_kernel; a backend that refuses the case is recorded as such).
+# (torch.nn.attention.sdpa_kernel; a backend that refuses the case is recorded as such). The
+# event-timed figure includes the host's launch gaps, which vary with the machine's CPU (180-190 us
+# in one call, 785-1070 us in another for the same kernels); kernel_us is the sum of the step's
+# kernel durations from the profiler (ten steps), the GPU's busy time alone: the figure to set
+# against forge's graph-replayed kernels.
 #     python3 bench/peers/sdpa-check.py OUT.json
 import json
 import sys
@@ -35,9 +39,12 @@ def measure(gqa):
     for _ in range(5):
         step(gqa)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        step(gqa)
+        for _ in range(10):
+            step(gqa)
         torch.cuda.synchronize()
-    names = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    names = sorted({e.name for e in kernels})
+    kernel_us = sum(e.time_range.elapsed_us() for e in kernels) / 10 # the GPU's busy time a step, without host gaps
     rounds = []
     for _ in range(3):
         ts = []
@@ -51,7 +58,7 @@ def measure(gqa):
             ts.append(a.elapsed_time(b) * 1000)
         ts.sort()
         rounds.append(ts[len(ts) // 2])
-    return {"median_us_per_round": rounds, "kernels": [n[:120] for n in names]}
+    return {"median_us_per_round": rounds, "kernel_us": kernel_us, "kernels": [n[:120] for n in names]}
 
 
 out = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "shape": [B, T, Hq, Hkv, D]}
@@ -68,5 +75,5 @@ for gqa in (True, False):
                     out[key] = measure(gqa)
         except RuntimeError as e:  # the backend does not take this case
             out[key] = {"refused": str(e).splitlines()[0][:200]}
-        print(key, out[key].get("median_us_per_round", out[key].get("refused")), flush=True)
+        print(key, out[key].get("median_us_per_round", out[key].get("refused")), out[key].get("kernel_us", ""), flush=True)
 json.dump(out, open(sys.argv[1], "w"), indent=1)
