@@ -64,7 +64,7 @@ std::string TokenizedData::describe() const {
 namespace {
 
 constexpr char kCacheMagic[8] = {'F', 'O', 'R', 'G', 'E', 'T', 'O', 'K'};
-constexpr uint32_t kCacheVersion = 2;
+constexpr uint32_t kCacheVersion = 3; // 3: tool calls (lines that version 2 refused now load)
 
 bool fail(std::string *err, const std::string &msg) {
     *err = msg;
@@ -150,23 +150,51 @@ struct Builder {
         d->n_prompt++;
         return true;
     }
-    // "messages" (role / content, as OpenAI and TRL write them) or "conversations" (ShareGPT:
-    // from / value, with human -> user and gpt -> assistant)
-    bool chat(const json::Value &msgs, bool sharegpt, std::string *err) {
+    // "messages" (role / content, as OpenAI and TRL write them; with the record's "tools" and the
+    // messages' "tool_calls") or "conversations" (ShareGPT: from / value, with human -> user and
+    // gpt -> assistant)
+    bool chat(const json::Value &msgs, bool sharegpt, const json::Value &tools, std::string *err) {
         const char *list = sharegpt ? "conversations" : "messages", *role = sharegpt ? "from" : "role", *content = sharegpt ? "value" : "content";
         if (!msgs.is_array() || msgs.size() == 0) return fail(err, std::string("\"") + list + "\" is not a non-empty list");
+        ChatOptions co;
+        if (!tools.is_null() && !tools.is_array()) return fail(err, "\"tools\" is not a list of objects");
+        for (size_t i = 0; i < tools.size(); i++) {
+            if (!tools.at(i).is_object()) return fail(err, "tools[" + std::to_string(i) + "] is not an object");
+            co.tools.push_back(tools.at(i));
+        }
         std::vector<ChatMessage> m;
         for (size_t i = 0; i < msgs.size(); i++) {
             const json::Value &x = msgs.at(i);
             const std::string at = std::string(list) + "[" + std::to_string(i) + "]";
-            if (!x[role].is_string() || !(x[content].is_string() || (!sharegpt && x[content].is_array())))
+            ChatMessage cm;
+            if (!sharegpt && !tool_calls(x["tool_calls"], at, &cm.tool_calls, err)) return false;
+            const bool no_content = x[content].is_null() && !cm.tool_calls.empty(); // a message of calls only
+            if (!x[role].is_string() || !(no_content || x[content].is_string() || (!sharegpt && x[content].is_array())))
                 return fail(err, at + " needs string \"" + role + "\" and \"" + content + "\"" + (sharegpt ? "" : " (or a list of text parts)"));
-            std::string r = x[role].str(), text;
-            if (sharegpt) r = r == "human" ? "user" : r == "gpt" ? "assistant" : r;
-            if (!text_parts(x[content], at, &text, err)) return false;
-            m.push_back({r, text, x["reasoning_content"].get_string()});
+            cm.role = x[role].str();
+            if (sharegpt) cm.role = cm.role == "human" ? "user" : cm.role == "gpt" ? "assistant" : cm.role;
+            if (!no_content && !text_parts(x[content], at, &cm.content, err)) return false;
+            cm.reasoning = x["reasoning_content"].get_string();
+            m.push_back(std::move(cm));
         }
-        return chat(m, err);
+        return chat(m, co, err);
+    }
+    // A message's "tool_calls" (none when absent or null): each {"type": "function", "function":
+    // {"name": ..., "arguments": ...}} (OpenAI's form) or {"name": ..., "arguments": ...}, the
+    // arguments an object or a string of JSON.
+    static bool tool_calls(const json::Value &calls, const std::string &at, std::vector<ChatToolCall> *out, std::string *err) {
+        if (calls.is_null()) return true;
+        if (!calls.is_array()) return fail(err, at + ".tool_calls is not a list");
+        for (size_t k = 0; k < calls.size(); k++) {
+            const bool openai = calls.at(k).find("function") != nullptr;
+            const json::Value &c = openai ? calls.at(k)["function"] : calls.at(k);
+            const std::string ck = at + ".tool_calls[" + std::to_string(k) + "]" + (openai ? ".function" : "");
+            if (!c["name"].is_string()) return fail(err, ck + " needs a string \"name\"");
+            if (!c["arguments"].is_object() && !c["arguments"].is_string())
+                return fail(err, ck + " needs \"arguments\": an object or a string of JSON");
+            out->push_back({c["name"].str(), c["arguments"]});
+        }
+        return true;
     }
     // A message's content: a string, or (OpenAI's form) a list of parts {"type": "text", "text": ...},
     // joined as the chat templates join them. Other parts (images, audio) are refused by name.
@@ -190,12 +218,12 @@ struct Builder {
             return fail(err, "\"instruction\" and \"output\" (and \"input\" when present) must be strings");
         std::string user = ins.str();
         if (!in.get_string().empty()) user += "\n\n" + in.str();
-        return chat(std::vector<ChatMessage>{{"user", user, ""}, {"assistant", outp.str(), ""}}, err);
+        return chat(std::vector<ChatMessage>{{"user", user, ""}, {"assistant", outp.str(), ""}}, ChatOptions(), err);
     }
-    bool chat(const std::vector<ChatMessage> &m, std::string *err) {
+    bool chat(const std::vector<ChatMessage> &m, const ChatOptions &co, std::string *err) {
         std::vector<int32_t> ids;
         std::vector<uint8_t> mask;
-        if (!chat_tokenize(tok, opt.chat, m, ChatOptions(), &ids, &mask, err)) return false;
+        if (!chat_tokenize(tok, opt.chat, m, co, &ids, &mask, err)) return false;
         if (std::find(mask.begin(), mask.end(), 1) == mask.end()) return fail(err, "the conversation has no assistant message to train on");
         add(ids, mask);
         d->n_chat++;
@@ -224,7 +252,8 @@ bool json_document(Builder &b, const Unit &u, std::string *e) {
     if (!u.element && !json::parse(u.s, &parsed, e, "")) return *e = json_line_error(*e), false;
     const json::Value &v = u.element ? *u.element : parsed;
     if (!v.is_object()) return fail(e, u.element ? "the element is not a JSON object" : "the line is not a JSON object");
-    if (v.find("messages") || v.find("conversations")) return b.chat(v.find("messages") ? v["messages"] : v["conversations"], !v.find("messages"), e);
+    if (v.find("messages")) return b.chat(v["messages"], false, v["tools"], e);
+    if (v.find("conversations")) return b.chat(v["conversations"], true, json::Value(), e);
     if (v.find("instruction")) return b.alpaca(v, e);
     if (v.find("prompt") || v.find("completion"))
         return v["prompt"].is_string() && v["completion"].is_string() ? b.prompt_completion(v["prompt"].str(), v["completion"].str(), e)

@@ -1,6 +1,7 @@
 // models/data.h - training data for ./finetune: reading a dataset (.txt, or JSONL with "text",
-// "messages" (role/content), "conversations" (ShareGPT: from/value), "instruction"/"input"/"output"
-// (Alpaca) or "prompt"/"completion", or a .json array of such records), tokenising it once into
+// "messages" (role/content; also "tools" and "tool_calls" for qwen2.5 / qwen3), "conversations"
+// (ShareGPT: from/value), "instruction"/"input"/"output" (Alpaca) or "prompt"/"completion", or a
+// .json array of such records), tokenising it once into
 // documents with a loss mask (cached next to the data), cutting documents into pieces of at most
 // --seq-len tokens, the eval split, packing pieces into rows, and filling the host buffers of one
 // row (ids, positions restarting at each document, document ids for the attention mask, labels).

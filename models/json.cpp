@@ -58,7 +58,14 @@ Value::Value(double d) : type_(Type::Number), num_(d) {
     }
 }
 
-Value::Value(Type t, int64_t i) : type_(t), exact_int_(true), num_((double)i), int_(i) {}
+Value::Value(Type t, int64_t i) : type_(t), exact_int_(true), int_literal_(true), num_((double)i), int_(i) {}
+
+Value Value::big_int(double d, std::string digits) {
+    Value v(d);
+    v.int_literal_ = true;
+    v.str_ = std::move(digits);
+    return v;
+}
 
 Value Value::array() {
     Value v;
@@ -75,8 +82,8 @@ Value Value::object() {
 }
 
 Value::Value(const Value &o)
-    : type_(o.type_), exact_int_(o.exact_int_), bool_(o.bool_), num_(o.num_), int_(o.int_), str_(o.str_),
-      box_(o.box_ ? new Box(*o.box_) : nullptr) {}
+    : type_(o.type_), exact_int_(o.exact_int_), int_literal_(o.int_literal_), bool_(o.bool_), num_(o.num_), int_(o.int_),
+      str_(o.str_), box_(o.box_ ? new Box(*o.box_) : nullptr) {}
 
 Value &Value::operator=(const Value &o) {
     if (this != &o) *this = Value(o);
@@ -84,8 +91,8 @@ Value &Value::operator=(const Value &o) {
 }
 
 Value::Value(Value &&o) noexcept
-    : type_(o.type_), exact_int_(o.exact_int_), bool_(o.bool_), num_(o.num_), int_(o.int_), str_(std::move(o.str_)),
-      box_(std::move(o.box_)) {
+    : type_(o.type_), exact_int_(o.exact_int_), int_literal_(o.int_literal_), bool_(o.bool_), num_(o.num_), int_(o.int_),
+      str_(std::move(o.str_)), box_(std::move(o.box_)) {
     o.type_ = Type::Null;
 }
 
@@ -94,6 +101,7 @@ Value &Value::operator=(Value &&o) noexcept {
     Value t(std::move(o));
     std::swap(type_, t.type_);
     std::swap(exact_int_, t.exact_int_);
+    std::swap(int_literal_, t.int_literal_);
     std::swap(bool_, t.bool_);
     std::swap(num_, t.num_);
     std::swap(int_, t.int_);
@@ -102,6 +110,11 @@ Value &Value::operator=(Value &&o) noexcept {
     return *this;
 }
 Value::~Value() = default;
+
+std::string Value::int_text() const {
+    if (!is_int_literal()) return std::string();
+    return str_.empty() ? std::to_string(int_) : str_; // str_: the digits of one beyond int64
+}
 
 const std::string &Value::str() const { return is_string() ? str_ : empty_string(); }
 
@@ -473,6 +486,8 @@ private:
         if (integral_literal && !overflow && mag <= (uint64_t)INT64_MAX + (neg ? 1 : 0)) {
             out = Value(Type::Number, neg ? (int64_t)(0 - mag) : (int64_t)mag);
             out.num_ = d; // keeps -0.0
+        } else if (integral_literal) {
+            out = Value::big_int(d, std::string(s, p_)); // JSON has no leading zeros: the digits as written
         } else {
             out = Value(d);
         }
@@ -575,6 +590,60 @@ void write_number(std::string &o, const Value &v) {
     o.append(buf, r.ptr);
 }
 
+// Python's repr of a float: the shortest digits that read back, in fixed notation (with ".0" when
+// integral) for decimal exponents -4..15, else as d.ddde+XX (at least two exponent digits).
+void write_python_float(std::string &o, double d) {
+    if (std::isnan(d)) { o += "NaN"; return; }
+    if (std::isinf(d)) { o += d < 0 ? "-Infinity" : "Infinity"; return; }
+    char buf[40];
+    const auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific); // -d.ddde±XX
+    const std::string_view sci(buf, (size_t)(r.ptr - buf));
+    const size_t e_at = sci.find('e');
+    int exp10 = 0;
+    std::from_chars(sci.data() + e_at + (sci[e_at + 1] == '+' ? 2 : 1), sci.data() + sci.size(), exp10);
+    std::string digits;
+    for (char c : sci.substr(0, e_at))
+        if (is_digit(c)) digits += c;
+    if (std::signbit(d)) o += '-';
+    if (exp10 < -4 || exp10 >= 16) {
+        o += digits[0];
+        if (digits.size() > 1) o += "." + digits.substr(1);
+        o += exp10 < 0 ? "e-" : "e+";
+        if (std::abs(exp10) < 10) o += '0';
+        o += std::to_string(std::abs(exp10));
+    } else if (exp10 < 0) {
+        o += "0." + std::string((size_t)(-exp10 - 1), '0') + digits;
+    } else {
+        digits.resize(std::max(digits.size(), (size_t)exp10 + 2), '0'); // at least one digit after the point
+        o += digits.substr(0, (size_t)exp10 + 1) + "." + digits.substr((size_t)exp10 + 1);
+    }
+}
+
+void write_python_value(std::string &o, const Value &v) {
+    switch (v.type()) {
+    case Type::Null: o += "null"; return;
+    case Type::Bool: o += v.get_bool() ? "true" : "false"; return;
+    case Type::String: write_string(o, v.str()); return;
+    case Type::Number:
+        if (v.is_int_literal()) o += v.int_text();
+        else write_python_float(o, v.get_double());
+        return;
+    case Type::Array:
+    case Type::Object:
+        o += v.is_object() ? '{' : '[';
+        for (size_t i = 0; i < v.size(); i++) {
+            if (i) o += ", ";
+            if (v.is_object()) {
+                write_string(o, v.key(i));
+                o += ": ";
+            }
+            write_python_value(o, v.at(i));
+        }
+        o += v.is_object() ? '}' : ']';
+        return;
+    }
+}
+
 void newline(std::string &o, int indent, int level) {
     if (indent < 0) return;
     o += '\n';
@@ -635,6 +704,12 @@ bool write_atomic(const std::string &path, std::string_view data, std::string *e
 std::string write(const Value &v, int indent) {
     std::string o;
     write_value(o, v, indent, 0);
+    return o;
+}
+
+std::string write_python(const Value &v) {
+    std::string o;
+    write_python_value(o, v);
     return o;
 }
 

@@ -53,6 +53,12 @@ public:
     // A number whose value is an integer that int64 holds exactly (from its digits when the
     // literal has no fraction or exponent, else from the double: 1e3 and 2.0 count).
     bool is_int() const { return type_ == Type::Number && exact_int_; }
+    // A number written without fraction or exponent (or built from an integer type): Python's json
+    // reads it as an int, exact at any size, where 2.0 and 1e3 are floats (write_python needs this).
+    bool is_int_literal() const { return type_ == Type::Number && int_literal_; }
+    // An integer literal's exact decimal digits, as Python's str(int) writes them ("-0" gives "0");
+    // empty for other values.
+    std::string int_text() const;
 
     // Typed getters: the value when it has that type, else def.
     bool get_bool(bool def = false) const { return is_bool() ? bool_ : def; }
@@ -91,14 +97,16 @@ private:
     template <class T> static Value make_int(T i) {
         if constexpr (std::is_signed_v<T>) return Value(Type::Number, (int64_t)i);
         else if ((uint64_t)i <= (uint64_t)INT64_MAX) return Value(Type::Number, (int64_t)i);
-        else return Value((double)i);
+        else return big_int((double)i, std::to_string(i));
     }
     Value(Type t, int64_t i); // an exact integer
+    static Value big_int(double d, std::string digits); // an integer literal beyond int64
     void append_member(std::string key, Value v); // no duplicate check
     size_t find_index(std::string_view key) const; // SIZE_MAX when absent
 
     Type type_ = Type::Null;
     bool exact_int_ = false;
+    bool int_literal_ = false; // see is_int_literal(); beyond int64, str_ holds the digits
     bool bool_ = false;
     double num_ = 0.0;
     int64_t int_ = 0;
@@ -118,6 +126,11 @@ bool parse_file(const std::string &path, Value *out, std::string *err);
 // exact int64 value (is_int(), so 32.0 too) are written as integers, others in the shortest form
 // that reads back exactly; non-finite numbers become null.
 std::string write(const Value &v, int indent = 2);
+// json.dumps(v, ensure_ascii=False) as Python writes it (HF chat templates' tojson filter): members
+// in order, ", " and ": " between items, strings escaped as write() does, integer literals
+// (is_int_literal) as their exact digits, other numbers as Python's float repr (1.0, 0.0001,
+// 1e-05, 1e+16; Infinity and NaN for non-finite values).
+std::string write_python(const Value &v);
 // Writes write(v, indent) plus a newline to path atomically (temp file in the same directory,
 // then rename).
 bool write_file(const std::string &path, const Value &v, std::string *err, int indent = 2);

@@ -945,20 +945,74 @@ private:
     std::vector<Range> ranges_;
 };
 
+// Tools, tool calls and "tool" messages: refused by the formats whose templates have none (qwen2,
+// gemma), else checked: calls on assistant messages only, each with a name and object or string
+// arguments.
+bool check_tools(ChatBuilder &b, ChatFormat fmt, const std::vector<ChatMessage> &msgs, const ChatOptions &opt,
+                 std::string *err) {
+    const bool supported = fmt == ChatFormat::Qwen25 || fmt == ChatFormat::Qwen3;
+    const std::string none = "; this format has no tool calls (qwen2.5 and qwen3 have)";
+    if (!supported && !opt.tools.empty()) return b.error(err, "the conversation has tools" + none);
+    for (size_t i = 0; i < msgs.size(); i++) {
+        const ChatMessage &m = msgs[i];
+        const std::string at = strf("message %zu", i);
+        if (!supported && m.role == "tool") return b.error(err, at + " has role 'tool'" + none);
+        if (m.tool_calls.empty()) continue;
+        if (!supported) return b.error(err, at + " has tool_calls" + none);
+        if (m.role != "assistant")
+            return b.error(err, at + " has role " + quote(m.role) + " and tool_calls (only assistant messages call tools)");
+        for (size_t k = 0; k < m.tool_calls.size(); k++) {
+            const ChatToolCall &c = m.tool_calls[k];
+            if (c.name.empty()) return b.error(err, at + strf(": tool call %zu has no name", k));
+            if (!c.arguments.is_object() && !c.arguments.is_string())
+                return b.error(err, at + strf(": tool call %zu: the arguments must be an object or a string of JSON", k));
+        }
+    }
+    return true;
+}
+
+// The system turn's tools block of Qwen2.5 and Qwen3: each tool's tojson on a line of its own.
+std::string chatml_tools(const std::vector<json::Value> &tools) {
+    std::string s = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+    for (const json::Value &t : tools) s += "\n" + json::write_python(t);
+    return s + "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+               "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+               "<args-json-object>}\n</tool_call>";
+}
+
+// An assistant message's tool calls as Qwen2.5 and Qwen3 write them after its content: a newline
+// before each call except a first one that follows no content; the arguments with tojson, except
+// that Qwen3 (string_as_is) writes a string as it is.
+std::string chatml_tool_calls(const std::vector<ChatToolCall> &calls, bool after_content, bool string_as_is) {
+    std::string s;
+    for (size_t k = 0; k < calls.size(); k++) {
+        const json::Value &a = calls[k].arguments;
+        if (k || after_content) s += "\n";
+        s += "<tool_call>\n{\"name\": \"" + calls[k].name + "\", \"arguments\": " +
+             (string_as_is && a.is_string() ? a.str() : json::write_python(a)) + "}\n</tool_call>";
+    }
+    return s;
+}
+
 bool chatml(ChatBuilder &b, ChatFormat fmt, const std::vector<ChatMessage> &msgs, const ChatOptions &opt,
             std::string *err) {
     const char *start = "<|im_start|>", *end = "<|im_end|>";
     const bool qwen3 = fmt == ChatFormat::Qwen3;
-    size_t first = 0;
-    if (!msgs.empty() && msgs[0].role == "system") first = 1;
-    if (first || !qwen3) {
-        const char *def = fmt == ChatFormat::Qwen2 ? "You are a helpful assistant."
-                                                   : "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+    auto prompt_turn = [&](const std::string &text) { // <|im_start|>text<|im_end|>\n, all prompt
         if (!b.special(start, false, err)) return false;
-        b.text("system\n" + (first ? msgs[0].content : std::string(def)), false);
+        b.text(text, false);
         if (!b.special(end, false, err)) return false;
         b.text("\n", false);
-    }
+        return true;
+    };
+    const size_t first = !msgs.empty() && msgs[0].role == "system" ? 1 : 0;
+    std::string sys = first ? msgs[0].content
+                      : qwen3 ? std::string()
+                      : fmt == ChatFormat::Qwen2 ? "You are a helpful assistant."
+                                                 : "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+    if (!opt.tools.empty()) sys = (first || !qwen3 ? sys + "\n\n" : std::string()) + chatml_tools(opt.tools);
+    if ((first || !qwen3 || !opt.tools.empty()) && !prompt_turn("system\n" + sys)) return false;
     size_t last_query = msgs.size() - 1; // Qwen3: the last user message that is not a tool response
     for (size_t i = msgs.size(); i-- > 0;) {
         const std::string &c = msgs[i].content;
@@ -970,14 +1024,20 @@ bool chatml(ChatBuilder &b, ChatFormat fmt, const std::vector<ChatMessage> &msgs
     for (size_t i = first; i < msgs.size(); i++) {
         const ChatMessage &m = msgs[i];
         if (m.role == "user" || m.role == "system") {
-            if (!b.special(start, false, err)) return false;
-            b.text(m.role + "\n" + m.content, false);
-            if (!b.special(end, false, err)) return false;
-            b.text("\n", false);
+            if (!prompt_turn(m.role + "\n" + m.content)) return false;
+            continue;
+        }
+        if (m.role == "tool") { // a run of tool responses makes one user turn
+            const bool opens = i == 0 || msgs[i - 1].role != "tool", closes = i + 1 == msgs.size() || msgs[i + 1].role != "tool";
+            if (opens && !b.special(start, false, err)) return false;
+            b.text(std::string(opens ? "user" : "") + "\n<tool_response>\n" + m.content + "\n</tool_response>", false);
+            if (closes && !b.special(end, false, err)) return false;
+            if (closes) b.text("\n", false);
             continue;
         }
         if (m.role != "assistant")
-            return b.error(err, strf("message %zu has role ", i) + quote(m.role) + " (supported: system, user, assistant)");
+            return b.error(err, strf("message %zu has role ", i) + quote(m.role) + " (supported: system, user, assistant" +
+                                    (fmt == ChatFormat::Qwen2 ? ")" : ", tool)"));
         if (!b.special(start, false, err)) return false;
         b.text("assistant\n", false);
         std::string content = m.content, reasoning = m.reasoning;
@@ -987,12 +1047,13 @@ bool chatml(ChatBuilder &b, ChatFormat fmt, const std::vector<ChatMessage> &msgs
             reasoning = strip_newlines(open == std::string::npos ? before : before.substr(open + 7), true, false);
             content = strip_newlines(content.substr(content.rfind("</think>") + 8), true, false);
         }
+        const bool has_content = !content.empty(); // Qwen3 tests it before the strip below
         if (qwen3 && i > last_query && (i + 1 == msgs.size() || !reasoning.empty())) {
             // an empty think block is prompt (what enable_thinking=false feeds), a real one is trained
             b.text("<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n", !reasoning.empty());
             content = strip_newlines(content, true, false);
         }
-        b.text(content, true);
+        b.text(content + chatml_tool_calls(m.tool_calls, has_content, qwen3), true);
         if (!b.special(end, true, err)) return false;
         b.text("\n", false);
     }
@@ -1076,8 +1137,9 @@ bool chat_tokenize(const Tokenizer &tok, ChatFormat fmt, const std::vector<ChatM
     ids->clear();
     mask->clear();
     ChatBuilder b(tok, fmt, ids, mask);
-    bool ok = fmt == ChatFormat::Gemma || fmt == ChatFormat::Gemma3 ? gemma(b, tok, fmt, messages, opt, err)
-                                                                    : chatml(b, fmt, messages, opt, err);
+    bool ok = check_tools(b, fmt, messages, opt, err) &&
+              (fmt == ChatFormat::Gemma || fmt == ChatFormat::Gemma3 ? gemma(b, tok, fmt, messages, opt, err)
+                                                                     : chatml(b, fmt, messages, opt, err));
     if (!ok) {
         ids->clear();
         mask->clear();

@@ -13,6 +13,8 @@
 // U+2581 in the input as a space.
 #pragma once
 
+#include "json.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,8 +23,6 @@
 #include <vector>
 
 namespace forge {
-
-namespace json { class Value; }
 
 // GGUF tokenizer.ggml.token_type values (0 is read as Normal).
 enum class TokenType : int32_t { Undefined = 0, Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6 };
@@ -144,20 +144,32 @@ const char *chat_format_name(ChatFormat f);
 // (qwen2, qwen3, gemma, gemma2, gemma3) when the template is empty or not recognised.
 bool chat_format_detect(std::string_view jinja, std::string_view arch, ChatFormat *out, std::string *err);
 
+// A function call of an assistant message (OpenAI's tool_calls[i].function).
+struct ChatToolCall {
+    std::string name;
+    json::Value arguments; // an object, or a string holding JSON (OpenAI's form): qwen2.5 renders
+                           // either with tojson (a string quoted), qwen3 a string as it is
+};
 struct ChatMessage {
-    std::string role;      // "system", "user", "assistant" (Gemma also accepts "model")
+    std::string role;      // "system", "user", "assistant", "tool" (Gemma also accepts "model")
     std::string content;
     std::string reasoning; // Qwen3 reasoning_content (else split from content at "</think>")
+    std::vector<ChatToolCall> tool_calls = {}; // assistant messages (qwen2.5, qwen3)
 };
 struct ChatOptions {
     bool add_generation_prompt = false; // end with the assistant header, ready to generate
     bool enable_thinking = true;        // Qwen3: false adds the empty think block to the prompt
+    std::vector<json::Value> tools;     // the functions offered (apply_chat_template's tools=),
+                                        // each written with tojson into the system turn
 };
 // Renders messages with the template and tokenizes them: scaffolding tokens (<|im_start|>,
 // <|im_end|>, <bos>, <start_of_turn>, <end_of_turn>) by id, the text between them with the
 // normal tokenizer (no Control tokens parsed from message text). mask[i] = 1 for tokens the loss
-// trains on: assistant content (and a non-empty Qwen3 think block) plus the closing <|im_end|> /
-// <end_of_turn>; a token that straddles the start or end of the content counts as content.
+// trains on: assistant content (and a non-empty Qwen3 think block) and tool calls (everything
+// after "<|im_start|>assistant\n"), plus the closing <|im_end|> / <end_of_turn>; a token that
+// straddles the start or end of the content counts as content. Tools, tool calls and "tool"
+// messages (tool responses, prompt) exist in qwen2.5 and qwen3 only, rendered as HF transformers'
+// apply_chat_template(messages, tools=tools) renders them; the other formats refuse them.
 bool chat_tokenize(const Tokenizer &tok, ChatFormat fmt, const std::vector<ChatMessage> &messages,
                    const ChatOptions &opt, std::vector<int32_t> *ids, std::vector<uint8_t> *mask, std::string *err);
 

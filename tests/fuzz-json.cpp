@@ -1,6 +1,6 @@
 // fuzz-json: libFuzzer target for models/json.cpp. Any input either fails with an error naming
 // the source, or parses into a document whose object lookups find every member and which reads
-// back equal after writing it compact and pretty.
+// back equal after writing it compact, pretty and as Python would (write_python).
 #include "../models/json.h"
 
 #include <cstdlib>
@@ -29,5 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         forge::json::Value back;
         if (!forge::json::parse(forge::json::write(v, indent), &back, &err, "rewrite") || back != v) std::abort();
     }
+    forge::json::Value py;
+    if (!forge::json::parse(forge::json::write_python(v), &py, &err, "python") || py != v) std::abort();
     return 0;
 }

@@ -5,8 +5,9 @@
 //      NFC), the Qwen2 pieces must cover s, NFC must be idempotent;
 //   1: a tokenizer.json - either an error naming the source, or a tokenizer that encodes and
 //      decodes a few strings without failing;
-//   2: a conversation (messages separated by NUL, roles alternating) - every chat format either
-//      fails with a message or yields as many mask entries as ids.
+//   2: a conversation (messages separated by NUL, roles alternating; a message starting with T is
+//      a tool response, one starting with C carries a tool call) - every chat format either fails
+//      with a message or yields as many mask entries as ids.
 #include "../models/json.h"
 #include "../models/tokenizer.h"
 #include "../models/unicode.h"
@@ -154,8 +155,10 @@ void fuzz_chat(std::string_view s) {
         if (i < s.size() && s[i] != '\0') continue;
         std::string_view part = s.substr(start, i - start);
         ChatMessage m;
-        m.role = msgs.empty() && !part.empty() && part[0] == 'S' ? "system" : roles[msgs.size() % 2];
+        const char lead = part.empty() ? '\0' : part[0];
+        m.role = msgs.empty() && lead == 'S' ? "system" : lead == 'T' ? "tool" : roles[msgs.size() % 2];
         m.content = std::string(part);
+        if (lead == 'C') m.tool_calls.push_back({"f", json::Value(std::string(part))});
         msgs.push_back(m);
         start = i + 1;
     }

@@ -178,16 +178,22 @@ def render_gemma3(messages, add_generation_prompt=False):
     return out + ("<start_of_turn>model\n" if add_generation_prompt else "")
 
 
-def render_jinja(template, messages, add_generation_prompt=False):
+def render_jinja(template, messages, add_generation_prompt=False, tools=None, **extra):
+    """A chat template rendered as transformers' apply_chat_template renders it (its environment
+    and its tojson filter); extra holds further template variables such as enable_thinking."""
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(msg):
         raise ValueError(msg)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["raise_exception"] = raise_exception
-    env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
-    return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt, tools=None)
+    env.filters["tojson"] = tojson
+    return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                            **extra)
 
 
 def main(paths):

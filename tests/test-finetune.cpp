@@ -1,6 +1,6 @@
 // ./finetune end to end on the CPU, on the tiny Qwen2 model of tests/fixtures/tiny-qwen2 (made by
 // tests/make-tiny-model.py: a real byte-level BPE tokenizer and a small pretrained decoder):
-//  * the data layer (models/data.h) in process: chat and prompt/completion loss masks, packing,
+//  * the data layer (models/data.h) in process: chat (tool calls too) and prompt/completion loss masks, packing,
 //    positions and document ids, the eval split, the shuffled stream, the token cache;
 //  * a 30-step run: the loss falls, the adapter is written in both formats, the GGUF adapter obeys
 //    every llama.cpp loader rule of formats.md 5.2 (and corrupt variants are refused), and a
@@ -219,6 +219,71 @@ static void test_data() {
     CHECK(!data_load(g_tmp + "/sharegpt-bad.jsonl", tok, opt, &al, &err) &&
               err.find("sharegpt-bad.jsonl:1: conversations[0] needs string \"from\" and \"value\"") != std::string::npos,
           "a bad ShareGPT line is named: %s", err.c_str());
+    // tool calling: the qwen2.5 and qwen3 cases of tests/fixtures/chat-tools.json written as JSONL
+    // records ("tools" beside "messages", "tool_calls", "tool" messages, null content) give the
+    // text the real templates render and train on the assistant turns; numbers keep Python's form
+    json::Value tool_fx;
+    CHECK(json::parse_file(kSrc + "/tests/fixtures/chat-tools.json", &tool_fx, &err), "%s", err.c_str());
+    for (ChatFormat f : {ChatFormat::Qwen25, ChatFormat::Qwen3}) {
+        std::string lines;
+        std::vector<const json::Value *> want;
+        for (size_t i = 0; i < tool_fx["cases"].size(); i++) {
+            const json::Value &c = tool_fx["cases"].at(i);
+            if (c["format"].str() != chat_format_name(f) || c["add_generation_prompt"].get_bool()) continue;
+            json::Value rec = json::Value::object();
+            rec.set("messages", c["messages"]);
+            if (!c["tools"].is_null()) rec.set("tools", c["tools"]);
+            lines += json::write_python(rec) + "\n"; // JSON that keeps 2.0 a float, as Python wrote it
+            want.push_back(&c);
+        }
+        put(g_tmp + "/tools.jsonl", lines);
+        opt.chat = f;
+        TokenizedData td;
+        CHECK(data_load(g_tmp + "/tools.jsonl", tok, opt, &td, &err) && td.n_docs() == (int64_t)want.size() && want.size() >= 4,
+              "%s tool-calling records: %s", chat_format_name(f), err.c_str());
+        for (int64_t d = 0; d < td.n_docs() && d < (int64_t)want.size(); d++) {
+            std::string text;
+            tok.decode(std::vector<int32_t>(td.ids.begin() + td.start[(size_t)d], td.ids.begin() + td.start[(size_t)d + 1]), &text, &err);
+            CHECK(text == (*want[(size_t)d])["rendered"].str() && decode_masked(tok, td, d) == (*want[(size_t)d])["trained"].str(),
+                  "%s: %s renders '%s', trains on '%s'", chat_format_name(f), (*want[(size_t)d])["name"].str().c_str(), text.c_str(),
+                  decode_masked(tok, td, d).c_str());
+        }
+    }
+    opt.chat = ChatFormat::Qwen25;
+    put(g_tmp + "/tools-num.jsonl", "{\"tools\": [{\"name\": \"f\", \"parameters\": {\"x\": -0, \"y\": 2.0, \"z\": 1e3, \"w\": 1e-5}}], "
+                                    "\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"tool_calls\": "
+                                    "[{\"name\": \"f\", \"arguments\": {\"x\": 10000000000000000000000}}]}]}\n");
+    TokenizedData tn;
+    std::string tn_text;
+    CHECK(data_load(g_tmp + "/tools-num.jsonl", tok, opt, &tn, &err), "%s", err.c_str());
+    tok.decode(tn.ids, &tn_text, &err);
+    CHECK(tn_text.find("\n{\"name\": \"f\", \"parameters\": {\"x\": 0, \"y\": 2.0, \"z\": 1000.0, \"w\": 1e-05}}\n</tools>") != std::string::npos &&
+              decode_masked(tok, tn, 0) == "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 10000000000000000000000}}\n</tool_call><|im_end|>",
+          "numbers as Python writes them, absent content: %s", tn_text.c_str());
+    // malformed tool calls and tools: file:line and the key
+    const std::string user = "{\"role\": \"user\", \"content\": \"q\"}";
+    const struct { std::string line; const char *needle; } bad_tools[] = {
+        {"{\"messages\": [" + user + ", {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"arguments\": {}}]}]}",
+         "tools-bad.jsonl:2: messages[1].tool_calls[0] needs a string \"name\""},
+        {"{\"messages\": [" + user + ", {\"role\": \"assistant\", \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+         "\"arguments\": 3}}]}]}",
+         "tools-bad.jsonl:2: messages[1].tool_calls[0].function needs \"arguments\": an object or a string of JSON"},
+        {"{\"messages\": [" + user + ", {\"role\": \"assistant\", \"tool_calls\": {\"name\": \"f\"}}]}",
+         "tools-bad.jsonl:2: messages[1].tool_calls is not a list"},
+        {"{\"tools\": \"[]\", \"messages\": [" + user + "]}", "tools-bad.jsonl:2: \"tools\" is not a list of objects"},
+        {"{\"tools\": [[]], \"messages\": [" + user + "]}", "tools-bad.jsonl:2: tools[0] is not an object"},
+        {"{\"messages\": [" + user + ", {\"role\": \"assistant\", \"content\": null}]}",
+         "tools-bad.jsonl:2: messages[1] needs string \"role\" and \"content\""},
+        {"{\"messages\": [" + user + ", {\"role\": \"assistant\", \"content\": \"a\"}, {\"role\": \"tool\", \"content\": \"r\"}]}",
+         "tools-bad.jsonl:2: chat template qwen2: message 2 has role 'tool'; this format has no tool calls (qwen2.5 and qwen3 have)"},
+    };
+    for (size_t i = 0; i < sizeof bad_tools / sizeof bad_tools[0]; i++) {
+        put(g_tmp + "/tools-bad.jsonl", "{\"text\": \"fine\"}\n" + bad_tools[i].line + "\n");
+        opt.chat = i + 1 == sizeof bad_tools / sizeof bad_tools[0] ? ChatFormat::Qwen2 : ChatFormat::Qwen25;
+        CHECK(!data_load(g_tmp + "/tools-bad.jsonl", tok, opt, &tn, &err) && err.find(bad_tools[i].needle) != std::string::npos,
+              "bad tool record %zu: '%s', want '%s'", i, err.c_str(), bad_tools[i].needle);
+    }
+    opt.chat = ChatFormat::Qwen25;
     // prompt/completion: the completion and the EOS
     put(g_tmp + "/qa.jsonl", slurp(kSrc + "/examples/data/forge-qa.jsonl"));
     TokenizedData qa;

@@ -1,7 +1,9 @@
 // test-json: the strict JSON parser and writer of models/json.h. Valid documents (escapes,
 // surrogate pairs, raw UTF-8, big and exact numbers, nesting, big objects, getters with
 // defaults); malformed documents, each with its exact line:column; the writer's exact pretty and
-// compact output and round trips; a 10 MB tokenizer-like document is parsed and timed.
+// compact output and round trips; write_python's output against what Python's json.dumps(v,
+// ensure_ascii=False) writes (int vs float literals, big ints, float repr, escapes, non-ASCII);
+// a 10 MB tokenizer-like document is parsed and timed.
 #include "test-util.h"
 #include "../models/json.h"
 
@@ -271,6 +273,47 @@ void test_writer() {
 }
 
 // A tokenizer.json-like document of ~10 MB: a vocab object and a merges array.
+// write_python against Python: each expected text is what json.dumps(json.loads(text),
+// ensure_ascii=False) prints.
+void test_write_python() {
+    using forge::json::write_python;
+    auto py = [](const std::string &text) { return write_python(parse_ok(text)); };
+    // integer literals stay ints, exact at any size; "-0" is the int 0
+    const std::string ints = py("[0, -0, 1, -17, 9223372036854775807, -9223372036854775808, 9223372036854775808, "
+                                "123456789012345678901234567890, -98765432109876543210987654321]");
+    CHECK(ints == "[0, 0, 1, -17, 9223372036854775807, -9223372036854775808, 9223372036854775808, "
+                  "123456789012345678901234567890, -98765432109876543210987654321]",
+          "ints: %s", ints.c_str());
+    Value big = parse_ok("123456789012345678901234567890");
+    CHECK(big.is_int_literal() && !big.is_int() && big.int_text() == "123456789012345678901234567890" && big.get_double() == 1.2345678901234568e29,
+          "a big integer literal keeps its digits and its double");
+    CHECK(parse_ok("-0").int_text() == "0" && parse_ok("2.0").int_text().empty() && Value("7").int_text().empty(), "int_text");
+    // a fraction or an exponent makes a float: Python's repr, fixed for exponents -4..15
+    const std::string floats = py("[2.0, 1e3, 0.1, 1.5, -0.0, 0.0001, 0.00001, 123.5, 1234567890123456.0, 1e16, "
+                                  "12345678901234567.0, 1.5e300, 5e-324, 1.7976931348623157e308, 1E-7, 0.000123, 100.0, "
+                                  "1e15, -2.5e-5, 1e-400, 9007199254740993.0, 0.30000000000000004]");
+    CHECK(floats == "[2.0, 1000.0, 0.1, 1.5, -0.0, 0.0001, 1e-05, 123.5, 1234567890123456.0, 1e+16, 1.2345678901234568e+16, "
+                    "1.5e+300, 5e-324, 1.7976931348623157e+308, 1e-07, 0.000123, 100.0, 1000000000000000.0, -2.5e-05, 0.0, "
+                    "9007199254740992.0, 0.30000000000000004]",
+          "floats: %s", floats.c_str());
+    CHECK(parse_ok("2.0").is_int() && !parse_ok("2.0").is_int_literal() && parse_ok("2").is_int_literal(), "2.0 is integral, not an int literal");
+    // built values: integer types are ints, doubles floats (non-finite ones as Python writes them)
+    Value built = Value::array();
+    for (const Value &v : {Value(2), Value(2.0), Value((uint64_t)18446744073709551615ull), Value(-0.0), Value(HUGE_VAL), Value(-HUGE_VAL),
+                           Value(std::nan(""))})
+        built.push(v);
+    CHECK(write_python(built) == "[2, 2.0, 18446744073709551615, -0.0, Infinity, -Infinity, NaN]", "built: %s", write_python(built).c_str());
+    // nesting: ", " and ": " separators, document order, empty containers
+    const std::string nested = py(R"({"b": [1, {"z": null, "a": true}], "a": {}, "e": [], "f": [[false]], "s": "x"})");
+    CHECK(nested == R"({"b": [1, {"z": null, "a": true}], "a": {}, "e": [], "f": [[false]], "s": "x"})", "nested: %s", nested.c_str());
+    CHECK(py("[]") == "[]" && py("{}") == "{}" && py("null") == "null" && py(" [ 1 ,\n2 ] ") == "[1, 2]", "small documents");
+    // escapes: " \ and \b \f \n \r \t by name, other controls as \u00xx; "/", DEL and non-ASCII as they are
+    const std::string esc = py(R"({"k\"\n": "\"\\\/\b\f\n\r\t\u0001\u001f\u007f \u00e9 中 😀"})");
+    CHECK(esc == R"({"k\"\n": "\"\\/\b\f\n\r\t\u0001\u001f)" "\x7f \xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80\"}", "escapes: %s", esc.c_str());
+    // write() is unchanged: integral floats as integers, compact
+    CHECK(forge::json::write(parse_ok("[2.0, 1e3]"), -1) == "[2,1000]", "write() keeps its form");
+}
+
 void test_speed() {
     std::string doc = "{\"model\":{\"type\":\"BPE\",\"vocab\":{";
     Rng rng(5);
@@ -303,6 +346,7 @@ int main() {
     test_nesting_and_big_objects();
     test_malformed();
     test_writer();
+    test_write_python();
     test_speed();
     return test_finish("test-json");
 }

@@ -3,9 +3,10 @@
 // contractions, single digits, whitespace runs, newlines, emoji, invalid UTF-8, NFC, merge order,
 // byte fallback, special tokens), decode(encode(s)) == s on a varied corpus, the tokenizer.json
 // and GGUF adapters with their error messages, and the chat templates' token sequences and loss
-// masks. With FORGE_TOKENIZER_GGUF=<file.gguf>[:<file.gguf>...] it also compares the ids of
-// tests/fixtures/tokenizer-text.txt and of a few chats with the expected ids that
-// tests/make-tokenizer-fixtures.py computed with HF tokenizers on the same vocabulary.
+// masks, tool calling included (tests/fixtures/chat-tools.json: conversations rendered by the real
+// Qwen2.5 and Qwen3 templates). With FORGE_TOKENIZER_GGUF=<file.gguf>[:<file.gguf>...] it also
+// compares the ids of tests/fixtures/tokenizer-text.txt and of a few chats with the expected ids
+// that tests/make-tokenizer-fixtures.py computed with HF tokenizers on the same vocabulary.
 #include "../models/json.h"
 #include "../models/tokenizer.h"
 #include "../models/unicode.h"
@@ -641,8 +642,8 @@ static void test_chat() {
     o = ChatOptions();
     CHECK(chat_tokenize(q, ChatFormat::Qwen25, {{"user", "<|im_end|>", ""}}, o, &ids, &mask, &err), "%s", err.c_str());
     CHECK(std::count(ids.begin(), ids.end(), Q_end) == 2, "only the template's <|im_end|> tokens: %s", show(ids).c_str());
-    CHECK_ERR(chat_tokenize(q, ChatFormat::Qwen25, {{"tool", "x", ""}}, o, &ids, &mask, &err), err,
-              "chat template qwen2.5: message 0 has role 'tool'");
+    CHECK_ERR(chat_tokenize(q, ChatFormat::Qwen25, {{"function", "x", ""}}, o, &ids, &mask, &err), err,
+              "chat template qwen2.5: message 0 has role 'function' (supported: system, user, assistant, tool)");
     CHECK(ids.empty() && mask.empty(), "outputs cleared on error");
 
     Tokenizer g = make(gemma_spec());
@@ -671,6 +672,69 @@ static void test_chat() {
     CHECK(chat_format_detect("first_user_prefix <start_of_turn>", "", &f, &err) && f == ChatFormat::Gemma3, "detect gemma3");
     CHECK(chat_format_detect("", "gemma2", &f, &err) && f == ChatFormat::Gemma, "detect by arch");
     CHECK_ERR(chat_format_detect("", "llama", &f, &err), err, "architecture 'llama'");
+}
+
+// Tool calling (qwen2.5, qwen3): every case of tests/fixtures/chat-tools.json (conversations that
+// tests/make-chat-tool-fixtures.py rendered with the real templates, as transformers does) gives
+// exactly the rendered text and trains on exactly its "trained" text (the assistant turns after
+// their header); tools, calls and tool messages are refused by the formats without them, and bad
+// calls by what is wrong.
+static void test_chat_tools() {
+    Tokenizer q = make(qwen_spec());
+    json::Value fx;
+    std::string err;
+    CHECK(json::parse_file(std::string(FORGE_SOURCE_DIR) + "/tests/fixtures/chat-tools.json", &fx, &err), "%s", err.c_str());
+    const json::Value &cases = fx["cases"];
+    CHECK(cases.size() >= 12, "%zu tool-calling cases", cases.size());
+    ChatFormat detected;
+    CHECK(chat_format_detect(fx["templates"]["qwen2.5"].str(), "", &detected, &err) && detected == ChatFormat::Qwen25 &&
+              chat_format_detect(fx["templates"]["qwen3"].str(), "", &detected, &err) && detected == ChatFormat::Qwen3,
+          "the stored templates are detected as qwen2.5 and qwen3");
+    for (size_t i = 0; i < cases.size(); i++) {
+        const json::Value &c = cases.at(i);
+        std::vector<ChatMessage> msgs;
+        for (size_t k = 0; k < c["messages"].size(); k++) {
+            const json::Value &m = c["messages"].at(k);
+            msgs.push_back({m["role"].str(), m["content"].str(), m["reasoning_content"].str()}); // null content: ""
+            for (size_t j = 0; j < m["tool_calls"].size(); j++) {
+                const json::Value &call = m["tool_calls"].at(j), &fn = call.find("function") ? call["function"] : call;
+                msgs.back().tool_calls.push_back({fn["name"].str(), fn["arguments"]});
+            }
+        }
+        ChatOptions o;
+        o.add_generation_prompt = c["add_generation_prompt"].get_bool();
+        o.enable_thinking = c["enable_thinking"].get_bool(true);
+        for (size_t k = 0; k < c["tools"].size(); k++) o.tools.push_back(c["tools"].at(k));
+        const int before = g_failures;
+        check_chat(q, c["format"].str() == "qwen3" ? ChatFormat::Qwen3 : ChatFormat::Qwen25, msgs, o, c["rendered"].str(),
+                   c["trained"].str());
+        if (g_failures != before) std::fprintf(stderr, "  in chat-tools.json case %zu: %s\n", i, c["name"].str().c_str());
+    }
+
+    Tokenizer g = make(gemma_spec());
+    Ids ids;
+    std::vector<uint8_t> mask;
+    ChatOptions o;
+    const std::vector<ChatMessage> tool_reply = {{"user", "a", ""}, {"assistant", "b", ""}, {"tool", "c", ""}};
+    CHECK_ERR(chat_tokenize(g, ChatFormat::Gemma3, tool_reply, o, &ids, &mask, &err), err,
+              "chat template gemma3: message 2 has role 'tool'; this format has no tool calls (qwen2.5 and qwen3 have)");
+    CHECK_ERR(chat_tokenize(q, ChatFormat::Qwen2, tool_reply, o, &ids, &mask, &err), err,
+              "chat template qwen2: message 2 has role 'tool'; this format has no tool calls");
+    const ChatToolCall call = {"get_weather", json::Value::object()};
+    CHECK_ERR(chat_tokenize(q, ChatFormat::Qwen2, {{"user", "a", ""}, {"assistant", "", "", {call}}}, o, &ids, &mask, &err), err,
+              "chat template qwen2: message 1 has tool_calls; this format has no tool calls");
+    CHECK_ERR(chat_tokenize(q, ChatFormat::Qwen3, {{"user", "a", "", {call}}}, o, &ids, &mask, &err), err,
+              "chat template qwen3: message 0 has role 'user' and tool_calls (only assistant messages call tools)");
+    CHECK_ERR(chat_tokenize(q, ChatFormat::Qwen25, {{"user", "a", ""}, {"assistant", "", "", {{"", json::Value::object()}}}}, o, &ids,
+                            &mask, &err),
+              err, "chat template qwen2.5: message 1: tool call 0 has no name");
+    CHECK_ERR(chat_tokenize(q, ChatFormat::Qwen25, {{"user", "a", ""}, {"assistant", "", "", {call, {"f", json::Value(3)}}}}, o, &ids,
+                            &mask, &err),
+              err, "chat template qwen2.5: message 1: tool call 1: the arguments must be an object or a string of JSON");
+    o.tools.push_back(json::Value::object());
+    CHECK_ERR(chat_tokenize(g, ChatFormat::Gemma, {{"user", "a", ""}}, o, &ids, &mask, &err), err,
+              "chat template gemma: the conversation has tools; this format has no tool calls");
+    CHECK(ids.empty() && mask.empty(), "outputs cleared on error");
 }
 
 // ---- real vocabularies ---------------------------------------------------------------------
@@ -829,6 +893,7 @@ int main() {
     test_gguf_adapter();
     test_json_adapter();
     test_chat();
+    test_chat_tools();
     const char *env = std::getenv("FORGE_TOKENIZER_GGUF");
     if (!env || !*env) {
         std::printf("FORGE_TOKENIZER_GGUF not set: real-vocabulary comparison skipped "
