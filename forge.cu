@@ -542,20 +542,25 @@ forge_tensor *forge_rmsnorm(forge_ctx *ctx, forge_tensor *x, forge_tensor *w, fl
     return t;
 }
 
-forge_tensor *forge_rope(forge_ctx *ctx, forge_tensor *x, forge_tensor *pos, int n_rot, float theta) {
+forge_tensor *forge_rope_scaled(forge_ctx *ctx, forge_tensor *x, forge_tensor *pos, int n_rot, float theta, float factor) {
     if (!ctx) return NULL;
     NEED(x, pos);
     NEED_FLOAT(ctx, "forge_rope", x);
     if (pos->type != FORGE_TYPE_I32 || forge_tensor_nelements(pos) != x->ne[2] * x->ne[3])
         OP_FAIL(ctx, FORGE_ERR_SHAPE, "forge_rope: positions %s must be I32 with one per token of x %s", forge_shape_str(pos).c_str(),
                 forge_shape_str(x).c_str());
-    if (n_rot <= 0 || n_rot % 2 || n_rot > x->ne[0] || !(theta > 0))
-        OP_FAIL(ctx, FORGE_ERR_INVALID_ARG, "forge_rope: n_rot %d (even, <= %lld) and theta %g (> 0) for x %s", n_rot, (long long)x->ne[0],
-                theta, forge_shape_str(x).c_str());
+    if (n_rot <= 0 || n_rot % 2 || n_rot > x->ne[0] || !(theta > 0) || !(factor > 0) || !std::isfinite(factor))
+        OP_FAIL(ctx, FORGE_ERR_INVALID_ARG, "forge_rope: n_rot %d (even, <= %lld), theta %g (> 0) and factor %g (> 0) for x %s", n_rot,
+                (long long)x->ne[0], theta, factor, forge_shape_str(x).c_str());
     forge_tensor *t = node_like(ctx, FORGE_OP_ROPE, x, x->type, {x, pos});
     t->op_i[0] = n_rot;
     t->op_f[0] = theta;
+    t->op_f[1] = factor;
     return t;
+}
+
+forge_tensor *forge_rope(forge_ctx *ctx, forge_tensor *x, forge_tensor *pos, int n_rot, float theta) {
+    return forge_rope_scaled(ctx, x, pos, n_rot, theta, 1.0f);
 }
 
 forge_tensor *forge_glu(forge_ctx *ctx, forge_tensor *gu, forge_glu_kind kind) {
@@ -969,6 +974,7 @@ struct Autograd {
             forge_tensor *c = node_like(ctx, FORGE_OP_ROPE_BACK, gy, gy->type, {gy, s[1]});
             c->op_i[0] = y->op_i[0];
             c->op_f[0] = y->op_f[0];
+            c->op_f[1] = y->op_f[1];
             add(s[0], c);
             break;
         }

@@ -257,6 +257,9 @@ FORGE_API forge_tensor *forge_rmsnorm(forge_ctx *ctx, forge_tensor *x, forge_ten
 /* NeoX rotary embedding of x [head_dim, n_head, T, B] at positions pos (I32 [T*B], one per
    token, restarting at each packed document); rotates the first n_rot dims with base theta. */
 FORGE_API forge_tensor *forge_rope(forge_ctx *ctx, forge_tensor *x, forge_tensor *pos, int n_rot, float theta);
+/* The same with linear RoPE scaling (HF's rope_type "linear"): each frequency theta^(-2j/n_rot),
+   rounded to fp32, is divided by factor (> 0) in fp32; forge_rope is factor 1. */
+FORGE_API forge_tensor *forge_rope_scaled(forge_ctx *ctx, forge_tensor *x, forge_tensor *pos, int n_rot, float theta, float factor);
 /* act(gate) * up from the fused gate/up output gu [2F, ...] (gate = first F, up = last F). */
 FORGE_API forge_tensor *forge_glu(forge_ctx *ctx, forge_tensor *gu, forge_glu_kind kind);
 /* x [K, ...] W^T + b: W [K, M], b [M] or NULL; result [M, ...] with x's type. */

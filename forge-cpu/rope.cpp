@@ -2,8 +2,9 @@
 // rotation by the opposite angle).
 //
 // x is [D, H, T, B]; token t of row b sits at position pos[t + T*b]. One task per token: it
-// computes cos and sin of a_j = pos * theta^(-2j/n_rot) (the frequency rounded to fp32, the
-// product in fp32) for j < n_rot/2 once, then rotates the pairs (j, j + n_rot/2) of every head
+// computes cos and sin of a_j = pos * theta^(-2j/n_rot) / factor (the frequency rounded to fp32
+// and divided by op_f[1], the linear scaling factor, in fp32 as HF does; the product in fp32) for
+// j < n_rot/2 once, then rotates the pairs (j, j + n_rot/2) of every head
 // and copies the dims from n_rot on. Both elements of a pair are read before either is written,
 // so the op is safe in place.
 // Scratch: n_rot floats per thread (the cos and sin of the token).
@@ -22,6 +23,7 @@ void forge_cpu_rope(forge_tensor *node, const forge_cpu_params *p) {
     const int64_t D = x->ne[0], H = x->ne[1], T = x->ne[2], n_tok = T * x->ne[3];
     const int n_rot = node->op_i[0], half = n_rot / 2;
     const double theta = node->op_f[0];
+    const float factor = node->op_f[1];
     const float sign = node->op == FORGE_OP_ROPE ? 1.0f : -1.0f;
 #pragma omp parallel for num_threads(p->n_threads)
     for (int64_t n = 0; n < n_tok; n++) {
@@ -31,7 +33,7 @@ void forge_cpu_rope(forge_tensor *node, const forge_cpu_params *p) {
         std::memcpy(&pn, forge_cpu_ptr_flat(pos, n), 4);
         const float ps = (float)pn;
         for (int j = 0; j < half; j++) {
-            const float a = ps * (float)std::pow(theta, -2.0 * j / n_rot);
+            const float a = ps * ((float)std::pow(theta, -2.0 * j / n_rot) / factor);
             cs[j] = (float)std::cos((double)a);
             sn[j] = sign * (float)std::sin((double)a);
         }

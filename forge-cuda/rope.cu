@@ -14,7 +14,7 @@
 // (x[j..j+V) and x[j+h..j+h+V) of each head, kept as loaded), then makes angles while they fly:
 // n_hc is rounded up to a power of two so that a block holds whole tokens ("share"), and the n_hc
 // threads of a (token, vector) each make V / n_hc of its angles a = pos * f_j into shared memory
-// (f_j = theta^(-2j/n_rot), rope_freq; the product in fp32; sincosf at full precision); without a
+// (f_j = theta^(-2j/n_rot) / factor, rope_freq; the product in fp32; sincosf at full precision); without a
 // power-of-two row (odd partial rotations, V = 1) each thread makes its own V. One barrier, then
 // each head is unpacked, rotated and stored with two 128-bit stores.
 // Traffic: one read and one write of x plus one position per token (the roofline).
@@ -141,14 +141,16 @@ struct rope_args {
     double inv_d;           // 1 / D (exact at the power-of-two head dims)
     bool cast_before;
     double l2step;          // log2 f_1 = -log2(theta) / half, made on the host
+    float factor;           // linear RoPE scaling: every frequency divided by it (op_f[1]; 1: none)
 };
 
-// f_j = theta^(-2j/n_rot) rounded to fp32. The CPU makes it as pow((double)theta, -2j/n_rot);
+// f_j = theta^(-2j/n_rot) rounded to fp32, then divided by the linear scaling factor in fp32 (as HF
+// divides its fp32 inv_freq). The CPU makes it as pow((double)theta, -2j/n_rot);
 // 2^(j log2 f_1) in double gives the same floats (checked for j < 256, theta from 1e4 to 5e6):
 // both are within an ulp of double of the exact value. Made by every thread that needs it, since
 // a table in the arguments would be read at a different word by each lane, and such loads
 // serialise.
-__device__ inline float rope_freq(const rope_args &a, int j) { return (float)exp2((double)j * a.l2step); }
+__device__ inline float rope_freq(const rope_args &a, int j) { return (float)exp2((double)j * a.l2step) / a.factor; }
 
 __device__ inline int32_t pos_at(const rope_args &a, int64_t n) {
     if (a.pos_flat) return ((const int32_t *)a.pos)[n];
@@ -384,6 +386,7 @@ rope_job job_of(const forge_cuda_rope_unit &u) {
     a.n_tok = x->ne[2] * x->ne[3];
     a.half = node->op_i[0] / 2;
     a.l2step = -std::log2((double)node->op_f[0]) / a.half; // op_f[0]: theta
+    a.factor = node->op_f[1];
     a.sign = back ? -1.0f : 1.0f;
     if (u.norm) {
         const forge_tensor *w = u.norm->src[back ? 2 : 1];

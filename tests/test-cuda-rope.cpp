@@ -9,7 +9,7 @@
 // rotation (n_rot 32 of 64: the copied dims; n_rot 24: the element path); in-place use (the rope
 // of an intermediate that dies there, forward and backward); enough tokens that one thread takes
 // all heads of its token (3, fewer than a batch of 4); awkward shapes (head_dim 10, one token,
-// one head, B > 1).
+// one head, B > 1); linear scaling (Gemma3 4B+'s factor 8 behind the q/k norm, 3 and 2.5).
 #include "cuda-util.h"
 
 namespace {
@@ -35,7 +35,7 @@ std::function<void(forge_tensor *, Rng &)> positions(int64_t T, int64_t doc, int
 // With Hq == Hkv, y = rope(q) + rope(k) + v: nothing comes between the backward units, which then
 // share a launch too (2 groups), their results written into interleaved regions of one gradient.
 void qk_case(const char *name, forge_type t, int64_t D, int64_t Hq, int64_t Hkv, int64_t T, int64_t B, int n_rot, float theta,
-             std::function<void(forge_tensor *, Rng &)> fill, bool norm = false) {
+             std::function<void(forge_tensor *, Rng &)> fill, bool norm = false, float factor = 1.0f) {
     const int want_groups = Hq == Hkv ? 2 : 3;
     ConfOpts o;
     o.guards = false; // the ACC_VIEW chain is in place only without guard bytes
@@ -63,8 +63,8 @@ void qk_case(const char *name, forge_type t, int64_t D, int64_t Hq, int64_t Hkv,
             q = forge_rmsnorm(ctx, q, wq, 1e-6f, 0.0f, FORGE_NORM_CAST_BEFORE_WEIGHT);
             k = forge_rmsnorm(ctx, k, wk, 1e-6f, 0.0f, FORGE_NORM_CAST_BEFORE_WEIGHT);
         }
-        q = forge_rope(ctx, q, pos, n_rot, theta);
-        k = forge_rope(ctx, k, pos, n_rot, theta);
+        q = forge_rope_scaled(ctx, q, pos, n_rot, theta, factor);
+        k = forge_rope_scaled(ctx, k, pos, n_rot, theta, factor);
         size_t nbq[4];
         for (int i = 0; i < 4; i++) nbq[i] = forge_tensor_nb(q, i);
         c.y = forge_add(ctx, Hq == Hkv ? forge_add(ctx, q, k) : forge_mul(ctx, forge_view(ctx, q, 4, nek, nbq, 0), k), v);
@@ -76,11 +76,11 @@ void qk_case(const char *name, forge_type t, int64_t D, int64_t Hq, int64_t Hkv,
 
 // rope of a plain [D, H, T, B] leaf (inplace: of scale(x, 1), which the planner may overwrite).
 void plain_case(const char *name, forge_type t, int64_t D, int64_t H, int64_t T, int64_t B, int n_rot, float theta, bool inplace,
-                std::function<void(forge_tensor *, Rng &)> fill) {
+                std::function<void(forge_tensor *, Rng &)> fill, float factor = 1.0f) {
     conformance(name, [=](forge_ctx *ctx) {
         ConfCase c;
         forge_tensor *x = forge_tensor_new_4d(ctx, t, D, H, T, B), *pos = forge_tensor_new_1d(ctx, FORGE_TYPE_I32, T * B);
-        c.y = forge_rope(ctx, inplace ? forge_scale(ctx, x, 1.0f) : x, pos, n_rot, theta);
+        c.y = forge_rope_scaled(ctx, inplace ? forge_scale(ctx, x, 1.0f) : x, pos, n_rot, theta, factor);
         if (inplace) c.y = forge_scale(ctx, c.y, 2.0f);
         c.params = {x};
         c.fill_int = fill;
@@ -110,6 +110,12 @@ int main() {
     qk_case("norm+rope bf16 q [128, 8] k [128, 8] x 200, y = q + k + v", BF16, 128, 8, 8, 200, 1, 128, 1e6f, positions(200, 70), true);
     qk_case("rope bf16 q [64, 6] k [64, 6] x 2 x 90, y = q + k + v", BF16, 64, 6, 6, 90, 2, 64, 1e6f, positions(90, 90));
     qk_case("rope f32 gemma2 q [256, 8] k [256, 4] x 64, positions < 131072", F32, 256, 8, 4, 64, 1, 256, 1e4f, positions(64, 1, 131072));
+    // linear scaling: Gemma3 4B+'s global layers (factor 8, after the q/k norm), and a factor that
+    // is not a power of two
+    qk_case("norm+rope bf16 gemma3 global q [256, 8] k [256, 4] x 256, factor 8", BF16, 256, 8, 4, 256, 1, 256, 1e6f, positions(256, 256), true,
+            8.0f);
+    qk_case("rope f32 q [128, 16] k [128, 8] x 128, factor 3, positions < 32768", F32, 128, 16, 8, 128, 1, 128, 1e6f, positions(128, 1, 32768),
+            false, 3.0f);
 
     // partial rotation, in place, awkward shapes
     plain_case("rope bf16 [64, 4, 96, 2] n_rot 32 (copied dims)", BF16, 64, 4, 96, 2, 32, 1e4f, false, positions(96, 50));
@@ -120,5 +126,6 @@ int main() {
     plain_case("rope f32 [10, 3, 5, 2] n_rot 6", F32, 10, 3, 5, 2, 6, 100.0f, false, positions(5, 5));
     plain_case("rope bf16 [64, 1, 1] (one token, one head)", BF16, 64, 1, 1, 1, 64, 1e6f, false, positions(1, 1, 5000));
     plain_case("rope f32 [16, 1, 7, 3] n_rot 16", F32, 16, 1, 7, 3, 16, 1e4f, false, positions(7, 4));
+    plain_case("rope f32 [64, 3, 40] n_rot 24, factor 2.5 (element path)", F32, 64, 3, 40, 1, 24, 1e4f, false, positions(40, 40), 2.5f);
     return test_finish("test-cuda-rope");
 }

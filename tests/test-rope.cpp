@@ -1,5 +1,6 @@
 // test-rope: the NeoX rotation against a naive loop (positions that restart mid-batch and large
-// positions, n_rot < D and n_rot == D, F32 and BF16), then the backward against finite differences.
+// positions, n_rot < D and n_rot == D, F32 and BF16, linear scaling factors), then the backward
+// against finite differences, and the argument checks.
 #include "test-util.h"
 
 #include <cstring>
@@ -17,7 +18,7 @@ std::vector<int32_t> positions(int T, int B, int start) {
     return p;
 }
 
-void test_forward(forge_type type, int D, int n_rot, int start) {
+void test_forward(forge_type type, int D, int n_rot, int start, float factor = 1.0f) {
     const int H = 3, T = 7, B = 2;
     const float theta = 10000.0f;
     forge_ctx *ctx = forge_ctx_new();
@@ -25,9 +26,9 @@ void test_forward(forge_type type, int D, int n_rot, int start) {
     forge_tensor *x = forge_tensor_new_4d(ctx, type, D, H, T, B), *pos = forge_tensor_new_1d(ctx, FORGE_TYPE_I32, T * B);
     forge_tensor_set_flags(x, FORGE_FLAG_INPUT);
     forge_tensor_set_flags(pos, FORGE_FLAG_INPUT);
-    forge_tensor *y = forge_rope(ctx, x, pos, n_rot, theta);
+    forge_tensor *y = forge_rope_scaled(ctx, x, pos, n_rot, theta, factor);
     // the same rotation of an intermediate, which the planner runs in place
-    forge_tensor *y_in_place = forge_cont(ctx, forge_rope(ctx, forge_scale(ctx, x, 1.0f), pos, n_rot, theta));
+    forge_tensor *y_in_place = forge_cont(ctx, forge_rope_scaled(ctx, forge_scale(ctx, x, 1.0f), pos, n_rot, theta, factor));
     REQUIRE_T(ctx, y);
     REQUIRE_T(ctx, y_in_place);
     CHECK(forge_tensor_type(y) == type, "rope keeps x's type");
@@ -51,7 +52,7 @@ void test_forward(forge_type type, int D, int n_rot, int start) {
             const float *xr = &vx[(size_t)D * (hd + H * n)];
             float *er = &e[(size_t)D * (hd + H * n)];
             for (int j = 0; j < h; j++) {
-                const float a = (float)vp[n] * (float)std::pow((double)theta, -2.0 * j / n_rot);
+                const float a = (float)vp[n] * ((float)std::pow((double)theta, -2.0 * j / n_rot) / factor);
                 const float c = (float)std::cos((double)a), s = (float)std::sin((double)a);
                 er[j] = xr[j] * c - xr[j + h] * s;
                 er[j + h] = xr[j + h] * c + xr[j] * s;
@@ -61,13 +62,14 @@ void test_forward(forge_type type, int D, int n_rot, int start) {
         for (float &f : e) f = bf16_round(f);
     // Exact up to a last-bit difference of the fp32 products (one bf16 ulp when rounded).
     const double rtol = type == FORGE_TYPE_BF16 ? 1.0 / 128 : 1e-6;
-    CHECK(max_err(tensor_f32(y), e, rtol, 1e-6) <= 1, "rope %s D=%d n_rot=%d positions from %d", forge_type_name(type), D, n_rot, start);
+    CHECK(max_err(tensor_f32(y), e, rtol, 1e-6) <= 1, "rope %s D=%d n_rot=%d positions from %d factor %g", forge_type_name(type), D, n_rot,
+          start, factor);
     CHECK(max_err(tensor_f32(y_in_place), e, rtol, 1e-6) <= 1, "rope in place %s D=%d n_rot=%d", forge_type_name(type), D, n_rot);
     forge_backend_free(be);
     forge_ctx_free(ctx);
 }
 
-void test_backward(int D, int n_rot) {
+void test_backward(int D, int n_rot, float factor = 1.0f) {
     const int H = 2, T = 5, B = 2;
     forge_ctx *ctx = forge_ctx_new();
     Rng rng(22);
@@ -75,11 +77,11 @@ void test_backward(int D, int n_rot) {
     forge_tensor *pos = forge_tensor_new_1d(ctx, FORGE_TYPE_I32, T * B);
     GradCheckOpts o;
     o.max_elems = 200;
-    double e = grad_check(ctx, forge_rope(ctx, x, pos, n_rot, 500.0f), {x}, [&] {
+    double e = grad_check(ctx, forge_rope_scaled(ctx, x, pos, n_rot, 500.0f, factor), {x}, [&] {
         fill_random(x, rng);
         set_i32(pos, positions(T, B, 9));
     }, o);
-    CHECK(e <= 1, "rope backward D=%d n_rot=%d: gradient error %.3g", D, n_rot, e);
+    CHECK(e <= 1, "rope backward D=%d n_rot=%d factor %g: gradient error %.3g", D, n_rot, factor, e);
     forge_ctx_free(ctx);
 }
 
@@ -89,7 +91,16 @@ int main() {
     test_forward(FORGE_TYPE_F32, 10, 6, 3);
     test_forward(FORGE_TYPE_F32, 8, 8, 4000);
     test_forward(FORGE_TYPE_BF16, 12, 8, 100);
+    test_forward(FORGE_TYPE_F32, 8, 8, 4000, 8.0f); // Gemma3 4B+'s global layers
+    test_forward(FORGE_TYPE_BF16, 12, 8, 100, 3.0f);
     test_backward(8, 6);
     test_backward(6, 6);
+    test_backward(8, 8, 8.0f);
+    // a factor that is not positive and finite is refused by name
+    forge_ctx *ctx = forge_ctx_new();
+    forge_tensor *x = forge_tensor_new_4d(ctx, FORGE_TYPE_F32, 8, 1, 2, 1), *pos = forge_tensor_new_1d(ctx, FORGE_TYPE_I32, 2);
+    CHECK(!forge_rope_scaled(ctx, x, pos, 8, 1e4f, 0.0f) && std::strstr(forge_ctx_error(ctx), "factor 0") != nullptr, "factor 0: %s",
+          forge_ctx_error(ctx) ? forge_ctx_error(ctx) : "(no error)");
+    forge_ctx_free(ctx);
     return test_finish("test-rope");
 }
