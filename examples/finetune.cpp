@@ -429,7 +429,7 @@ void load_model(ModelLocation &rm, const Options &o, forge_ctx *ctx, forge_type 
     } else {
         json::Value cfg;
         if (!model_load_hf(lm->m, rm.path, ctx, wtype, &err) || !load_hf_config(rm.path, &cfg, &err)) die(kError, "%s", err.c_str());
-        lm->max_positions = cfg["max_position_embeddings"].get_int(0), lm->max_positions_key = "max_position_embeddings";
+        lm->max_positions = hf_text_config(cfg)["max_position_embeddings"].get_int(0), lm->max_positions_key = "max_position_embeddings";
         if (!tokenizer_spec_load_hf(rm.path, &spec, &err)) die(kError, "%s (the tokenizer of -m %s)", err.c_str(), o.model.c_str());
         jinja = hf_chat_template(rm.path);
     }

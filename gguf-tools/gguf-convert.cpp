@@ -6,6 +6,7 @@
 // type, so nothing is rounded). The written file is read back and its configuration checked
 // before the tool reports success.
 // Exit status: 0 ok, 1 conversion failed, 2 bad usage.
+#include "models/config.h"
 #include "models/gguf-model.h"
 #include "models/quants.h"
 #include "models/safetensors.h"
@@ -42,9 +43,10 @@ bool is_dir(const std::string &p) {
 bool auto_type(const std::string &dir, uint32_t *type, std::string *err) {
     SafetensorsCheckpoint ck;
     if (!ck.open(dir, err)) return false;
-    const SafetensorsTensor *t = ck.find("model.embed_tokens.weight");
+    const std::string name = hf_checkpoint_name(ck, "model.embed_tokens.weight");
+    const SafetensorsTensor *t = ck.find(name);
     if (!t) {
-        *err = dir + ": tensor 'model.embed_tokens.weight' is missing from the checkpoint (needed to pick --type auto)";
+        *err = dir + ": tensor '" + name + "' is missing from the checkpoint (needed to pick --type auto)";
         return false;
     }
     if (t->dtype == "F32") *type = GGML_TYPE_F32;

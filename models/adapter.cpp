@@ -164,14 +164,19 @@ bool adapter_write_peft(const Model &m, const std::string &dir, const std::strin
     for (const LoraProjection &p : lora_projections(m)) {
         const float *a = host.get(p.a, err), *b = host.get(p.b, err);
         if (!a || !b) return false;
-        const std::string name = "base_model.model." + peft_name(p.layer, p.hf, true);
+        const std::string name = "base_model.model." + peft_name(m.cfg, p.layer, p.hf, true);
         ts.push_back({name, "F32", {r, p.in}, a + p.block * r * p.in, (uint64_t)(r * p.in * 4)});
-        ts.push_back({"base_model.model." + peft_name(p.layer, p.hf, false), "F32", {p.rows, r}, b + p.row0 * r, (uint64_t)(p.rows * r * 4)});
+        ts.push_back({"base_model.model." + peft_name(m.cfg, p.layer, p.hf, false), "F32", {p.rows, r}, b + p.row0 * r, (uint64_t)(p.rows * r * 4)});
     }
     if (!safetensors_write(dir + "/adapter_model.safetensors", ts, {{"format", "pt"}}, err)) return false;
 
     json::Value c = json::Value::object(), targets = json::Value::array();
-    for (const std::string &t : lora_target_modules(m.lora)) targets.push(t);
+    std::string any;
+    for (const std::string &t : lora_target_modules(m.lora)) targets.push(t), any += (any.empty() ? "" : "|") + t;
+    // a multimodal base: a regular expression, which PEFT fullmatches against module paths, so that
+    // only the language model's projections are adapted (a list of names would take the vision
+    // tower's q_proj, k_proj, v_proj too: PEFT matches a name against the paths' ends)
+    if (m.cfg.multimodal) targets = ".*language_model.*\\.(" + any + ")";
     c.set("peft_type", "LORA");
     c.set("task_type", "CAUSAL_LM");
     c.set("base_model_name_or_path", base_model);

@@ -2,8 +2,9 @@
 // models.md (Qwen2 q/k/v bias, Qwen3 q/k norm and head_dim, Gemma's (1+w) norms, GeGLU and
 // embedding scale, Gemma2's sandwich norms, softcaps, sliding window and query_pre_attn_scalar;
 // Gemma3 (gemma3_text): Gemma2's layout without softcaps, with Qwen3's q/k norms, five sliding
-// layers in six and their own RoPE base). A model that is none of these is refused with a message
-// naming its architecture.
+// layers in six and their own RoPE base; gemma3: the language model of Gemma3ForConditionalGeneration,
+// from its text_config); linear RoPE scaling. A model that is none of these is refused with a
+// message naming its architecture.
 #include "config.h"
 
 #include <cmath>
@@ -25,12 +26,36 @@ static double number(const json::Value &cfg, const char *key, double def) {
     return v && v->is_number() ? v->get_double() : def;
 }
 
-bool config_from_hf(const json::Value &cfg, const std::string &path, ModelConfig *out, std::string *err) {
-    if (!cfg.is_object()) {
+// transformers' Gemma3TextConfig defaults (5.24) for the keys read here: the text_config of the
+// released Gemma3 4B, 12B and 27B gives only the keys that differ (the 4B: hidden_size,
+// intermediate_size, num_hidden_layers, rope_scaling, sliding_window). layer_types follows from
+// num_hidden_layers (every sixth layer full), as config_from_hf derives it.
+static const char *const kGemma3TextDefaults =
+    R"({"model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+        "bos_token_id": 2, "eos_token_id": 1, "tie_word_embeddings": true, "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0, "attention_bias": false, "query_pre_attn_scalar": 256, "sliding_window": 4096})";
+
+json::Value hf_text_config(const json::Value &cfg) {
+    if (cfg["model_type"].get_string() != "gemma3") return cfg;
+    json::Value text;
+    std::string err;
+    json::parse(kGemma3TextDefaults, &text, &err);
+    const json::Value &given = cfg["text_config"];
+    for (size_t i = 0; given.is_object() && i < given.size(); i++) text.set(given.key(i), given.at(i));
+    if (const json::Value *tie = cfg.find("tie_word_embeddings")) text.set("tie_word_embeddings", *tie); // HF ties by the outer config
+    return text;
+}
+
+bool config_from_hf(const json::Value &hf, const std::string &path, ModelConfig *out, std::string *err) {
+    if (!hf.is_object()) {
         *err = path + ": not a JSON object";
         return false;
     }
+    const json::Value cfg = hf_text_config(hf);
     ModelConfig c;
+    c.multimodal = hf["model_type"].get_string() == "gemma3";
     std::string type = cfg["model_type"].get_string();
     if (type == "qwen2") c.arch = Arch::Qwen2;
     else if (type == "qwen3") c.arch = Arch::Qwen3;
@@ -40,7 +65,8 @@ bool config_from_hf(const json::Value &cfg, const std::string &path, ModelConfig
     else {
         std::string archs = cfg["architectures"].size() ? cfg["architectures"].at(0).get_string() : "";
         *err = path + ": model_type \"" + type + "\"" + (archs.empty() ? "" : " (" + archs + ")") +
-               " is not supported; forge runs qwen2 (Qwen2, Qwen2.5), qwen3, gemma, gemma2 and gemma3_text (the text-only Gemma3)";
+               " is not supported; forge runs qwen2 (Qwen2, Qwen2.5), qwen3, gemma, gemma2, gemma3_text (the text-only Gemma3) and "
+               "gemma3 (the language model of Gemma3 4B, 12B, 27B)";
         return false;
     }
     c.arch_name = c.arch == Arch::Gemma3 ? "gemma3" : type; // llama.cpp's name
@@ -63,10 +89,19 @@ bool config_from_hf(const json::Value &cfg, const std::string &path, ModelConfig
     c.rope_theta = (float)(rp_full["rope_theta"].is_number() ? rp_full["rope_theta"].get_double() : number(cfg, "rope_theta", 10000.0));
     if (c.arch == Arch::Gemma3)
         c.rope_theta_local = (float)(rp_local["rope_theta"].is_number() ? rp_local["rope_theta"].get_double() : number(cfg, "rope_local_base_freq", 10000.0));
+    // linear scaling divides the frequencies of the layers on rope_theta: every layer, or Gemma3's
+    // full-attention ones (transformers gives them rope_scaling; the sliding ones keep the default)
     for (const json::Value *r : {&cfg["rope_scaling"], &rp_full, &rp_local}) {
         const std::string kind = (*r)["rope_type"].get_string((*r)["type"].get_string("default"));
-        if (r->is_object() && kind != "default") {
-            *err = path + ": RoPE scaling \"" + kind + "\" is not supported (forge runs the default RoPE)";
+        if (!r->is_object() || kind == "default") continue;
+        if (kind != "linear" || r == &rp_local) {
+            *err = path + ": RoPE scaling \"" + kind + "\"" + (r == &rp_local ? " on the sliding-window layers" : "") +
+                   " is not supported (forge runs the default RoPE and linear scaling)";
+            return false;
+        }
+        c.rope_factor = (float)(*r)["factor"].get_double(0.0);
+        if (!(c.rope_factor > 0)) {
+            *err = path + ": RoPE scaling \"linear\" needs a \"factor\" > 0";
             return false;
         }
     }

@@ -6,8 +6,26 @@
 
 namespace forge {
 
-// ModelConfig from a parsed config.json (path is named in errors).
+class SafetensorsCheckpoint;
+
+// ModelConfig from a parsed config.json (path is named in errors). For a
+// Gemma3ForConditionalGeneration (model_type "gemma3") that of its language model: the vision
+// part is ignored.
 bool config_from_hf(const json::Value &cfg, const std::string &path, ModelConfig *out, std::string *err);
+// The configuration of the text model in a config.json: cfg itself, or for model_type "gemma3" its
+// text_config with every key it lacks taken from transformers' Gemma3TextConfig defaults.
+json::Value hf_text_config(const json::Value &cfg);
+
+// HF names of the text model's weights. forge names them as a ...ForCausalLM checkpoint does
+// ("model.layers.0.mlp.up_proj.weight", "lm_head.weight"); a Gemma3ForConditionalGeneration
+// checkpoint holds them under "language_model.model." and "language_model.lm_head." (the released
+// files; transformers 5's save_pretrained writes these too) or under its module paths since
+// transformers 4.52, "model.language_model." and "lm_head.".
+// hf_checkpoint_name: the name under which ck holds text weight `name` (the spelling of its
+// embed_tokens.weight decides). hf_text_name: the other way, for any name (PEFT module paths
+// too): "model.layers..." for both spellings, other names unchanged.
+std::string hf_checkpoint_name(const SafetensorsCheckpoint &ck, const std::string &name);
+std::string hf_text_name(const std::string &name);
 
 // Loads an HF model directory (config.json + model.safetensors or a sharded index): creates the
 // model's tensors in ctx with frozen weights of type wtype and records where each weight's data

@@ -100,14 +100,26 @@ bool config_from_gguf(const gguf_file &f, ModelConfig *out, std::string *err) {
             return false;
         }
     }
-    if (f.has(p + "rope.scaling.type")) {
-        std::string s;
-        if (!f.get_str(p + "rope.scaling.type", &s, err)) return false;
-        if (s != "none") {
-            *err = f.name() + ": " + p + "rope.scaling.type '" + s + "' is not supported (plain RoPE only)";
-            return false;
-        }
+    // llama.cpp: with type linear (its default) a factor (rope.scaling.factor, or the older
+    // rope.scale_linear; 0: none) divides the frequencies, type none never scales, other types
+    // change more than that. gemma3 scales only its global layers (the layers on rope_theta).
+    std::string scaling = "linear";
+    if (f.has(p + "rope.scaling.type") && !f.get_str(p + "rope.scaling.type", &scaling, err)) return false;
+    if (scaling != "none" && scaling != "linear") {
+        *err = f.name() + ": " + p + "rope.scaling.type '" + scaling + "' is not supported (plain RoPE and linear scaling only)";
+        return false;
     }
+    for (const char *key : {"rope.scaling.factor", "rope.scale_linear"})
+        if (scaling == "linear" && f.has(p + key)) {
+            float factor;
+            if (!f.get_f32(p + key, &factor, err)) return false;
+            if (factor < 0) {
+                *err = f.name() + ": " + p + key + " " + std::to_string(factor) + " is negative";
+                return false;
+            }
+            c.rope_factor = factor > 0 ? factor : 1.0f;
+            break;
+        }
     c.rope_theta = 10000.0f;
     if (f.has(p + "rope.freq_base") && !f.get_f32(p + "rope.freq_base", &c.rope_theta, err)) return false;
     if (!f.get_f32(p + "attention.layer_norm_rms_epsilon", &c.rms_eps, err)) return false;
@@ -430,7 +442,8 @@ bool gguf_from_hf(const std::string &dir, const std::string &out_path, GgufFileT
     json::Value cj;
     ModelConfig c;
     if (!load_hf_config(dir, &cj, err) || !config_from_hf(cj, dir + "/config.json", &c, err)) return false;
-    if (!cj["max_position_embeddings"].is_int() || cj["max_position_embeddings"].get_int() <= 0) {
+    const int64_t context = hf_text_config(cj)["max_position_embeddings"].get_int(0);
+    if (context <= 0) {
         *err = dir + "/config.json: key \"max_position_embeddings\" is missing or not a positive integer";
         return false;
     }
@@ -444,7 +457,7 @@ bool gguf_from_hf(const std::string &dir, const std::string &out_path, GgufFileT
     kvs.push_back(gguf_kv::string("general.architecture", c.arch_name));
     kvs.push_back(gguf_kv::string("general.type", "model"));
     kvs.push_back(gguf_kv::string("general.name", name));
-    kvs.push_back(gguf_kv::u32(a + "context_length", (uint32_t)cj["max_position_embeddings"].get_int()));
+    kvs.push_back(gguf_kv::u32(a + "context_length", (uint32_t)context));
     kvs.push_back(gguf_kv::u32(a + "embedding_length", (uint32_t)c.hidden));
     kvs.push_back(gguf_kv::u32(a + "block_count", (uint32_t)c.n_layer));
     kvs.push_back(gguf_kv::u32(a + "feed_forward_length", (uint32_t)c.ffn));
@@ -453,6 +466,10 @@ bool gguf_from_hf(const std::string &dir, const std::string &out_path, GgufFileT
     kvs.push_back(gguf_kv::u32(a + "attention.key_length", (uint32_t)c.head_dim));
     kvs.push_back(gguf_kv::u32(a + "attention.value_length", (uint32_t)c.head_dim));
     kvs.push_back(gguf_kv::f32(a + "rope.freq_base", c.rope_theta));
+    if (c.rope_factor != 1.0f) { // as llama.cpp's converter writes a linear rope_scaling
+        kvs.push_back(gguf_kv::string(a + "rope.scaling.type", "linear"));
+        kvs.push_back(gguf_kv::f32(a + "rope.scaling.factor", c.rope_factor));
+    }
     kvs.push_back(gguf_kv::f32(a + "attention.layer_norm_rms_epsilon", c.rms_eps));
     if (c.arch == Arch::Gemma2) {
         kvs.push_back(gguf_kv::f32(a + "attn_logit_softcapping", c.attn_softcap));
@@ -524,14 +541,15 @@ bool gguf_from_hf(const std::string &dir, const std::string &out_path, GgufFileT
     const bool gemma = arch_is_gemma(c.arch);
     std::vector<gguf_tensor_out> outs;
     for (const T &t : ts) {
-        const SafetensorsTensor *st = ck->find(t.hf);
+        const std::string hf = hf_checkpoint_name(*ck, t.hf);
+        const SafetensorsTensor *st = ck->find(hf);
         std::vector<int64_t> want = t.cols ? std::vector<int64_t>{t.rows, t.cols} : std::vector<int64_t>{t.rows};
         if (!st) {
-            *err = dir + ": tensor '" + t.hf + "' is missing from the checkpoint";
+            *err = dir + ": tensor '" + hf + "' is missing from the checkpoint";
             return false;
         }
         if (st->shape != want) {
-            *err = st->file + ": tensor '" + t.hf + "' has shape " + shape_str(st->shape.data(), (uint32_t)st->shape.size()) +
+            *err = st->file + ": tensor '" + hf + "' has shape " + shape_str(st->shape.data(), (uint32_t)st->shape.size()) +
                    ", the config implies " + shape_str(want.data(), (uint32_t)want.size());
             return false;
         }

@@ -1,12 +1,15 @@
 // models/hf.cpp - an HF model directory (config.json + safetensors) into the decoder's tensors,
-// and PEFT adapters in and out of its LoRA tensors. HF stores a linear weight as [out, in] row
-// major, which is forge's [in, out] byte for byte; q/k/v and gate/up are concatenated by rows,
-// and so are their LoRA matrices (docs/models.md).
+// and PEFT adapters in and out of its LoRA tensors (a multimodal checkpoint's text weights in
+// either spelling of their names). HF stores a linear weight as [out, in] row major, which is
+// forge's [in, out] byte for byte; q/k/v and gate/up are concatenated by rows, and so are their
+// LoRA matrices (docs/models.md).
 #include "config.h"
 #include "safetensors.h"
 
 #include <cstring>
 #include <memory>
+#include <regex>
+#include <unordered_map>
 
 namespace forge {
 
@@ -15,11 +18,21 @@ namespace {
 const char *const kQkv[3] = {"q_proj", "k_proj", "v_proj"};
 const char *const kGateUp[2] = {"gate_proj", "up_proj"};
 
+// The spellings of the text model's names (config.h): the decoder's prefix and lm_head's.
+struct TextSpelling {
+    std::string model, lm_head;
+};
+const TextSpelling kSpellings[3] = {{"model.", "lm_head."}, {"language_model.model.", "language_model.lm_head."}, {"model.language_model.", "lm_head."}};
+
+bool starts_with(const std::string &s, const std::string &p) { return s.compare(0, p.size(), p) == 0; }
+
 std::string layer_name(int l, const char *rest) { return "model.layers." + std::to_string(l) + "." + rest; }
 
-// Appends the source of HF tensor `name`, which must have shape {rows, cols} (cols 0: 1-D [rows]).
-bool add_source(const SafetensorsCheckpoint &ck, const std::string &dir, const std::string &name, int64_t rows, int64_t cols,
+// Appends the source of HF tensor `name` (as hf_checkpoint_name takes it), which must have shape
+// {rows, cols} (cols 0: 1-D [rows]).
+bool add_source(const SafetensorsCheckpoint &ck, const std::string &dir, const std::string &text_name, int64_t rows, int64_t cols,
                 std::vector<WeightSource> *out, std::string *err) {
+    const std::string name = hf_checkpoint_name(ck, text_name);
     const SafetensorsTensor *t = ck.find(name);
     if (!t) {
         *err = dir + ": tensor '" + name + "' is missing from the checkpoint";
@@ -43,14 +56,34 @@ bool add_source(const SafetensorsCheckpoint &ck, const std::string &dir, const s
 
 } // namespace
 
+std::string hf_checkpoint_name(const SafetensorsCheckpoint &ck, const std::string &name) {
+    for (const TextSpelling &sp : kSpellings)
+        if (ck.find(sp.model + "embed_tokens.weight")) {
+            if (starts_with(name, "model.")) return sp.model + name.substr(6);
+            if (starts_with(name, "lm_head.")) return sp.lm_head + name.substr(8);
+            break;
+        }
+    return name;
+}
+
+std::string hf_text_name(const std::string &name) {
+    for (int i = 1; i < 3; i++) { // kSpellings[0] is the form returned
+        const TextSpelling &sp = kSpellings[i];
+        if (starts_with(name, sp.model)) return "model." + name.substr(sp.model.size());
+        if (starts_with(name, sp.lm_head)) return "lm_head." + name.substr(sp.lm_head.size());
+    }
+    return name;
+}
+
 bool model_load_hf(Model &m, const std::string &dir, forge_ctx *ctx, forge_type wtype, std::string *err) {
     json::Value cfg_json;
     ModelConfig cfg;
     if (!load_hf_config(dir, &cfg_json, err) || !config_from_hf(cfg_json, dir + "/config.json", &cfg, err)) return false;
     auto ck = std::make_shared<SafetensorsCheckpoint>();
     if (!ck->open(dir, err)) return false;
-    if (!cfg.tied && !ck->find("lm_head.weight")) {
-        *err = dir + ": tie_word_embeddings is false but tensor 'lm_head.weight' is missing";
+    const std::string lm_head = hf_checkpoint_name(*ck, "lm_head.weight");
+    if (!cfg.tied && !ck->find(lm_head)) {
+        *err = dir + ": tie_word_embeddings is false but tensor '" + lm_head + "' is missing";
         return false;
     }
     model_create(m, ctx, cfg, wtype);
@@ -114,20 +147,39 @@ bool lora_config_from_peft(const std::string &dir, LoraConfig *out, std::string 
             return false;
         }
     const json::Value &t = c["target_modules"];
-    if (!t.is_array()) {
-        *err = path + ": \"target_modules\" must be a list of module names";
+    if (!t.is_array() && !t.is_string()) {
+        *err = path + ": \"target_modules\" must be a list of module names or a regular expression";
         return false;
     }
     lc.q = lc.k = lc.v = lc.o = lc.gate = lc.up = lc.down = false;
+    bool *flags[7] = {&lc.q, &lc.k, &lc.v, &lc.o, &lc.gate, &lc.up, &lc.down};
+    const char *const projs[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    if (t.is_string()) { // PEFT fullmatches it against module paths: those of layer 0, in any spelling
+        try {
+            const std::regex re(t.str());
+            for (int i = 0; i < 7; i++)
+                for (const char *prefix : {"model", "model.language_model", "language_model.model"})
+                    *flags[i] = *flags[i] ||
+                                std::regex_match(std::string(prefix) + ".layers.0." + (i < 4 ? "self_attn." : "mlp.") + projs[i], re);
+        } catch (const std::regex_error &) {
+            *err = path + ": \"target_modules\" \"" + t.str() + "\" is not a valid regular expression";
+            return false;
+        }
+        if (!(lc.q || lc.k || lc.v || lc.o || lc.gate || lc.up || lc.down)) {
+            *err = path + ": \"target_modules\" \"" + t.str() +
+                   "\" matches none of the decoder's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
+            return false;
+        }
+    }
     for (size_t i = 0; i < t.size(); i++) {
-        std::string n = t.at(i).get_string();
-        bool *flag = n == "q_proj" ? &lc.q : n == "k_proj" ? &lc.k : n == "v_proj" ? &lc.v : n == "o_proj" ? &lc.o
-                   : n == "gate_proj" ? &lc.gate : n == "up_proj" ? &lc.up : n == "down_proj" ? &lc.down : nullptr;
-        if (!flag) {
+        const std::string n = t.at(i).get_string();
+        int p = 0;
+        while (p < 7 && n != projs[p]) p++;
+        if (p == 7) {
             *err = path + ": target module \"" + n + "\" is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
             return false;
         }
-        *flag = true;
+        *flags[p] = true;
     }
     if ((lc.q || lc.k || lc.v) && !(lc.q && lc.k && lc.v)) {
         *err = path + ": LoRA on some but not all of q_proj, k_proj, v_proj is not supported yet (forge runs them as one GEMM)";
@@ -146,12 +198,18 @@ bool model_load_peft(Model &m, const std::string &dir, std::string *err) {
     if (!f.open(dir + "/adapter_model.safetensors", err)) return false;
     const ModelConfig &c = m.cfg;
     const int r = m.lora.r;
+    // the adapter's tensors by hf_text_name of their module paths: a multimodal model's in either spelling
+    const std::string pre = "base_model.model.";
+    std::unordered_map<std::string, const SafetensorsTensor *> by_name;
+    for (const SafetensorsTensor &t : f.tensors())
+        if (starts_with(t.name, pre)) by_name[hf_text_name(t.name.substr(pre.size()))] = &t;
     // fills rows [row0, row0 + rows) of a host copy of t (ne0 columns) from PEFT tensor `name`
     auto fill = [&](std::vector<float> &host, forge_tensor *t, const std::string &name, int64_t row0, int64_t rows) {
-        const SafetensorsTensor *s = f.find("base_model.model." + name);
+        auto it = by_name.find(hf_text_name(name));
+        const SafetensorsTensor *s = it == by_name.end() ? nullptr : it->second;
         int64_t cols = forge_tensor_ne(t, 0);
         if (!s) {
-            *err = f.path() + ": tensor 'base_model.model." + name + "' is missing";
+            *err = f.path() + ": tensor '" + pre + name + "' is missing";
             return false;
         }
         if (s->shape != std::vector<int64_t>{rows, cols}) {
@@ -177,8 +235,8 @@ bool model_load_peft(Model &m, const std::string &dir, std::string *err) {
             std::vector<float> a((size_t)forge_tensor_nelements(g.a)), b((size_t)forge_tensor_nelements(g.b));
             int64_t out_row = 0;
             for (size_t i = 0; i < g.projs.size(); i++) {
-                if (!fill(a, g.a, peft_name(l, g.projs[i], true), (int64_t)i * r, r) ||
-                    !fill(b, g.b, peft_name(l, g.projs[i], false), out_row, g.rows[i]))
+                if (!fill(a, g.a, peft_name(c, l, g.projs[i], true), (int64_t)i * r, r) ||
+                    !fill(b, g.b, peft_name(c, l, g.projs[i], false), out_row, g.rows[i]))
                     return false;
                 out_row += g.rows[i];
             }

@@ -40,8 +40,10 @@ static bool fail(std::string *err, const std::string &msg) {
     return false;
 }
 
-// "model.layers.N.<group>.<proj>" or "lm_head" -> layer and module index.
-static bool parse_module(const std::string &m, int *layer, int *kind) {
+// "model.layers.N.<group>.<proj>" (or a multimodal model's spelling of it: hf_text_name) or
+// "lm_head" -> layer and module index.
+static bool parse_module(const std::string &module, int *layer, int *kind) {
+    const std::string m = hf_text_name(module);
     if (m == "lm_head") return *layer = -1, *kind = kLmHead, true;
     int l, n = 0;
     char g[16], p[16];
@@ -324,7 +326,8 @@ bool lora_check_base(const LoraFile &ad, const LoraBase &b, std::string *err) {
 bool lora_peft_arch(const LoraFile &ad, std::string *arch, std::string *err) {
     const std::string cls = ad.config["auto_mapping"]["base_model_class"].get_string();
     const std::map<std::string, std::string> classes = {{"Qwen2ForCausalLM", "qwen2"}, {"Qwen3ForCausalLM", "qwen3"}, {"GemmaForCausalLM", "gemma"},
-                                                        {"Gemma2ForCausalLM", "gemma2"}, {"Gemma3ForCausalLM", "gemma3"}};
+                                                        {"Gemma2ForCausalLM", "gemma2"}, {"Gemma3ForCausalLM", "gemma3"},
+                                                        {"Gemma3ForConditionalGeneration", "gemma3"}};
     if (classes.count(cls)) return *arch = classes.at(cls), true;
     const std::string base = ad.config["base_model_name_or_path"].get_string();
     std::string e;
@@ -532,13 +535,13 @@ static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, cons
     struct stat st;
     if (stat((dir + "/model.safetensors.index.json").c_str(), &st) == 0)
         return fail(err, dir + ": holds a sharded checkpoint (model.safetensors.index.json); write the merged model to another directory");
-    std::map<std::string, const LoraPair *> by_weight;
-    for (const LoraPair &p : ad.pairs) by_weight[p.module + ".weight"] = &p;
+    std::map<std::string, const LoraPair *> by_weight; // by hf_text_name: a multimodal base's spellings may differ
+    for (const LoraPair &p : ad.pairs) by_weight[hf_text_name(p.module + ".weight")] = &p;
     std::vector<SafetensorsWriteTensor> ts;
     std::map<size_t, std::pair<const SafetensorsTensor *, const LoraPair *>> merged; // by index in ts
     for (const SafetensorsTensor *t : ck.tensors()) {
         ts.push_back({t->name, t->dtype, t->shape, t->data, t->nbytes});
-        auto it = by_weight.find(t->name);
+        auto it = by_weight.find(hf_text_name(t->name));
         if (it == by_weight.end()) continue;
         const LoraPair *p = it->second;
         const int64_t out = p->b.rows, in = p->a.cols;
@@ -550,7 +553,8 @@ static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, cons
         by_weight.erase(it);
     }
     if (!by_weight.empty())
-        return fail(err, base_dir + ": no weight '" + by_weight.begin()->first + "' for the adapter's module '" + by_weight.begin()->second->module + "'");
+        return fail(err, base_dir + ": no weight '" + hf_checkpoint_name(ck, by_weight.begin()->first) + "' for the adapter's module '" +
+                             by_weight.begin()->second->module + "'");
     size_t done = 0;
     auto fill = [&](size_t i, uint8_t *dst, std::string *e) { // one merged weight in memory at a time
         const SafetensorsTensor *t = merged.at(i).first;
@@ -564,7 +568,7 @@ static bool merge_into_dir(const std::string &base_dir, const LoraFile &ad, cons
     };
     if (!safetensors_write(dir + "/model.safetensors", ts, {{"format", "pt"}}, err, fill)) return false;
     for (const char *f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                          "tokenizer.model", "chat_template.jinja", "vocab.json", "merges.txt"})
+                          "tokenizer.model", "chat_template.jinja", "vocab.json", "merges.txt", "preprocessor_config.json", "processor_config.json"})
         if (stat((base_dir + "/" + f).c_str(), &st) == 0 && !copy_file(base_dir + "/" + f, dir + "/" + f, err)) return false;
     return true;
 }
@@ -684,7 +688,7 @@ bool lora_merge(const std::string &base, const LoraFile &ad, const std::string &
     if (type == "auto") {
         SafetensorsCheckpoint ck;
         if (!ck.open(base, err)) return false;
-        const SafetensorsTensor *t = ck.find("model.embed_tokens.weight");
+        const SafetensorsTensor *t = ck.find(hf_checkpoint_name(ck, "model.embed_tokens.weight"));
         gtype = t ? ggml_of(t->dtype) : GGML_TYPE_F32;
     } else {
         gguf_file_type_by_name(type, &gtype); // checked by lora_merge_target_ok

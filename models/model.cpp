@@ -18,10 +18,11 @@ namespace forge {
 
 float LoraConfig::scale() const { return rslora ? alpha / std::sqrt((float)r) : alpha / (float)r; }
 
-std::string peft_name(int layer, const char *proj, bool is_a) {
+std::string peft_name(const ModelConfig &c, int layer, const char *proj, bool is_a) {
     bool attn = !std::strcmp(proj, "q_proj") || !std::strcmp(proj, "k_proj") || !std::strcmp(proj, "v_proj") || !std::strcmp(proj, "o_proj");
     char buf[128];
-    std::snprintf(buf, sizeof buf, "model.layers.%d.%s.%s.lora_%s.weight", layer, attn ? "self_attn" : "mlp", proj, is_a ? "A" : "B");
+    std::snprintf(buf, sizeof buf, "%s.layers.%d.%s.%s.lora_%s.weight", c.multimodal ? "model.language_model" : "model", layer,
+                  attn ? "self_attn" : "mlp", proj, is_a ? "A" : "B");
     return buf;
 }
 
@@ -242,8 +243,10 @@ LayerQKV model_layer_qkv(Model &m, int l, forge_tensor *h, forge_tensor *pos, in
         q = model_norm(m, q, y.q_norm);
         k = model_norm(m, k, y.k_norm);
     }
-    const float theta = c.rope_theta_local > 0 && model_layer_slides(m, l) ? c.rope_theta_local : c.rope_theta;
-    return {forge_rope(ctx, q, pos, (int)D, theta), forge_rope(ctx, k, pos, (int)D, theta), v};
+    // the sliding layers with a RoPE base of their own (Gemma3) are never scaled
+    const bool local = c.rope_theta_local > 0 && model_layer_slides(m, l);
+    const float theta = local ? c.rope_theta_local : c.rope_theta, factor = local ? 1.0f : c.rope_factor;
+    return {forge_rope_scaled(ctx, q, pos, (int)D, theta, factor), forge_rope_scaled(ctx, k, pos, (int)D, theta, factor), v};
 }
 
 bool model_layer_slides(const Model &m, int l) {

@@ -25,7 +25,12 @@ struct ModelConfig {
     int64_t vocab = 0, hidden = 0, n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0, ffn = 0;
     float rms_eps = 1e-6f, rope_theta = 10000.0f;
     float rope_theta_local = 0.0f; // Gemma3: RoPE base of the sliding-window layers (0: rope_theta)
+    float rope_factor = 1.0f;      // linear RoPE scaling (rope_type "linear"): the frequencies of the
+                                   // layers on rope_theta divided by it (Gemma3 4B+: 8 on the global
+                                   // layers; the sliding ones are never scaled)
     bool tied = true;           // lm_head = token embedding
+    bool multimodal = false;    // the language model of a Gemma3ForConditionalGeneration: its HF / PEFT
+                                // module path is model.language_model (the vision part is not loaded)
     bool qkv_bias = false;      // Qwen2
     bool qk_norm = false;       // Qwen3, Gemma3: per-head RMSNorm of q and k before RoPE
     float norm_offset = 0.0f;   // Gemma: 1 when the norm weights are HF's raw w (GGUF stores w + 1)
@@ -145,7 +150,8 @@ forge_tensor *model_layer_out(Model &m, int l, forge_tensor *h, forge_tensor *at
 forge_tensor *model_norm(Model &m, forge_tensor *x, forge_tensor *w);
 forge_tensor *model_logits(Model &m, forge_tensor *h);
 
-// The HF / PEFT name of a LoRA tensor of layer l, e.g. "model.layers.3.self_attn.q_proj.lora_A.weight".
-std::string peft_name(int layer, const char *proj, bool is_a);
+// The HF / PEFT name of a LoRA tensor of layer l, e.g. "model.layers.3.self_attn.q_proj.lora_A.weight"
+// ("model.language_model.layers.3..." for a multimodal model).
+std::string peft_name(const ModelConfig &c, int layer, const char *proj, bool is_a);
 
 } // namespace forge

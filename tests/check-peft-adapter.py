@@ -57,7 +57,7 @@ def main():
     err, moved = rel(ours, theirs), rel(plain, theirs)
     agree = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
     print(f"peft {peft.__version__}: loaded {a.run} (r={cfg['r']}, alpha={cfg['lora_alpha']}, rslora={cfg.get('use_rslora')}, "
-          f"targets={','.join(cfg['target_modules'])}) on {base}")
+          f"targets={cfg['target_modules'] if isinstance(cfg['target_modules'], str) else ','.join(cfg['target_modules'])}) on {base}")
     print(f"logits [{', '.join(map(str, ours.shape))}] forge ({dtype}) vs peft (fp32): relative L2 {err:.3g}, "
           f"max |diff| {(ours - theirs).abs().max().item():.3g}, argmax agreement {agree:.3f}; "
           f"the adapter moves the logits by {moved:.3g} (tolerance {tol:g})")

@@ -1,23 +1,31 @@
 #!/usr/bin/env python3
 """Reference fixtures for the model tests, made with transformers + peft (run on the GPU machine).
 
-For each architecture (qwen2, qwen3, gemma, gemma2, gemma3) this builds a small random-initialised model
+For each architecture (qwen2, qwen3, gemma, gemma2, gemma3, gemma3mm) this builds a small random-initialised model
 with the real head layout and odd sizes, saves it with save_pretrained (config.json +
 model.safetensors), attaches a peft LoRA on all seven projections with a non-zero B, saves the
 adapter, and dumps into expected.safetensors: the input ids, the logits, the loss, the gradient of
 every LoRA tensor (PEFT names) and a 10-step AdamW loss trajectory on the same batch.
+
+gemma3mm is a Gemma3ForConditionalGeneration (the 4B/12B/27B class) run on text-only input ids: its
+LoRA is on the language model alone (target_modules a regular expression, as forge writes it), and
+gemma3mm-respelled holds the same files with every name in its other spelling (the weights under
+model.language_model. as transformers >= 4.52 names the modules, the adapter under
+language_model.model. as PEFT saved it before).
 
     python3 tests/make-fixtures.py OUTDIR [NAME...]  # fp32 fixtures (all, or the named), committed as tests/fixtures/models/
     python3 tests/make-fixtures.py --full OUTDIR     # the real configurations (random weights, not committed)
 """
 import json
 import os
+import re
+import shutil
 import sys
 
 import torch
 import transformers
 import peft
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 B, T = 2, 16
 R, ALPHA = 4, 8
@@ -45,6 +53,18 @@ CONFIGS = {
                    sliding_window=6, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                     "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
+    # Gemma3ForConditionalGeneration: the gemma3 text model with the 4B's linear RoPE factor of 8 (on the
+    # full-attention layer; given as rope_scaling, saved as rope_parameters), and a tiny vision tower that
+    # forge skips
+    "gemma3mm": dict(cls="Gemma3", model_cls="Gemma3ForConditionalGeneration",
+                     text_config=dict(vocab_size=419, hidden_size=88, intermediate_size=152, num_hidden_layers=3, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=64,
+                                      query_pre_attn_scalar=24, sliding_window=6,
+                                      layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                      rope_theta=1e6, rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0}),
+                     vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                                        patch_size=14),
+                     mm_tokens_per_image=4),
 }
 # the released configurations (models.md, formats.md 4.4), random weights
 FULL = {
@@ -66,18 +86,30 @@ FULL = {
                       hidden_activation="gelu_pytorch_tanh", max_position_embeddings=32768, query_pre_attn_scalar=256,
                       sliding_window=512, rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                                            "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
+    # the released text_config (everything else from Gemma3TextConfig's defaults); a tiny vision tower
+    # in place of the 400M SigLIP, which forge does not load
+    "gemma3-4b": dict(cls="Gemma3", model_cls="Gemma3ForConditionalGeneration",
+                      text_config=dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, sliding_window=1024,
+                                       rope_scaling={"factor": 8.0, "rope_type": "linear"}),
+                      vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                                         image_size=28, patch_size=14),
+                      mm_tokens_per_image=4),
 }
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# on a multimodal model, a list would also adapt the vision tower's q_proj, k_proj, v_proj
+TEXT_TARGETS = r".*language_model.*\.(" + "|".join(TARGETS) + ")"
 
 
 def make(name, spec, outdir, device):
     torch.manual_seed(1234)
     spec = dict(spec)
     cls = spec.pop("cls")
+    model_cls = spec.pop("model_cls", cls + "ForCausalLM")
     config = getattr(transformers, spec.pop("config_cls", cls + "Config"))(**spec)
     config._attn_implementation = "eager"  # Gemma2's softcap is only in the eager path
+    vocab_size = config.get_text_config().vocab_size
     with torch.device(device):  # initialise where it runs: the full configurations are large
-        model = getattr(transformers, cls + "ForCausalLM")(config).float()
+        model = getattr(transformers, model_cls)(config).float()
     with torch.no_grad():  # norms away from their init so that (1+w) vs w matters
         for n, p in model.named_parameters():
             if "norm" in n:
@@ -86,7 +118,8 @@ def make(name, spec, outdir, device):
     os.makedirs(d, exist_ok=True)
     model.save_pretrained(d, safe_serialization=True)
 
-    lcfg = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS, bias="none")
+    targets = TEXT_TARGETS if model_cls.endswith("ForConditionalGeneration") else TARGETS
+    lcfg = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets, bias="none")
     model = peft.get_peft_model(model, lcfg)
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -96,7 +129,7 @@ def make(name, spec, outdir, device):
     model.to(device)
 
     g = torch.Generator().manual_seed(99)
-    ids = torch.randint(0, config.vocab_size, (B, T), generator=g)
+    ids = torch.randint(0, vocab_size, (B, T), generator=g)
     ids_d = ids.to(device)
     out = model(input_ids=ids_d, labels=ids_d)
     out.loss.backward()
@@ -125,6 +158,33 @@ def make(name, spec, outdir, device):
     with open(os.path.join(d, "expected.json"), "w") as f:
         json.dump(meta, f, indent=1)
     print(f"{name}: loss {out.loss.item():.6f}, trajectory {losses[0]:.5f} -> {losses[-1]:.5f}")
+    if model_cls.endswith("ForConditionalGeneration") and name in CONFIGS:
+        respell(d, model_cls, ids)
+
+
+def respell(d, model_cls, ids):
+    """d + "-respelled": d's files with every name in its other spelling; transformers + peft must give
+    the same logits from them as from d."""
+    out = d + "-respelled"
+    shutil.copytree(d, out, dirs_exist_ok=True)
+    def module_path(name):  # a weight's name as transformers >= 4.52 names the module
+        for old, new in [(r"^language_model\.model\.", "model.language_model."), (r"^language_model\.lm_head\.", "lm_head."),
+                         (r"^(vision_tower|multi_modal_projector)\.", r"model.\1.")]:
+            name = re.sub(old, new, name)
+        return name
+
+    weights = {module_path(k): v for k, v in load_file(os.path.join(d, "model.safetensors")).items()}
+    save_file(weights, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    adapter = {k.replace("base_model.model.model.language_model.", "base_model.model.language_model.model."): v
+               for k, v in load_file(os.path.join(d, "adapter", "adapter_model.safetensors")).items()}
+    save_file(adapter, os.path.join(out, "adapter", "adapter_model.safetensors"), metadata={"format": "pt"})
+    logits = []
+    for m in (d, out):
+        model = peft.PeftModel.from_pretrained(getattr(transformers, model_cls).from_pretrained(m, dtype=torch.float32), os.path.join(m, "adapter"))
+        with torch.no_grad():
+            logits.append(model(input_ids=ids).logits)
+    assert torch.equal(logits[0], logits[1]), "the respelled fixture gives other logits"
+    print(f"{os.path.basename(out)}: {len(weights)} weights, {len(adapter)} adapter tensors respelled, same logits")
 
 
 def main():

@@ -7,9 +7,10 @@
 //         rows that are not whole blocks fall back to F16, as llama.cpp's converter does).
 // Then variants of a good file rewritten with one defect each must fail with a message naming the
 // file and the tensor or key: a missing tensor, a shape that contradicts the metadata, an unknown
-// or unsupported architecture, a missing key; and an untied output.weight must be used. Tiny
-// byte-level BPE and SentencePiece tokenizer.json files must survive the conversion, and the
-// q4_k_m / q5_k_m mixtures put Q6_K where llama-quantize does (test_mixtures).
+// or unsupported architecture, a missing key, a RoPE scaling other than linear; and an untied
+// output.weight must be used. Tiny byte-level BPE and SentencePiece tokenizer.json files must
+// survive the conversion, and the q4_k_m / q5_k_m mixtures put Q6_K where llama-quantize does
+// (test_mixtures).
 #include "test-util.h"
 #include "../models/config.h"
 #include "../models/gguf-model.h"
@@ -114,7 +115,8 @@ static void test_arch(const std::string &arch) {
                       a.head_dim == b.head_dim && a.ffn == b.ffn && a.rms_eps == b.rms_eps && a.rope_theta == b.rope_theta && a.tied == b.tied &&
                       a.qkv_bias == b.qkv_bias && a.qk_norm == b.qk_norm && a.sandwich_norms == b.sandwich_norms &&
                       a.attn_softcap == b.attn_softcap && a.final_softcap == b.final_softcap && a.sliding_window == b.sliding_window &&
-                      a.attn_scale == b.attn_scale && a.embed_scale == b.embed_scale && a.act == b.act && b.norm_offset == 0.0f,
+                      a.attn_scale == b.attn_scale && a.embed_scale == b.embed_scale && a.act == b.act && b.norm_offset == 0.0f &&
+                      a.rope_theta_local == b.rope_theta_local && a.rope_factor == b.rope_factor,
                   "%s: configurations differ between the HF and the GGUF load", arch.c_str());
         } else {
             if (!logits_of(arch, load, &q8)) continue;
@@ -190,6 +192,8 @@ static void test_errors() {
         expect_error(bad, {"tensor 'token_embd.weight' has shape [112, 397]", "implies [128, 397]"});
     if (rewrite(good, bad, [](auto &kvs, auto &) { set_kv(kvs, gguf_kv::string("general.architecture", "gemma3")); }))
         expect_error(bad, {"key 'gemma3.block_count' not found"}); // gemma3 is read, with its own keys
+    if (rewrite(good, bad, [](auto &kvs, auto &) { set_kv(kvs, gguf_kv::string("qwen2.rope.scaling.type", "yarn")); }))
+        expect_error(bad, {"qwen2.rope.scaling.type 'yarn' is not supported"});
     if (rewrite(good, bad, [](auto &kvs, auto &) { set_kv(kvs, gguf_kv::string("general.architecture", "llama")); }))
         expect_error(bad, {"general.architecture 'llama' is not supported;"});
     if (rewrite(good, bad, [](auto &kvs, auto &) {
@@ -389,11 +393,11 @@ int main() {
     char tmpl[] = "/tmp/forge-gguf-model-XXXXXX";
     if (!mkdtemp(tmpl)) return 1;
     g_tmp = tmpl;
-    for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2", "gemma3"}) test_arch(arch);
+    for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3mm"}) test_arch(arch);
     test_errors();
     test_tokenizer_keys();
     test_mixtures();
-    for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2", "gemma3"})
+    for (const char *arch : {"qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3mm"})
         for (const char *t : {"F32", "Q8_0"}) unlink((g_tmp + "/" + arch + "-" + t + ".gguf").c_str());
     rmdir(g_tmp.c_str());
     return test_finish("test-gguf-model");
