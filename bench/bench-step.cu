@@ -37,7 +37,7 @@
 //
 // Usage: bench-step [--json FILE] [--commit SHA] [--steps N] [--warmup N] [--profile] [--r R]
 //                   [--alpha A] [--recompute] CONFIG...        CONFIG = qwen2.5-0.5b:4x1024, qwen3-0.6b,
-//                   gemma2-2b:4x1024, gemma-2b, gemma3-1b, or DIR / FILE.gguf [:BxT] (default 4x1024)
+//                   gemma2-2b:4x1024, gemma-2b, gemma3-1b, gemma3-4b, or DIR / FILE.gguf [:BxT] (default 4x1024)
 //        bench-step --curve DIR --model HFDIR --adapter PEFTDIR --curve-out FILE [--lr F]
 #include "../forge-cuda/cuda.cuh"
 #include "../models/config.h"
@@ -99,6 +99,10 @@ const std::map<std::string, const char *> kConfigs = {
        "intermediate_size":6912,"num_hidden_layers":26,"num_attention_heads":4,"num_key_value_heads":1,"head_dim":256,
        "sliding_window":512,"query_pre_attn_scalar":256,"rope_theta":1000000.0,"rope_local_base_freq":10000.0,
        "rms_norm_eps":1e-6,"hidden_activation":"gelu_pytorch_tanh","max_position_embeddings":32768})"},
+    // the released 4B's config.json (text_config over Gemma3TextConfig's defaults; the vision tower is not loaded)
+    {"gemma3-4b", R"({"architectures":["Gemma3ForConditionalGeneration"],"model_type":"gemma3","text_config":{"model_type":"gemma3_text",
+       "hidden_size":2560,"intermediate_size":10240,"num_hidden_layers":34,"sliding_window":1024,
+       "rope_scaling":{"factor":8.0,"rope_type":"linear"}},"vision_config":{"model_type":"siglip_vision_model"}})"},
 };
 
 struct Options {
@@ -390,7 +394,7 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
     } else if (name.size() <= 5 || name.compare(name.size() - 5, 5, ".gguf") != 0) {
         json::Value v;
         if (!load_hf_config(name, &v, &err))
-            die("%s: not a known configuration (qwen2.5-0.5b, qwen3-0.6b, gemma-2b, gemma2-2b, gemma3-1b), an HF model directory nor a "
+            die("%s: not a known configuration (qwen2.5-0.5b, qwen3-0.6b, gemma-2b, gemma2-2b, gemma3-1b, gemma3-4b), an HF model directory nor a "
                 ".gguf file: %s",
                 name.c_str(), err.c_str());
     }
@@ -522,7 +526,7 @@ Options parse(int argc, char **argv) {
         else if (a == "--curve-out") o.curve_out = val();
         else if (a == "-h" || a == "--help") {
             std::puts("usage: bench-step [--json FILE] [--commit SHA] [--steps N] [--warmup N] [--profile] [--r R] [--alpha A] [--recompute [N]] CONFIG...\n"
-                      "       CONFIG: qwen2.5-0.5b, qwen3-0.6b, gemma-2b, gemma2-2b, gemma3-1b, an HF directory or a .gguf file, optionally :BxT\n"
+                      "       CONFIG: qwen2.5-0.5b, qwen3-0.6b, gemma-2b, gemma2-2b, gemma3-1b, gemma3-4b, an HF directory or a .gguf file, optionally :BxT\n"
                       "               (default 4x1024)\n"
                       "       bench-step --curve DIR --model HFDIR --adapter PEFTDIR --curve-out FILE [--lr F]");
             std::exit(0);
