@@ -153,11 +153,15 @@ struct Builder {
     // "messages" (role / content, as OpenAI and TRL write them; with the record's "tools" and the
     // messages' "tool_calls") or "conversations" (ShareGPT: from / value, with human -> user and
     // gpt -> assistant)
-    bool chat(const json::Value &msgs, bool sharegpt, const json::Value &tools, std::string *err) {
+    bool chat(const json::Value &msgs, bool sharegpt, const json::Value &given_tools, std::string *err) {
         const char *list = sharegpt ? "conversations" : "messages", *role = sharegpt ? "from" : "role", *content = sharegpt ? "value" : "content";
         if (!msgs.is_array() || msgs.size() == 0) return fail(err, std::string("\"") + list + "\" is not a non-empty list");
         ChatOptions co;
-        if (!tools.is_null() && !tools.is_array()) return fail(err, "\"tools\" is not a list of objects");
+        // many datasets store the tools as a string of JSON (what json.dumps made of the list)
+        json::Value parsed;
+        if (given_tools.is_string() && !json::parse(given_tools.str(), &parsed, err, "\"tools\" (a string of JSON)")) return false;
+        const json::Value &tools = given_tools.is_string() ? parsed : given_tools;
+        if (!tools.is_null() && !tools.is_array()) return fail(err, "\"tools\" is not a list of objects (or a string of JSON holding one)");
         for (size_t i = 0; i < tools.size(); i++) {
             if (!tools.at(i).is_object()) return fail(err, "tools[" + std::to_string(i) + "] is not an object");
             co.tools.push_back(tools.at(i));

@@ -260,6 +260,13 @@ static void test_data() {
     CHECK(tn_text.find("\n{\"name\": \"f\", \"parameters\": {\"x\": 0, \"y\": 2.0, \"z\": 1000.0, \"w\": 1e-05}}\n</tools>") != std::string::npos &&
               decode_masked(tok, tn, 0) == "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 10000000000000000000000}}\n</tool_call><|im_end|>",
           "numbers as Python writes them, absent content: %s", tn_text.c_str());
+    // "tools" as a string of JSON (as many datasets store it) renders as the list itself
+    put(g_tmp + "/tools-str.jsonl", "{\"tools\": \"[{\\\"name\\\": \\\"f\\\", \\\"parameters\\\": {\\\"x\\\": -0, \\\"y\\\": 2.0, "
+                                    "\\\"z\\\": 1e3, \\\"w\\\": 1e-5}}]\", \"messages\": [{\"role\": \"user\", \"content\": \"q\"}, "
+                                    "{\"role\": \"assistant\", \"tool_calls\": [{\"name\": \"f\", \"arguments\": {\"x\": 10000000000000000000000}}]}]}\n");
+    TokenizedData ts;
+    CHECK(data_load(g_tmp + "/tools-str.jsonl", tok, opt, &ts, &err) && ts.ids == tn.ids && ts.mask == tn.mask, "tools as a string of JSON: %s",
+          err.c_str());
     // malformed tool calls and tools: file:line and the key
     const std::string user = "{\"role\": \"user\", \"content\": \"q\"}";
     const struct { std::string line; const char *needle; } bad_tools[] = {
@@ -270,7 +277,8 @@ static void test_data() {
          "tools-bad.jsonl:2: messages[1].tool_calls[0].function needs \"arguments\": an object or a string of JSON"},
         {"{\"messages\": [" + user + ", {\"role\": \"assistant\", \"tool_calls\": {\"name\": \"f\"}}]}",
          "tools-bad.jsonl:2: messages[1].tool_calls is not a list"},
-        {"{\"tools\": \"[]\", \"messages\": [" + user + "]}", "tools-bad.jsonl:2: \"tools\" is not a list of objects"},
+        {"{\"tools\": \"{}\", \"messages\": [" + user + "]}", "tools-bad.jsonl:2: \"tools\" is not a list of objects"},
+        {"{\"tools\": \"[{\\\"name\\\": ]\", \"messages\": [" + user + "]}", "tools-bad.jsonl:2: \"tools\" (a string of JSON):1:"},
         {"{\"tools\": [[]], \"messages\": [" + user + "]}", "tools-bad.jsonl:2: tools[0] is not an object"},
         {"{\"messages\": [" + user + ", {\"role\": \"assistant\", \"content\": null}]}",
          "tools-bad.jsonl:2: messages[1] needs string \"role\" and \"content\""},
