@@ -38,9 +38,12 @@ const char *kUsage =
     "  --top-p P         keep the smallest set with probability >= P (default 1 = all)\n"
     "  --seed S          seed of the sampler (default 0)\n"
     "  --chat            wrap the prompt as a user turn with the model's chat template\n"
-    "  -i                chat: one user turn per line of stdin (-p, when given, is the first), until EOF\n"
+    "  -i                chat: one user turn per line of stdin (-p, when given, is the first), until EOF; a line\n"
+    "                    starting with '/tool ' is a tool's response to the last reply's tool call\n"
     "  --ctx N           -i: positions for the whole conversation (default 2048)\n"
     "  --system TEXT     --chat, -i: a system message first\n"
+    "  --tools FILE      --chat, -i: the functions the model may call, a JSON list of tool schemas (as a\n"
+    "                    training record's \"tools\"; Qwen2.5 and Qwen3 templates)\n"
     "  --device cpu|cuda (default cuda when a GPU is present, else cpu)\n";
 
 [[noreturn]] void die(const std::string &msg) {
@@ -66,7 +69,7 @@ long long integer(const char *opt, const char *v, long long lo, long long hi) {
 } // namespace
 
 int main(int argc, char **argv) {
-    std::string model_path, lora, prompt, system, device = forge_cuda_device_count() > 0 ? "cuda" : "cpu";
+    std::string model_path, lora, prompt, system, tools_path, device = forge_cuda_device_count() > 0 ? "cuda" : "cpu";
     bool have_prompt = false, chat = false, interactive = false;
     long long n_new = 32, ctx_len = 2048;
     SamplingParams sp;
@@ -80,7 +83,7 @@ int main(int argc, char **argv) {
             chat = true, interactive = interactive || a == "-i";
             continue;
         }
-        static const char *const kWithValue[] = {"-m", "-p", "--lora", "-n", "--temp", "--top-k", "--top-p", "--seed", "--device", "--ctx", "--system"};
+        static const char *const kWithValue[] = {"-m", "-p", "--lora", "-n", "--temp", "--top-k", "--top-p", "--seed", "--device", "--ctx", "--system", "--tools"};
         bool known = false;
         for (const char *k : kWithValue) known = known || a == k;
         if (!known) die("unknown option '" + a + "'\n" + kUsage);
@@ -96,6 +99,7 @@ int main(int argc, char **argv) {
         else if (a == "--seed") sp.seed = (uint64_t)integer("--seed", v, 0, (1ll << 62));
         else if (a == "--ctx") ctx_len = integer("--ctx", v, 16, 1 << 20);
         else if (a == "--system") system = v;
+        else if (a == "--tools") tools_path = v;
         else if (a == "--device") {
             device = v;
             if (device != "cpu" && device != "cuda") die("--device expects cpu or cuda, got '" + device + "'");
@@ -104,6 +108,13 @@ int main(int argc, char **argv) {
     if (model_path.empty()) die(std::string("-m MODEL is required\n") + kUsage);
     if (!have_prompt && !interactive) die(std::string("-p PROMPT is required\n") + kUsage);
     if (!system.empty() && !chat) die("--system needs --chat or -i");
+    if (!tools_path.empty() && !chat) die("--tools needs --chat or -i");
+    json::Value tools;
+    std::string terr;
+    if (!tools_path.empty() && !json::parse_file(tools_path, &tools, &terr)) die("--tools " + terr);
+    if (!tools_path.empty() && !tools.is_array()) die("--tools " + tools_path + ": not a JSON list of tool schemas");
+    for (size_t i = 0; i < tools.size(); i++)
+        if (!tools.at(i).is_object()) die("--tools " + tools_path + ": element " + std::to_string(i) + " is not a JSON object");
 
     auto t0 = std::chrono::steady_clock::now();
     const bool cuda = device == "cuda";
@@ -149,11 +160,12 @@ int main(int argc, char **argv) {
         for (const char *end : {"<|im_end|>", "<end_of_turn>"})
             if (tok.find(end) >= 0) stop.push_back(tok.find(end));
     }
-    auto chat_prompt = [&](const std::vector<ChatMessage> &msgs, std::vector<int32_t> *ids) {
+    auto chat_prompt = [&](const std::vector<ChatMessage> &msgs, std::vector<int32_t> *ids) { // false: err says why
         std::vector<uint8_t> mask;
         ChatOptions co;
         co.add_generation_prompt = true;
-        if (!chat_tokenize(tok, fmt, msgs, co, ids, &mask, &err)) die(err);
+        for (size_t i = 0; i < tools.size(); i++) co.tools.push_back(tools.at(i));
+        return chat_tokenize(tok, fmt, msgs, co, ids, &mask, &err);
     };
 
     // run: one prompt, or (-i) a turn per line
@@ -161,8 +173,8 @@ int main(int argc, char **argv) {
     std::vector<ChatMessage> msgs; // the conversation so far
     if (!system.empty()) msgs.push_back({"system", system, ""});
     if (!interactive) {
-        if (chat) msgs.push_back({"user", prompt, ""}), chat_prompt(msgs, &ids);
-        else if (!tok.encode(prompt, &ids, &err)) die(err);
+        if (chat) msgs.push_back({"user", prompt, ""});
+        if (chat ? !chat_prompt(msgs, &ids) : !tok.encode(prompt, &ids, &err)) die(err);
         if (ids.empty()) die("the prompt has no tokens");
     }
     Generator gen;
@@ -209,8 +221,13 @@ int main(int argc, char **argv) {
                 if (line.empty()) continue;
             }
             have = false;
-            msgs.push_back({"user", line, ""});
-            chat_prompt(msgs, &ids);
+            const bool tool = line.compare(0, 6, "/tool ") == 0; // a tool's response
+            msgs.push_back({tool ? "tool" : "user", tool ? line.substr(6) : line, ""});
+            if (!chat_prompt(msgs, &ids)) { // the turn is dropped; the conversation goes on
+                std::fprintf(stderr, "generate: %s\n", err.c_str());
+                msgs.pop_back();
+                continue;
+            }
             if ((int64_t)ids.size() + n_new > ctx_len + 1) {
                 std::fprintf(stderr, "generate: the conversation (%zu tokens and %lld new) no longer fits --ctx %lld\n", ids.size(), n_new, ctx_len);
                 break;

@@ -718,6 +718,22 @@ int main() {
     size_t prompts = 0;
     for (size_t p = gi.out.find("> "); p != std::string::npos; p = gi.out.find("> ", p + 2)) prompts++;
     CHECK(gi.rc == 0 && prompts >= 3, "generate -i: two turns then EOF (exit %d, %zu prompts)\n%s", gi.rc, prompts, gi.out.c_str());
+    // --tools: the functions in the system turn; '/tool ' lines are tool responses. A bad tools
+    // file is named; --tools wants a chat
+    put(g_tmp + "/tools.json", "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {}}}]");
+    put(g_tmp + "/tool-turns.txt", "What is forge?\n/tool {\"ok\": true}\n");
+    Result gt = run("-i -n 8 --device cpu --tools " + g_tmp + "/tools.json -m " + run1 + "/merged < " + g_tmp + "/tool-turns.txt", "",
+                    FORGE_GENERATE_BIN);
+    prompts = 0;
+    for (size_t p = gt.out.find("> "); p != std::string::npos; p = gt.out.find("> ", p + 2)) prompts++;
+    CHECK(gt.rc == 0 && prompts >= 3 && gt.out.find("generate: ") == std::string::npos, "generate -i --tools with a tool response (exit %d)\n%s",
+          gt.rc, gt.out.c_str());
+    put(g_tmp + "/tools-bad.json", "{\"name\": \"f\"}");
+    Result gbt = run("--chat -p hi -n 2 --device cpu --tools " + g_tmp + "/tools-bad.json -m " + run1 + "/merged", "", FORGE_GENERATE_BIN),
+           gnc = run("-p hi -n 2 --device cpu --tools " + g_tmp + "/tools.json -m " + run1 + "/merged", "", FORGE_GENERATE_BIN);
+    CHECK(gbt.rc != 0 && gbt.out.find("tools-bad.json: not a JSON list of tool schemas") != std::string::npos && gnc.rc != 0 &&
+              gnc.out.find("--tools needs --chat or -i") != std::string::npos,
+          "generate --tools errors:\n%s\n%s", gbt.out.c_str(), gnc.out.c_str());
     CHECK(gp.rc == 0 && gg.rc == 0 && gm.rc == 0 && gb.rc == 0 && text(gp) == text(gg) && text(gp) == text(gm) && text(gp) != text(gb),
           "generate with the PEFT adapter, the GGUF adapter, the merged model, the base:\n%s\n%s\n%s\n%s", gp.out.c_str(), gg.out.c_str(),
           gm.out.c_str(), gb.out.c_str());
