@@ -81,6 +81,8 @@ __device__ const char *flat_ptr(const forge_cuda_view &v, int64_t i) {
 __device__ __forceinline__ float softcap(float x, float cap) {
     return cap > 0.0f ? cap * (1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * x / cap))) : x;
 }
+// Its derivative at the softcapped value y = c tanh(x / c): 1 - (y / c)^2 (1 without a cap).
+__device__ __forceinline__ float softcap_grad(float y, float cap) { return cap > 0.0f ? 1.0f - (y / cap) * (y / cap) : 1.0f; }
 
 // (m, s) <- the pair for the union of two sets, s = sum of exp(x - m).
 __device__ __forceinline__ void lse_combine(float &m, float &s, float m2, float s2) {
@@ -101,24 +103,42 @@ __device__ __forceinline__ void unpack2(uint32_t w, __half, float &a, float &b) 
     a = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))), b = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
 }
 
+// The VEC = 16 / sizeof(T) values of one 16-byte vector, as fp32.
+template <typename T>
+__device__ __forceinline__ void unpack_vec(const uint4 &w, float (&v)[16 / sizeof(T)]) {
+    if constexpr (sizeof(T) == 4) {
+        v[0] = __uint_as_float(w.x), v[1] = __uint_as_float(w.y), v[2] = __uint_as_float(w.z), v[3] = __uint_as_float(w.w);
+    } else {
+        unpack2(w.x, T{}, v[0], v[1]);
+        unpack2(w.y, T{}, v[2], v[3]);
+        unpack2(w.z, T{}, v[4], v[5]);
+        unpack2(w.w, T{}, v[6], v[7]);
+    }
+}
+
+// The label of token t, or -1 when it is ignored (or out of range: FORGE_CUDA_ERR_LABEL, once per
+// row when report is set).
+__device__ __forceinline__ int target_label(const forge_cuda_view &labels, int64_t t, int64_t V, int ignore, bool report, int *error) {
+    const int label = *(const int *)flat_ptr(labels, t);
+    if (label == ignore) return -1;
+    if (label < 0 || label >= V) {
+        if (report) forge_cuda_fail(error, FORGE_CUDA_ERR_LABEL);
+        return -1;
+    }
+    return label;
+}
+
 // VEC elements in one access: 1, 4 (fp32: 16 bytes; two-byte types: 8) or 8 (two-byte types).
 template <typename T, int VEC>
 __device__ __forceinline__ void load_vec(const T *p, float (&v)[VEC]) {
     if constexpr (VEC == 1) {
         v[0] = to_f32(*p);
-    } else if constexpr (sizeof(T) == 4) {
-        const float4 f = *(const float4 *)p;
-        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-    } else if constexpr (VEC == 4) {
+    } else if constexpr (VEC * sizeof(T) == 16) {
+        unpack_vec<T>(*(const uint4 *)p, v);
+    } else { // 4 two-byte values
         const uint2 w = *(const uint2 *)p;
         unpack2(w.x, T{}, v[0], v[1]);
         unpack2(w.y, T{}, v[2], v[3]);
-    } else {
-        const uint4 w = *(const uint4 *)p;
-        unpack2(w.x, T{}, v[0], v[1]);
-        unpack2(w.y, T{}, v[2], v[3]);
-        unpack2(w.z, T{}, v[4], v[5]);
-        unpack2(w.w, T{}, v[6], v[7]);
     }
 }
 // fp32 -> T, rounding to nearest even; pack2: two of them in one word (a in the low half).
@@ -145,31 +165,6 @@ __device__ __forceinline__ void store_vec(T *p, const float (&v)[VEC]) {
     } else {
         *(uint4 *)p = make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7]));
     }
-}
-
-// The VEC = 16 / sizeof(T) values of one 16-byte vector, as fp32.
-template <typename T>
-__device__ __forceinline__ void unpack_vec(const uint4 &w, float (&v)[16 / sizeof(T)]) {
-    if constexpr (sizeof(T) == 4) {
-        v[0] = __uint_as_float(w.x), v[1] = __uint_as_float(w.y), v[2] = __uint_as_float(w.z), v[3] = __uint_as_float(w.w);
-    } else {
-        unpack2(w.x, T{}, v[0], v[1]);
-        unpack2(w.y, T{}, v[2], v[3]);
-        unpack2(w.z, T{}, v[4], v[5]);
-        unpack2(w.w, T{}, v[6], v[7]);
-    }
-}
-
-// The label of token t, or -1 when it is ignored (or out of range: FORGE_CUDA_ERR_LABEL, once per
-// row when report is set).
-__device__ __forceinline__ int target_label(const forge_cuda_view &labels, int64_t t, int64_t V, int ignore, bool report, int *error) {
-    const int label = *(const int *)flat_ptr(labels, t);
-    if (label == ignore) return -1;
-    if (label < 0 || label >= V) {
-        if (report) forge_cuda_fail(error, FORGE_CUDA_ERR_LABEL);
-        return -1;
-    }
-    return label;
 }
 
 // One block per token row r of the chunk starting at token t0: loss term into loss[t0 + r], and
@@ -229,7 +224,7 @@ __global__ void __launch_bounds__(kRowThreads) ce_rows(const T *z, int64_t ldz, 
         for (int i = 0; i < VEC; i++) {
             const float x = softcap(v[i], cap);
             float g = __expf(x - lse) - (c + i == label ? 1.0f : 0.0f);
-            if (cap > 0.0f) g *= 1.0f - (x / cap) * (x / cap);
+            g *= softcap_grad(x, cap);
             v[i] = g * inv_count;
         }
         store_vec<T, VEC>(dr + c, v);
@@ -271,7 +266,7 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
     if (tid == 0 && label >= v0 && label < v0 + vs) {
         const float x = softcap(to_f32(zr[label - v0]), cap); // read before any thread overwrites it
         zl[r] = x;
-        dl[r] = cap > 0.0f ? 1.0f - (x / cap) * (x / cap) : 1.0f;
+        dl[r] = softcap_grad(x, cap);
     }
     uint4 raw[kSlabVecs]; // the row as read: 16 bytes a vector, unpacked when used (fewer registers)
     float mx = -INFINITY;
@@ -306,7 +301,7 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
         for (int i = 0; i < VEC; i++) {
             const float x = softcap(v[i], cap), e = c + i < vs ? __expf(x - m_new) : 0.0f;
             s += e;
-            v[i] = cap > 0.0f ? e * (1.0f - (x / cap) * (x / cap)) : e;
+            v[i] = e * softcap_grad(x, cap);
         }
         if (o) store_vec<T, VEC>(zr + c, v);
     }
@@ -555,13 +550,14 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
 
     for (int64_t t0 = 0; t0 < pl.N; t0 += pl.chunk) {
         const int64_t n = std::min(pl.chunk, pl.N - t0);
+        // the chunk's rows of h, where they are or gathered in W's type (plain cross-entropy: its logits)
+        const void *hc = (const char *)h->data + t0 * (int64_t)h->nb[1];
+        if (!pl.h_direct) {
+            void *dst = work + (pl.logits ? pl.z_off : pl.hc_off);
+            forge_cuda_launch_kernel(ce_copy_rows, (unsigned)n, 256, 0, p->stream, hv, t0, scratch_view(dst, pl.ab, h->ne[0], n), 0, h->ne[0]);
+            hc = dst;
+        }
         if (pl.slabs) {
-            const void *hc = (const char *)h->data + t0 * (int64_t)h->nb[1];
-            if (!pl.h_direct) {
-                forge_cuda_launch_kernel(ce_copy_rows, (unsigned)n, 256, 0, p->stream, hv, t0, scratch_view(work + pl.hc_off, pl.ab, h->ne[0], n), 0,
-                                         h->ne[0]);
-                hc = work + pl.hc_off;
-            }
             const float cap = node->op_f[0];
             const int ignore = node->op_i[1];
             switch (pl.ab) {
@@ -573,16 +569,9 @@ void forge_cuda_cross_entropy(forge_tensor *node, const forge_cuda_params *p) {
         }
         // the chunk's logits z (ldz apart) and where dz goes (in place but for plain cross-entropy;
         // nowhere when no gradient is wanted)
-        const void *z = work + pl.z_off;
-        int64_t ldz = pl.V;
+        const void *z = pl.logits ? hc : work + pl.z_off;
+        const int64_t ldz = pl.logits ? pl.ldh : pl.V;
         void *dz = !dH && !dW ? nullptr : work + pl.z_off;
-        const void *hc = (const char *)h->data + t0 * (int64_t)h->nb[1];
-        if (pl.h_direct && pl.logits) z = hc, ldz = pl.ldh;
-        else if (!pl.h_direct) {
-            void *dst = work + (pl.logits ? pl.z_off : pl.hc_off);
-            forge_cuda_launch_kernel(ce_copy_rows, (unsigned)n, 256, 0, p->stream, hv, t0, scratch_view(dst, pl.ab, h->ne[0], n), 0, h->ne[0]);
-            hc = dst;
-        }
         if (pl.logits) dz = dH ? (char *)dH->data + (size_t)(t0 * pl.V) * es : nullptr;
         else forge_cuda_gemm(p, n, pl.V, pl.C, hc, pl.ldh, 0, w->data, pl.ldw, 1, pl.ab, work + pl.z_off, pl.V, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
         switch (pl.ab) {

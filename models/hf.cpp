@@ -158,9 +158,8 @@ bool lora_config_from_peft(const std::string &dir, LoraConfig *out, std::string 
         try {
             const std::regex re(t.str());
             for (int i = 0; i < 7; i++)
-                for (const char *prefix : {"model", "model.language_model", "language_model.model"})
-                    *flags[i] = *flags[i] ||
-                                std::regex_match(std::string(prefix) + ".layers.0." + (i < 4 ? "self_attn." : "mlp.") + projs[i], re);
+                for (const TextSpelling &sp : kSpellings)
+                    *flags[i] = *flags[i] || std::regex_match(sp.model + "layers.0." + (i < 4 ? "self_attn." : "mlp.") + projs[i], re);
         } catch (const std::regex_error &) {
             *err = path + ": \"target_modules\" \"" + t.str() + "\" is not a valid regular expression";
             return false;

@@ -619,55 +619,36 @@ void write_python_float(std::string &o, double d) {
     }
 }
 
-void write_python_value(std::string &o, const Value &v) {
-    switch (v.type()) {
-    case Type::Null: o += "null"; return;
-    case Type::Bool: o += v.get_bool() ? "true" : "false"; return;
-    case Type::String: write_string(o, v.str()); return;
-    case Type::Number:
-        if (v.is_int_literal()) o += v.int_text();
-        else write_python_float(o, v.get_double());
-        return;
-    case Type::Array:
-    case Type::Object:
-        o += v.is_object() ? '{' : '[';
-        for (size_t i = 0; i < v.size(); i++) {
-            if (i) o += ", ";
-            if (v.is_object()) {
-                write_string(o, v.key(i));
-                o += ": ";
-            }
-            write_python_value(o, v.at(i));
-        }
-        o += v.is_object() ? '}' : ']';
-        return;
-    }
-}
-
 void newline(std::string &o, int indent, int level) {
     if (indent < 0) return;
     o += '\n';
     o.append((size_t)indent * (size_t)level, ' ');
 }
 
-void write_value(std::string &o, const Value &v, int indent, int level) {
+// python: as Python's json.dumps writes it (write_python): one line, ", " and ": ", integer literals
+// as their digits and other numbers as Python's float repr; indent is then -1.
+void write_value(std::string &o, const Value &v, int indent, int level, bool python = false) {
     switch (v.type()) {
     case Type::Null: o += "null"; return;
     case Type::Bool: o += v.get_bool() ? "true" : "false"; return;
-    case Type::Number: write_number(o, v); return;
+    case Type::Number:
+        if (!python) write_number(o, v);
+        else if (v.is_int_literal()) o += v.int_text();
+        else write_python_float(o, v.get_double());
+        return;
     case Type::String: write_string(o, v.str()); return;
     case Type::Array:
     case Type::Object: {
         const bool obj = v.is_object();
         o += obj ? '{' : '[';
         for (size_t i = 0; i < v.size(); i++) {
-            if (i) o += ',';
+            if (i) o += python ? ", " : ",";
             newline(o, indent, level + 1);
             if (obj) {
                 write_string(o, v.key(i));
-                o += indent < 0 ? ":" : ": ";
+                o += indent < 0 && !python ? ":" : ": ";
             }
-            write_value(o, v.at(i), indent, level + 1);
+            write_value(o, v.at(i), indent, level + 1, python);
         }
         if (v.size()) newline(o, indent, level);
         o += obj ? '}' : ']';
@@ -709,7 +690,7 @@ std::string write(const Value &v, int indent) {
 
 std::string write_python(const Value &v) {
     std::string o;
-    write_python_value(o, v);
+    write_value(o, v, -1, 0, true);
     return o;
 }
 
