@@ -6,8 +6,8 @@
 // bf16 with fp32 accumulation, ldmatrix fragments from XOR-swizzled shared memory (conflict-free;
 // per-lane offset tables make each address one add to an immediate), cp.async double buffering
 // (the next tile streams in while the current one is computed). Built for sm_90a and run on a
-// Hopper GPU, the forward (every head_dim), the backward's dk/dv at head_dim 128 and its dq at 64
-// and 128 run on wgmma instead (attn_rows_wg, attn_cols_wg, attn_dq_wg: see "wgmma" below);
+// Hopper GPU, the forward (every head_dim), the backward's dk/dv and dq at head_dim 64 and 128
+// run on wgmma instead (attn_rows_wg, attn_cols_wg, attn_dq_wg: see "wgmma" below);
 // FORGE_ATTN_WGMMA=0 keeps mma.sync.
 //   forward  attn_rows<D>: a block owns 128 query rows of one (head, batch), 32 per warp at
 //            D = 64/128 (each K/V fragment feeds two m16 tiles: half the ldmatrix traffic per mma),
@@ -41,15 +41,16 @@
 //            and two pair barriers per step (against 80 ldmatrix.x4). hsplit = 1: it writes dk
 //            (times scale) and dv; else fp32 partials that attn_dkdv_sum adds in a fixed order.
 //            Each warp stores its dS^T (zeros where its keys see none of the tile's queries), so
-//            that every tile of a query tile the block visits is whole for attn_dq.
+//            that every tile of a query tile the block visits is whole for attn_dq, through
+//            staging rows in shared memory as 16-byte stores along the rows (store_ds).
 //   Every value is written by exactly one thread: no atomics, bit-for-bit deterministic.
 // Launch shape: 1-D grids ordered so that the longest blocks (the last query tiles; the first key
 // tiles under a causal mask) are dispatched first; 2 blocks of 4 warps per SM (8 warps of one
 // block at D = 256), register-bound (~250 registers; spill stores per thread, `nvcc -Xptxas -v`:
-// none at D = 64 but 20 bytes in its softcap attn_cols, 0-68 in attn_cols at D = 128/256, 44-56
-// in the mma.sync D = 256 forward, 136 in the mma.sync D = 128 forward at 32 rows per warp and 200
-// in its softcap variant, where the scores and the accumulators fill the register file; the wgmma
-// forward none, attn_cols_wg 16-44, attn_dq<128, 2> 36). Masked work is skipped: causal and
+// none at D = 64, 0-48 in attn_cols at D = 128/256, 44-56 in the mma.sync D = 256 forward, 136
+// in the mma.sync D = 128 forward at 32 rows per warp and 200 in its softcap variant, where the
+// scores and the accumulators fill the register file; the wgmma forward none, attn_cols_wg 24-36
+// at D = 128 and none at 64, attn_dq<128, 2> 36). Masked work is skipped: causal and
 // window bounds give the tile range, each token's document span (attn_doc_spans: the run of its
 // document id, when a row's ids never decrease; in a graph the backend runs, made once per step
 // by the first attention node and read by every layer's forward and backward:
@@ -775,7 +776,7 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
     blk.finish(a, acc, rs, rows, scl, sQ, w0, lane);
 }
 
-// ---- wgmma (sm_90a): the forward, the backward's dk/dv at head_dim 128 and dq at 64 / 128 --------
+// ---- wgmma (sm_90a): the forward, the backward's dk/dv and dq at head_dim 64 / 128 ---------------
 //
 // A warpgroup (4 warps) multiplies 64 rows at a time with wgmma.mma_async: B (and A, for S = Q K^T)
 // straight from shared memory through a matrix descriptor, A from registers for O += P V. Against
@@ -888,19 +889,36 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
 #endif
 }
 
-// Stores a warp's dS^T fragments (16 key rows x NQ query columns, as to_frags made them) at t,
-// a position in a tile of dS^T (rows kDsTile bf16 apart): a quad's 4-byte stores cover 16 bytes
-// of a row, the two halves of a fragment's columns one 32-byte sector.
+// A warp's staging rows for its dS^T in shared memory (store_ds): 16 rows of NQ bf16, each
+// padded by 16 bytes, so that a quad's 4-byte stores to 8 rows hit 32 different banks.
 template <int NQ>
-__device__ __forceinline__ void store_ds(bf16 *t, const uint32_t (&f)[NQ / 16][4], int lane) {
-    constexpr int ROW = kDsTile / 2; // words per row
-    uint32_t *w = (uint32_t *)t + (lane >> 2) * ROW + (lane & 3);
+__host__ __device__ constexpr int ds_stage_row() { return NQ * 2 + 16; }
+template <int NQ>
+__host__ __device__ constexpr int ds_stage_bytes() { return 16 * ds_stage_row<NQ>(); }
+
+// Stores a warp's dS^T fragments (16 key rows x NQ query columns, as to_frags made them) at t,
+// a position in a tile of dS^T (rows kDsTile bf16 apart), through the warp's staging rows: 4-byte
+// shared stores (conflict-free), then 16-byte global stores whose lanes run along the rows (each
+// row's NQ * 2 bytes whole sectors). Direct 4-byte stores to global memory covered 8 rows a warp
+// instruction, half of each sector: their queue held the dk/dv kernels' loop (ncu, sm_90a).
+template <int NQ>
+__device__ __forceinline__ void store_ds(bf16 *t, const uint32_t (&f)[NQ / 16][4], unsigned char *stage, int lane) {
+    constexpr int RB = ds_stage_row<NQ>(), CPR = NQ / 8, RPI = 32 / CPR; // row bytes; 16-byte chunks per row, rows per pass
+    static_assert(NQ % 16 == 0 && 32 % CPR == 0 && 16 % RPI == 0, "whole fragments, whole rows per pass");
+    uint32_t *w = (uint32_t *)(stage + (lane >> 2) * RB) + (lane & 3);
+    __syncwarp(); // the previous call's reads are done
 #pragma unroll
     for (int k = 0; k < NQ / 16; k++) {
         w[8 * k] = f[k][0];
-        w[8 * k + 8 * ROW] = f[k][1];
+        w[8 * k + 2 * RB] = f[k][1]; // row + 8: 8 RB bytes, 2 RB words
         w[8 * k + 4] = f[k][2];
-        w[8 * k + 4 + 8 * ROW] = f[k][3];
+        w[8 * k + 4 + 2 * RB] = f[k][3];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < 16 / RPI; it++) {
+        const int r = it * RPI + lane / CPR, c = lane % CPR;
+        *(uint4 *)(t + r * kDsTile + c * 8) = *(const uint4 *)(stage + r * RB + c * 16);
     }
 }
 
@@ -1075,7 +1093,8 @@ __host__ __device__ constexpr int cols_xslots() { return cols_cfg<D>::DS > 1 ? c
 template <int D>
 constexpr size_t cols_smem() {
     using C = cols_cfg<D>;
-    return (size_t)(2 * cols_bn<D>() * D + 4 * C::BQ * D) * sizeof(bf16) + 6 * C::BQ * sizeof(float) + (size_t)C::NW * cols_xslots<D>() * 32 * 16;
+    return (size_t)(2 * cols_bn<D>() * D + 4 * C::BQ * D) * sizeof(bf16) + 6 * C::BQ * sizeof(float) + (size_t)C::NW * cols_xslots<D>() * 32 * 16 +
+           (size_t)C::NW * ds_stage_bytes<C::BQ / C::DS>();
 }
 
 // dk and dv (or their partials) of BN key rows of one kv head, over part `part` of the query heads
@@ -1094,6 +1113,7 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     const cols_layout<D, BN, BQ> sm(smem);
     uint4 *sX = (uint4 *)sm.end(); // DS = 2: [NW][XS][32] exchange slots
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+    unsigned char *stage = (unsigned char *)(sX + C::NW * XS * 32) + warp * ds_stage_bytes<NQ>(); // the warp's dS^T staging rows
     const int slab = warp / DS, hi = warp % DS, col0 = hi * DO; // the warp's key rows and slice
     const int qc0 = hi * NQ; // the query columns of a step whose P^T and dS^T the warp computes
     cols_block<D, BN, BQ, NT, false> blk(a);
@@ -1170,12 +1190,12 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
             if constexpr (DS == 1) {
                 to_frags<1, BQ>(ps, fp);
                 to_frags<1, BQ>(ds, fds);
-                store_ds<NQ>(ds_dst, fds[0], lane);
+                store_ds<NQ>(ds_dst, fds[0], stage, lane);
             } else { // hand the fragments of our columns to the partner, take those of its columns
                 uint32_t op[1][NQ / 16][4], od[1][NQ / 16][4], tp[NQ / 16][4], td[NQ / 16][4];
                 to_frags<1, NQ>(ps, op);
                 to_frags<1, NQ>(ds, od);
-                store_ds<NQ>(ds_dst, od[0], lane);
+                store_ds<NQ>(ds_dst, od[0], stage, lane);
 #pragma unroll
                 for (int k = 0; k < NQ / 16; k++) {
                     mine[(BQ / 8 + k) * 32] = make_uint4(op[0][k][0], op[0][k][1], op[0][k][2], op[0][k][3]);
@@ -1210,7 +1230,7 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
             step(std::true_type());
         } else {
             const uint32_t zero[NQ / 16][4] = {};
-            store_ds<NQ>(ds_dst, zero, lane);
+            store_ds<NQ>(ds_dst, zero, stage, lane);
         }
         __syncthreads();
         hh = nh;
@@ -1220,16 +1240,20 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
     cols_finish<DO, D>(a, dk[0], dv[0], sm.k, sm.v, slab * 16, col0, g, b, blk.part, wj0, blk.jend, cols, lane);
 }
 
-// attn_cols_wg (D = 128 only): a block is one warpgroup of 64 key rows (16 per warp), BQ queries
-// per step, 2 blocks per SM (97.5 KB of shared memory each). At D = 64 the mma.sync attn_cols, its
-// K and V fragments in registers, stays faster: measured on the H200 (bench-kernels), Qwen2.5-0.5B's
-// backward took 172 us on this form against 125 us at T 1024 (Qwen3-0.6B's: 227 -> 173 us).
+// attn_cols_wg (D = 64, 128): a block is one warpgroup of 64 key rows (16 per warp), BQ queries
+// per step, 2 blocks per SM (106.5 KB of shared memory each at D = 128). At D = 64 the mma.sync
+// attn_cols was faster until dS^T went out through staging rows (store_ds): its 4-byte stores had
+// held this form's loop (ncu: 19% of the stall samples). Measured on the H200 in one call
+// (bench-kernels backward, Qwen2.5-0.5B B 4, 14/2 heads): T 1024 146 us (mma.sync, direct stores)
+// -> 128-136 (mma.sync, staged) -> 118 (this form, staged); T 4096 1355 -> 1284 -> 1053 us.
+// 3 blocks per SM at D = 64 (168 registers; direct stores) was slower: 167-177 us at T 1024.
 template <int D> struct cols_wg_cfg;
+template <> struct cols_wg_cfg<64> { static constexpr int BQ = 64, MINB = 2; };
 template <> struct cols_wg_cfg<128> { static constexpr int BQ = 64, MINB = 2; };
 template <int D>
-constexpr size_t cols_wg_smem() { // K, V; 2 stages of Q, dO and the queries' LSE, D_i, doc ids
+constexpr size_t cols_wg_smem() { // K, V; 2 stages of Q, dO and the queries' LSE, D_i, doc ids; dS^T staging
     constexpr int BQ = cols_wg_cfg<D>::BQ;
-    return (size_t)(2 * 64 * D + 4 * BQ * D) * sizeof(bf16) + 6 * BQ * sizeof(float);
+    return (size_t)(2 * 64 * D + 4 * BQ * D) * sizeof(bf16) + 6 * BQ * sizeof(float) + 4 * ds_stage_bytes<BQ>();
 }
 
 // attn_cols on wgmma (the same blocks, block order, outputs and dS^T tiles): per query tile,
@@ -1248,6 +1272,7 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
     cols_block<D, BN, BQ, NT, true> blk(a);
     const int g = blk.g, b = blk.b, j0 = blk.j0, wj0 = j0 + warp * 16; // the warp's keys: wj0 + [0, 16)
+    unsigned char *stage = (unsigned char *)sm.end() + warp * ds_stage_bytes<BQ>(); // the warp's dS^T staging rows
     blk.start(a, sm, tid);
     int cols[2], cdoc[2];
     blk.lane_cols(a, wj0, lane, cols, cdoc);
@@ -1287,7 +1312,7 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
         to_frags<1, BQ>(s, fp);
         to_frags<1, BQ>(dp, fds);
         // the warp's key rows and the step's query columns of a tile of the dq kernel's
-        store_ds<BQ>(a.ds_tile(b, g * a.group + hh, q0 / kDsTile, j0 / kDsTile) + warp * 16 * kDsTile + q0 % kDsTile, fds[0], lane);
+        store_ds<BQ>(a.ds_tile(b, g * a.group + hh, q0 / kDsTile, j0 / kDsTile) + warp * 16 * kDsTile + q0 % kDsTile, fds[0], stage, lane);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) { // dV += P^T dO, dK += dS^T Q: 16 queries per step
@@ -1523,7 +1548,7 @@ void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
     forge_cuda_launch_kernel(attn_stats<D>, (unsigned)((rows + 255) / 256), 256, 0, p->stream, a);
     const int64_t cblocks = cdiv(a.T, cols_bn<D>()) * a.Hkv * a.B * a.hsplit;
     bool cols_wg = false;
-    if constexpr (D == 128) {
+    if constexpr (D <= 128) {
         static_assert(cols_bn<D>() == 64, "attn_cols_wg has the same blocks");
         if ((cols_wg = wgmma_on())) launch(attn_cols_wg<D, CAP>, cblocks, 128, cols_wg_smem<D>(), a, p->stream);
     }
