@@ -478,7 +478,10 @@ void run_curve(const Options &o) {
     if (!t || t->dtype != "I32" || t->shape.size() != 3) die("%s: expected tensor 'input_ids' of dtype I32 and shape [steps, B, T]", tpath.c_str());
     const int64_t S = t->shape[0], B = t->shape[1], T = t->shape[2];
     LoraConfig lc;
-    if (!lora_config_from_peft(o.adapter, &lc, &err)) die("%s", err.c_str());
+    json::Value hf;
+    ModelConfig mc;
+    if (!load_hf_config(o.model, &hf, &err) || !config_from_hf(hf, o.model, &mc, &err) || !lora_config_from_peft(o.adapter, mc, &lc, &err))
+        die("%s", err.c_str());
     Step s;
     s.build(nullptr, o.model, lc, B, T, o.recompute);
     if (!model_load_peft(s.m, o.adapter, &err)) die("%s", err.c_str());

@@ -146,9 +146,10 @@ const char *kUsageText =
     "  --lora-alpha F         alpha (default 32); scale alpha/r, or alpha/sqrt(r) with --rslora\n"
     "  --lora-targets LIST    of q,k,v,o,gate,up,down (default: all; also attn, mlp, all);\n"
     "                         q/k/v and gate/up are one GEMM each and are adapted together\n"
+    "  --lora-layers LIST     the layers to adapt, as 0-11,20 (default: all)\n"
     "  --rslora               rank-stabilised scaling\n"
     "  --init-adapter PATH    start from a trained adapter (PEFT directory or GGUF LoRA) instead of\n"
-    "                         a fresh one; its rank, alpha and targets replace the options above\n"
+    "                         a fresh one; its rank, alpha, targets and layers replace the options above\n"
     "\n"
     "training:\n"
     "  --lr F                 peak learning rate (default 2e-4), reached by a linear warm-up\n"
@@ -218,10 +219,10 @@ struct Options {
     int64_t seq_len = 1024, batch = 4, grad_accum = 1, steps = 0, warmup = -1, seed = 42, eval_every = -1;
     int64_t save_every = 0, save_total_limit = 0, log_every = 0, lora_r = 16, threads = 0, eval_rows = 256, early_stop = 0;
     double bucket_mb = 4.0;
-    std::string lora_targets = "q,k,v,o,gate,up,down";
+    std::string lora_targets = "q,k,v,o,gate,up,down", lora_layers; // lora_layers: "0-11,20"; empty: all
     int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
     bool rslora = false, packing = true, skip_bad_lines = false, use_cache = true, resume_flag = false, merge_flag = false;
-    bool lora_given = false; // --lora-r, --lora-alpha, --lora-targets or --rslora on the command line
+    bool lora_given = false; // --lora-r, --lora-alpha, --lora-targets, --lora-layers or --rslora on the command line
     bool eval_only = false, save_best = false, extend = false;
 };
 
@@ -269,6 +270,7 @@ Options parse_args(int argc, char **argv) {
         else if (a == "--lora-r") o.lora_r = parse_int(a, val(), 1), o.lora_given = true;
         else if (a == "--lora-alpha") o.lora_alpha = parse_num(a, val(), 0.0, true), o.lora_given = true;
         else if (a == "--lora-targets") o.lora_targets = val(), o.lora_given = true;
+        else if (a == "--lora-layers") o.lora_layers = val(), o.lora_given = true;
         else if (a == "--rslora") o.rslora = true, o.lora_given = true;
         else if (a == "--init-adapter") o.init_adapter = val();
         else if (a == "--lr") o.lr = parse_num(a, val(), 0.0, true);
@@ -323,13 +325,24 @@ Options parse_args(int argc, char **argv) {
     if (o.extend && !o.resume_flag) die(kUsage, "--extend continues a run: it needs --resume");
     if (o.merge_type != "auto" && !o.merge_flag) die(kUsage, "--merge-type is the type of --merge's GGUF: it needs --merge");
     if (!o.init_adapter.empty() && o.lora_given)
-        die(kUsage, "--init-adapter: the rank, alpha, targets and rsLoRA come from the adapter; drop --lora-r, --lora-alpha, --lora-targets "
-                    "and --rslora");
+        die(kUsage, "--init-adapter: the rank, alpha, targets, layers and rsLoRA come from the adapter; drop --lora-r, --lora-alpha, "
+                    "--lora-targets, --lora-layers and --rslora");
     return o;
 }
 
-// "q,k,v,o,gate,up,down" (or attn, mlp, all, q_proj, ...) -> LoraConfig flags; arch names the model
-LoraConfig lora_config(const Options &o, const std::string &arch) {
+// Layers as --lora-layers writes them: runs of consecutive ones as A-B ("0-11,20").
+std::string layer_spec(const std::vector<int> &ls) {
+    std::string s;
+    for (size_t i = 0, j; i < ls.size(); i = j) {
+        for (j = i + 1; j < ls.size() && ls[j] == ls[j - 1] + 1;) j++;
+        s += (s.empty() ? "" : ",") + std::to_string(ls[i]) + (j - i > 1 ? "-" + std::to_string(ls[j - 1]) : "");
+    }
+    return s;
+}
+
+// "q,k,v,o,gate,up,down" (or attn, mlp, all, q_proj, ...) and "0-11,20" -> LoraConfig for a model of configuration cfg
+LoraConfig lora_config(const Options &o, const ModelConfig &cfg) {
+    const std::string &arch = cfg.arch_name;
     LoraConfig lc;
     lc.r = (int)o.lora_r;
     lc.alpha = (float)o.lora_alpha;
@@ -359,6 +372,22 @@ LoraConfig lora_config(const Options &o, const std::string &arch) {
         die(kUsage, "--lora-targets %s: forge runs gate and up as one GEMM and adapts both or neither (use gate,up); "
                     "one alone is not supported yet", o.lora_targets.c_str());
     if (!(lc.q || lc.o || lc.gate || lc.down)) die(kUsage, "--lora-targets: no projection selected");
+    const std::string layers = o.lora_layers + ",";
+    for (size_t p = 0, c; (c = layers.find(',', p)) != std::string::npos; p = c + 1) {
+        const std::string t = layers.substr(p, c - p);
+        long long a = -1, b = -1;
+        char tail;
+        const int n = std::sscanf(t.c_str(), "%lld-%lld%c", &a, &b, &tail);
+        if (t.empty() && o.lora_layers.empty()) break;
+        if (n == 1 && t.find('-') == std::string::npos) b = a; // one layer
+        if (t.find_first_not_of("0123456789-") != std::string::npos || (n != 1 && n != 2) || a < 0 || b < a || b >= cfg.n_layer)
+            die(kUsage, "--lora-layers %s: '%s' is not a layer or a range A-B of layers 0..%lld (%s has %lld)", o.lora_layers.c_str(), t.c_str(),
+                (long long)cfg.n_layer - 1, arch.c_str(), (long long)cfg.n_layer);
+        for (long long l = a; l <= b; l++) lc.layers.push_back((int)l);
+    }
+    std::sort(lc.layers.begin(), lc.layers.end());
+    lc.layers.erase(std::unique(lc.layers.begin(), lc.layers.end()), lc.layers.end());
+    if ((int64_t)lc.layers.size() == cfg.n_layer) lc.layers.clear(); // every layer
     return lc;
 }
 
@@ -749,6 +778,9 @@ std::string config_json(const Run &r) {
     json::Value t = json::Value::array();
     for (const std::string &m : lora_target_modules(r.lm.m.lora)) t.push(m);
     c.set("lora_targets", t);
+    json::Value layers = json::Value::array();
+    for (int l : r.lm.m.lora.layers) layers.push((int64_t)l);
+    c.set("lora_layers", r.lm.m.lora.layers.empty() ? json::Value() : layers);
     c.set("lr", o.lr), c.set("warmup", r.warmup), c.set("schedule", "linear warm-up, " + (o.lr_schedule == "constant" ? o.lr_schedule : o.lr_schedule + " to 0"));
     c.set("weight_decay", o.weight_decay), c.set("clip", o.clip), c.set("adam_beta1", 0.9), c.set("adam_beta2", 0.999), c.set("adam_eps", 1e-8);
     c.set("batch", o.batch), c.set("grad_accum", o.grad_accum), c.set("steps", r.total_steps), c.set("seed", o.seed);
@@ -768,7 +800,7 @@ void check_resume_config(const std::string &ckpt, const std::string &saved, cons
         die(kError, "--resume %s: the checkpoint was trained on %lld rank(s), this run has %lld; resume with the same number of ranks "
                     "(forge-run -n %lld)", ckpt.c_str(), (long long)saved_world, (long long)world, (long long)saved_world);
     for (const char *k : {"arch", "data_key", "eval_split", "text_split", "chat_template", "seq_len", "packing", "lora_r", "lora_alpha", "rslora",
-                          "lora_targets", "lr", "warmup", "schedule", "weight_decay", "clip", "batch", "grad_accum", "steps", "seed", "dtype"}) {
+                          "lora_targets", "lora_layers", "lr", "warmup", "schedule", "weight_decay", "clip", "batch", "grad_accum", "steps", "seed", "dtype"}) {
         if (a[k] == b[k] || (extend && (!std::strcmp(k, "steps") || !std::strcmp(k, "warmup")))) continue;
         if (!std::strcmp(k, "data_key"))
             die(kError, "--resume %s: the training data (or the tokenizer) differs from the checkpoint's run; resume on the same data",
@@ -800,7 +832,7 @@ std::string find_checkpoint(const std::string &dir) {
 void build(Run &r) {
     const Options &o = r.o;
     std::string err;
-    model_add_lora(r.lm.m, lora_config(o, r.lm.m.cfg.arch_name));
+    model_add_lora(r.lm.m, lora_config(o, r.lm.m.cfg));
     r.lm.m.recompute_layers = o.recompute < 0 ? r.lm.m.cfg.n_layer : o.recompute;
     if (!model_build(r.lm.m, o.seq_len, o.batch, r.dtype, true, false, &r.tg, &err)) die(kError, "building the training graph: %s", err.c_str());
     r.g = forge_graph_new(r.ctx);
@@ -1222,12 +1254,12 @@ int main(int argc, char **argv) {
     if (!o.init_adapter.empty()) { // the adapter's configuration becomes the run's
         LoraConfig lc;
         std::string err;
-        if (!(is_dir(o.init_adapter) ? lora_config_from_peft(o.init_adapter, &lc, &err) : adapter_gguf_config(o.init_adapter, c, &lc, &err)))
+        if (!(is_dir(o.init_adapter) ? lora_config_from_peft(o.init_adapter, c, &lc, &err) : adapter_gguf_config(o.init_adapter, c, &lc, &err)))
             die(kError, "--init-adapter: %s", err.c_str());
-        o.lora_r = lc.r, o.lora_alpha = lc.alpha, o.rslora = lc.rslora, o.lora_targets.clear();
+        o.lora_r = lc.r, o.lora_alpha = lc.alpha, o.rslora = lc.rslora, o.lora_targets.clear(), o.lora_layers = layer_spec(lc.layers);
         for (const std::string &t : lora_target_modules(lc)) o.lora_targets += (o.lora_targets.empty() ? "" : ",") + t;
     }
-    lora_config(o, c.arch_name); // reject bad targets before reading the data
+    lora_config(o, c); // reject bad targets and layers before reading the data
     const TokenizerSpec &ts = r.lm.tok.spec();
     r.pad_id = ts.pad >= 0 ? ts.pad : ts.eos >= 0 ? ts.eos : 0;
     setup_data(r);
@@ -1243,8 +1275,8 @@ int main(int argc, char **argv) {
     for (const LoraProjection &p : lora_projections(r.lm.m)) n_lora += lc.r * (p.in + p.rows);
     std::string targets;
     for (const std::string &t : lora_target_modules(lc)) targets += (targets.empty() ? "" : ",") + t.substr(0, t.size() - 5);
-    info("lora    r %d, alpha %g%s (scale %g) on %s: %.2f M parameters\n", lc.r, (double)lc.alpha, lc.rslora ? ", rsLoRA" : "", (double)lc.scale(),
-         targets.c_str(), (double)n_lora / 1e6);
+    info("lora    r %d, alpha %g%s (scale %g) on %s%s: %.2f M parameters\n", lc.r, (double)lc.alpha, lc.rslora ? ", rsLoRA" : "", (double)lc.scale(),
+         targets.c_str(), lc.layers.empty() ? "" : (" in layers " + layer_spec(lc.layers)).c_str(), (double)n_lora / 1e6);
     info("train   %lld steps (%.2f epochs of %lld rows), %s%lld x %lld rows of %lld tokens per step, lr %g, warm-up %lld then %s, seed %lld\n",
          (long long)r.total_steps, (double)(r.total_steps * per_step) / (double)n_rows, (long long)n_rows,
          g_dist.on() ? (std::to_string(g_dist.env.world) + " ranks x ").c_str() : "", (long long)o.grad_accum,

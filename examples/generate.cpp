@@ -146,7 +146,7 @@ int main(int argc, char **argv) {
     const bool lora_gguf = !lora.empty() && !is_dir(lora);
     if (!lora.empty()) {
         LoraConfig lc;
-        if (!(lora_gguf ? adapter_gguf_config(lora, m.cfg, &lc, &err) : lora_config_from_peft(lora, &lc, &err))) die(err);
+        if (!(lora_gguf ? adapter_gguf_config(lora, m.cfg, &lc, &err) : lora_config_from_peft(lora, m.cfg, &lc, &err))) die(err);
         model_add_lora(m, lc);
     }
 

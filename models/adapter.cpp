@@ -85,14 +85,18 @@ bool gguf_lora_parse(const std::string &path, const ModelConfig &cfg, GgufLora *
         r = p.r();
         out->pairs[{p.layer, p.kind}] = &p;
     }
-    // forge's limits: the same projections in every layer, q/k/v together, gate with up
+    // forge's limits: the same projections in every adapted layer, q/k/v together, gate with up
     bool has[7] = {};
-    for (const auto &kv : out->pairs) has[kv.first.second] = true;
-    for (int l = 0; l < (int)cfg.n_layer; l++)
+    std::vector<int> layers; // the adapted ones, ascending (pairs is ordered by layer)
+    for (const auto &kv : out->pairs) {
+        has[kv.first.second] = true;
+        if (layers.empty() || layers.back() != kv.first.first) layers.push_back(kv.first.first);
+    }
+    for (int l : layers)
         for (int p = 0; p < 7; p++)
             if (has[p] != (out->pairs.count({l, p}) > 0))
                 return fail(err, path + ": " + gguf_weight(l, p) + " is " + (has[p] ? "not " : "") + "adapted but other layers' are" +
-                                     (has[p] ? "" : " not") + "; forge adapts the same projections in every layer");
+                                     (has[p] ? "" : " not") + "; forge adapts the same projections in every adapted layer");
     if ((has[0] || has[1] || has[2]) && !(has[0] && has[1] && has[2]))
         return fail(err, path + ": adapts some but not all of attn_q, attn_k, attn_v; forge runs them as one GEMM and needs all three");
     if (has[4] != has[5]) return fail(err, path + ": adapts only one of ffn_gate, ffn_up; forge runs them as one GEMM and needs both");
@@ -104,6 +108,7 @@ bool gguf_lora_parse(const std::string &path, const ModelConfig &cfg, GgufLora *
     lc.o = has[3];
     lc.gate = lc.up = has[4];
     lc.down = has[6];
+    if ((int)layers.size() < (int)cfg.n_layer) lc.layers = layers;
     out->lc = lc;
     return true;
 }
@@ -175,8 +180,12 @@ bool adapter_write_peft(const Model &m, const std::string &dir, const std::strin
     for (const std::string &t : lora_target_modules(m.lora)) targets.push(t), any += (any.empty() ? "" : "|") + t;
     // a multimodal base: a regular expression, which PEFT fullmatches against module paths, so that
     // only the language model's projections are adapted (a list of names would take the vision
-    // tower's q_proj, k_proj, v_proj too: PEFT matches a name against the paths' ends)
-    if (m.cfg.multimodal) targets = ".*language_model.*\\.(" + any + ")";
+    // tower's q_proj, k_proj, v_proj too: PEFT matches a name against the paths' ends); some
+    // layers only: layers_to_transform with the names, the layers' indices in the expression
+    json::Value layers = json::Value::array();
+    std::string alt;
+    for (int l : m.lora.layers) layers.push((int64_t)l), alt += (alt.empty() ? "" : "|") + std::to_string(l);
+    if (m.cfg.multimodal) targets = ".*language_model.*\\." + (alt.empty() ? "" : "layers\\.(" + alt + ")\\..*\\.") + "(" + any + ")";
     c.set("peft_type", "LORA");
     c.set("task_type", "CAUSAL_LM");
     c.set("base_model_name_or_path", base_model);
@@ -194,8 +203,8 @@ bool adapter_write_peft(const Model &m, const std::string &dir, const std::strin
     c.set("lora_bias", false);
     c.set("init_lora_weights", true);
     c.set("modules_to_save", nullptr);
-    c.set("layers_to_transform", nullptr);
-    c.set("layers_pattern", nullptr);
+    c.set("layers_to_transform", m.lora.layers.empty() || m.cfg.multimodal ? json::Value() : layers);
+    c.set("layers_pattern", m.lora.layers.empty() || m.cfg.multimodal ? json::Value() : json::Value("layers"));
     c.set("rank_pattern", json::Value::object());
     c.set("alpha_pattern", json::Value::object());
     return json::write_file(dir + "/adapter_config.json", c, err);
@@ -233,8 +242,8 @@ bool adapter_gguf_config(const std::string &path, const ModelConfig &cfg, LoraCo
 bool adapter_load_gguf(Model &m, const std::string &path, std::string *err) {
     GgufLora g;
     if (!gguf_lora_parse(path, m.cfg, &g, err)) return false;
-    if (!m.has_lora || g.lc.r != m.lora.r || lora_target_modules(g.lc) != lora_target_modules(m.lora))
-        return fail(err, path + ": the adapter's rank or projections differ from the model's LoRA (build it from adapter_gguf_config)");
+    if (!m.has_lora || g.lc.r != m.lora.r || lora_target_modules(g.lc) != lora_target_modules(m.lora) || g.lc.layers != m.lora.layers)
+        return fail(err, path + ": the adapter's rank, projections or layers differ from the model's LoRA (build it from adapter_gguf_config)");
     std::map<forge_tensor *, std::vector<float>> host;
     const int64_t r = m.lora.r;
     for (const LoraProjection &p : lora_projections(m)) {

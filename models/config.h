@@ -33,8 +33,10 @@ std::string hf_text_name(const std::string &name);
 bool model_load_hf(Model &m, const std::string &dir, forge_ctx *ctx, forge_type wtype, std::string *err);
 
 // Reads a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) into the
-// model's LoRA configuration (r, alpha, rsLoRA, targets) without values: call before building.
-bool lora_config_from_peft(const std::string &dir, LoraConfig *out, std::string *err);
+// LoRA configuration of a model of configuration cfg (r, alpha, rsLoRA, targets, the adapted
+// layers: layers_to_transform, or which layers a regular-expression target_modules matches)
+// without values: call before building.
+bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraConfig *out, std::string *err);
 // Copies a PEFT adapter's tensors into the model's LoRA tensors (after allocation).
 bool model_load_peft(Model &m, const std::string &dir, std::string *err);
 

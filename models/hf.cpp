@@ -6,6 +6,8 @@
 #include "config.h"
 #include "safetensors.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <regex>
@@ -129,7 +131,7 @@ bool model_load_hf(Model &m, const std::string &dir, forge_ctx *ctx, forge_type 
     return ok;
 }
 
-bool lora_config_from_peft(const std::string &dir, LoraConfig *out, std::string *err) {
+bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraConfig *out, std::string *err) {
     json::Value c;
     std::string path = dir + "/adapter_config.json";
     if (!json::parse_file(path, &c, err)) return false;
@@ -151,35 +153,86 @@ bool lora_config_from_peft(const std::string &dir, LoraConfig *out, std::string 
         *err = path + ": \"target_modules\" must be a list of module names or a regular expression";
         return false;
     }
-    lc.q = lc.k = lc.v = lc.o = lc.gate = lc.up = lc.down = false;
-    bool *flags[7] = {&lc.q, &lc.k, &lc.v, &lc.o, &lc.gate, &lc.up, &lc.down};
+    const int n_layer = (int)cfg.n_layer;
     const char *const projs[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    if (t.is_string()) { // PEFT fullmatches it against module paths: those of layer 0, in any spelling
+    bool on[7] = {};
+    if (t.is_string()) { // PEFT fullmatches it against module paths, in any spelling; the layers it matches are adapted
+        std::vector<int> first; // the first adapted layer's projections, as indices
         try {
             const std::regex re(t.str());
-            for (int i = 0; i < 7; i++)
-                for (const TextSpelling &sp : kSpellings)
-                    *flags[i] = *flags[i] || std::regex_match(sp.model + "layers.0." + (i < 4 ? "self_attn." : "mlp.") + projs[i], re);
+            for (int l = 0; l < n_layer; l++) {
+                bool here[7] = {};
+                for (int i = 0; i < 7; i++)
+                    for (const TextSpelling &sp : kSpellings)
+                        here[i] = here[i] || std::regex_match(sp.model + "layers." + std::to_string(l) + (i < 4 ? ".self_attn." : ".mlp.") + projs[i], re);
+                if (!std::any_of(here, here + 7, [](bool b) { return b; })) continue;
+                if (!lc.layers.empty() && !std::equal(here, here + 7, on)) {
+                    *err = path + ": \"target_modules\" \"" + t.str() + "\" adapts other projections in layer " + std::to_string(l) +
+                           " than in layer " + std::to_string(lc.layers[0]) + "; forge adapts the same projections in every adapted layer";
+                    return false;
+                }
+                std::copy(here, here + 7, on);
+                lc.layers.push_back(l);
+            }
         } catch (const std::regex_error &) {
             *err = path + ": \"target_modules\" \"" + t.str() + "\" is not a valid regular expression";
             return false;
         }
-        if (!(lc.q || lc.k || lc.v || lc.o || lc.gate || lc.up || lc.down)) {
+        if (lc.layers.empty()) {
             *err = path + ": \"target_modules\" \"" + t.str() +
                    "\" matches none of the decoder's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
             return false;
         }
-    }
-    for (size_t i = 0; i < t.size(); i++) {
-        const std::string n = t.at(i).get_string();
-        int p = 0;
-        while (p < 7 && n != projs[p]) p++;
-        if (p == 7) {
-            *err = path + ": target module \"" + n + "\" is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
+    } else { // names, matched in every layer or in layers_to_transform's (PEFT reads that key with a list only)
+        for (size_t i = 0; i < t.size(); i++) {
+            const std::string n = t.at(i).get_string();
+            int p = 0;
+            while (p < 7 && n != projs[p]) p++;
+            if (p == 7) {
+                *err = path + ": target module \"" + n + "\" is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
+                return false;
+            }
+            on[p] = true;
+        }
+        const json::Value &lt = c["layers_to_transform"], &lp = c["layers_pattern"];
+        std::vector<const json::Value *> given; // layers_to_transform: null, an index or a list of them
+        if (lt.is_int()) given.push_back(&lt);
+        for (size_t i = 0; lt.is_array() && i < lt.size(); i++) given.push_back(&lt.at(i));
+        for (const json::Value *v : given)
+            if (!v->is_int() || v->get_int() < 0 || v->get_int() >= n_layer) {
+                *err = path + ": \"layers_to_transform\" " + json::write(lt, -1) + " must be layer indices of 0.." + std::to_string(n_layer - 1) +
+                       " (the model has " + std::to_string(n_layer) + " layers)";
+                return false;
+            } else {
+                lc.layers.push_back((int)v->get_int());
+            }
+        if (!lt.is_null() && !lt.is_int() && !lt.is_array()) {
+            *err = path + ": \"layers_to_transform\" must be a layer index or a list of them";
             return false;
         }
-        *flags[p] = true;
+        if (given.empty()) { // every layer, or those whose tensors the file holds: PEFT gives absent ones B = 0
+            SafetensorsFile f;
+            if (!f.open(dir + "/adapter_model.safetensors", err)) return false;
+            std::vector<bool> seen((size_t)n_layer);
+            for (const SafetensorsTensor &x : f.tensors()) {
+                const size_t at = x.name.find(".layers.");
+                const int l = at == std::string::npos ? -1 : std::atoi(x.name.c_str() + at + 8);
+                if (l >= 0 && l < n_layer) seen[(size_t)l] = true;
+            }
+            for (int l = 0; l < n_layer; l++)
+                if (seen[(size_t)l]) lc.layers.push_back(l);
+        }
+        bool pattern_ok = lp.is_null() || lp.get_string() == "layers";
+        for (size_t i = 0; lp.is_array() && i < lp.size(); i++) pattern_ok = pattern_ok || lp.at(i).get_string() == "layers";
+        if (!lc.layers.empty() && !pattern_ok) {
+            *err = path + ": \"layers_pattern\" " + json::write(lp, -1) + " does not name the decoder's layers (\"layers\")";
+            return false;
+        }
+        std::sort(lc.layers.begin(), lc.layers.end());
+        lc.layers.erase(std::unique(lc.layers.begin(), lc.layers.end()), lc.layers.end());
     }
+    if ((int)lc.layers.size() == n_layer) lc.layers.clear(); // every layer
+    lc.q = on[0], lc.k = on[1], lc.v = on[2], lc.o = on[3], lc.gate = on[4], lc.up = on[5], lc.down = on[6];
     if ((lc.q || lc.k || lc.v) && !(lc.q && lc.k && lc.v)) {
         *err = path + ": LoRA on some but not all of q_proj, k_proj, v_proj is not supported yet (forge runs them as one GEMM)";
         return false;

@@ -7,6 +7,7 @@
 // switches of ModelConfig; nothing else differs between Qwen2, Qwen3, Gemma and Gemma2.
 #include "model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 namespace forge {
 
 float LoraConfig::scale() const { return rslora ? alpha / std::sqrt((float)r) : alpha / (float)r; }
+bool LoraConfig::on_layer(int l) const { return layers.empty() || std::binary_search(layers.begin(), layers.end(), l); }
 
 std::string peft_name(const ModelConfig &c, int layer, const char *proj, bool is_a) {
     bool attn = !std::strcmp(proj, "q_proj") || !std::strcmp(proj, "k_proj") || !std::strcmp(proj, "v_proj") || !std::strcmp(proj, "o_proj");
@@ -94,6 +96,7 @@ void model_add_lora(Model &m, const LoraConfig &lc) {
     m.has_lora = true;
     int qkv_blocks = 3, gu_blocks = 2;
     for (int l = 0; l < (int)c.n_layer; l++) {
+        if (!lc.on_layer(l)) continue;
         Layer &y = m.layers[(size_t)l];
         const bool half = m.wtype == FORGE_TYPE_BF16 || m.wtype == FORGE_TYPE_F16;
         // the folded form (one GEMM over [x | u], the backward's du out of the dX GEMM) pays where

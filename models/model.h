@@ -45,13 +45,16 @@ struct ModelConfig {
     int bos = -1, eos = -1;
 };
 
-// Which projections carry LoRA, and its size. PEFT's scaling: alpha / r, or alpha / sqrt(r) (rsLoRA).
+// Which projections of which layers carry LoRA, and its size. PEFT's scaling: alpha / r, or
+// alpha / sqrt(r) (rsLoRA). The same projections in every adapted layer.
 struct LoraConfig {
     int r = 16;
     float alpha = 32.0f;
     bool rslora = false;
     bool q = true, k = true, v = true, o = true, gate = true, up = true, down = true;
+    std::vector<int> layers; // the adapted layers, ascending (PEFT's layers_to_transform); empty: all
     float scale() const;
+    bool on_layer(int l) const;
 };
 
 // Where a weight's bytes come from: a host buffer of a given type and element count (memory

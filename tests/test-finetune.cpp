@@ -538,29 +538,88 @@ static bool read_logits(const std::string &path, std::vector<int32_t> *ids, std:
     return ok;
 }
 
-static void test_reload(const std::string &run_dir) {
+// The run's adapter read back as PEFT, as GGUF and from checkpoint-`step` (and its --merge model)
+// gives the logits its --logits-out wrote.
+static void test_reload(const std::string &run_dir, int step = 30, bool merged_too = true) {
     std::vector<int32_t> ids;
     std::vector<float> ref;
     if (!read_logits(run_dir + "/logits.safetensors", &ids, &ref)) return;
-    std::vector<float> peft = logits_with("PEFT", ids, [&](Model &, LoraConfig *lc, std::string *e) { return lora_config_from_peft(run_dir, lc, e); },
+    std::vector<float> peft = logits_with("PEFT", ids, [&](Model &m, LoraConfig *lc, std::string *e) { return lora_config_from_peft(run_dir, m.cfg, lc, e); },
                                           [&](Model &m, forge_graph *, std::string *e) { return model_load_peft(m, run_dir, e); });
     std::vector<float> gguf = logits_with("GGUF", ids,
                                           [&](Model &m, LoraConfig *lc, std::string *e) { return adapter_gguf_config(run_dir + "/adapter.gguf", m.cfg, lc, e); },
                                           [&](Model &m, forge_graph *, std::string *e) { return adapter_load_gguf(m, run_dir + "/adapter.gguf", e); });
-    const std::string ck = run_dir + "/checkpoint-30/state.safetensors";
-    std::vector<float> ckpt = logits_with("checkpoint", ids, [&](Model &, LoraConfig *lc, std::string *e) { return lora_config_from_peft(run_dir, lc, e); },
+    const std::string ck = run_dir + "/checkpoint-" + std::to_string(step) + "/state.safetensors";
+    std::vector<float> ckpt = logits_with("checkpoint", ids, [&](Model &m, LoraConfig *lc, std::string *e) { return lora_config_from_peft(run_dir, m.cfg, lc, e); },
                                           [&](Model &m, forge_graph *g, std::string *e) {
                                               TrainState st;
-                                              return checkpoint_load(m, g, ck, &st, e) && st.step == 30;
+                                              return checkpoint_load(m, g, ck, &st, e) && st.step == step;
                                           });
     std::vector<float> base = logits_with("base", ids, nullptr, nullptr);
-    std::vector<float> merged = logits_with("merged", ids, nullptr, nullptr, run_dir + "/merged");
+    std::vector<float> merged = merged_too ? logits_with("merged", ids, nullptr, nullptr, run_dir + "/merged") : ref;
     CHECK(max_err(peft, ref, 1e-5, 1e-5) <= 1, "PEFT adapter reloaded: logits differ from the run's (%g)", max_err(peft, ref, 1e-5, 1e-5));
     CHECK(max_err(gguf, ref, 1e-5, 1e-5) <= 1, "GGUF adapter reloaded: logits differ from the run's (%g)", max_err(gguf, ref, 1e-5, 1e-5));
     CHECK(max_err(ckpt, ref, 1e-5, 1e-5) <= 1, "checkpoint reloaded: logits differ from the run's (%g)", max_err(ckpt, ref, 1e-5, 1e-5));
     CHECK(max_err(merged, ref, 1e-5, 1e-5) <= 1, "--merge: the merged model's logits differ from the run's (%g)", max_err(merged, ref, 1e-5, 1e-5));
     CHECK(peft == gguf, "PEFT and GGUF adapters give bitwise the same logits");
     CHECK(max_err(base, ref, 1e-2, 1e-2) > 1, "the adapter changes the logits");
+}
+
+// LoRA on some layers: --lora-layers, PEFT's layers_to_transform and a regular expression that
+// picks layers, read back in every format; the options' and the adapter configs' errors.
+static void test_lora_layers(const std::string &train, const ModelConfig &mc) {
+    const std::string dir = g_tmp + "/run-layers";
+    Result r = run(train + "--steps 10 --lora-layers 1 --out " + dir + " --logits-out " + dir + "/logits.safetensors");
+    CHECK(r.rc == 0 && has(r, "in layers 1:"), "--lora-layers 1: exit %d\n%s", r.rc, r.out.c_str());
+    json::Value cfg, args;
+    std::string err;
+    CHECK(json::parse_file(dir + "/adapter_config.json", &cfg, &err) && cfg["layers_to_transform"].size() == 1 &&
+              cfg["layers_to_transform"].at(0).get_int() == 1 && cfg["layers_pattern"].get_string() == "layers" && cfg["target_modules"].size() == 7,
+          "adapter_config.json of --lora-layers 1: %s", json::write(cfg, -1).c_str());
+    CHECK(json::parse_file(dir + "/training_args.json", &args, &err) && args["lora_layers"].size() == 1, "training_args.json: lora_layers");
+    SafetensorsFile pf;
+    CHECK(pf.open(dir + "/adapter_model.safetensors", &err) && pf.tensors().size() == 14 &&
+              pf.find("base_model.model.model.layers.1.mlp.down_proj.lora_A.weight") &&
+              !pf.find("base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"),
+          "PEFT tensors of layer 1 only (%zu)", pf.tensors().size());
+    LoraConfig lc;
+    CHECK(adapter_gguf_config(dir + "/adapter.gguf", mc, &lc, &err) && lc.layers == std::vector<int>{1}, "GGUF adapter of layer 1: %s", err.c_str());
+    test_reload(dir, 10, false);
+    expect_fail("--lora-layers past the last layer", train + "--lora-layers 0,2 --out " + g_tmp + "/layers-bad", 2,
+                {"--lora-layers 0,2: '2' is not a layer or a range A-B of layers 0..1"});
+    expect_fail("--lora-layers backwards", train + "--lora-layers 1-0 --out " + g_tmp + "/layers-bad", 2, {"'1-0' is not a layer"});
+
+    // adapter_config.json as PEFT may write it: what forge reads, and what it refuses (naming the key)
+    const std::string pdir = g_tmp + "/peft-layers";
+    mkdir(pdir.c_str(), 0755);
+    auto read = [&](const std::string &extra, LoraConfig *out, std::string *e) {
+        put(pdir + "/adapter_config.json", "{\"r\": 8, \"lora_alpha\": 16, " + extra + "}");
+        return lora_config_from_peft(pdir, mc, out, e);
+    };
+    const std::string names = "\"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\", \"down_proj\"]";
+    CHECK(read(names + ", \"layers_to_transform\": 1", &lc, &err) && lc.layers == std::vector<int>{1} && lc.q && lc.down && !lc.o,
+          "layers_to_transform 1: %s", err.c_str());
+    CHECK(read(names + ", \"layers_to_transform\": [1, 0], \"layers_pattern\": \"layers\"", &lc, &err) && lc.layers.empty(),
+          "layers_to_transform of every layer: %s", err.c_str());
+    CHECK(read("\"target_modules\": \".*layers\\\\.1\\\\..*_proj\"", &lc, &err) && lc.layers == std::vector<int>{1} && lc.q && lc.o && lc.gate && lc.down,
+          "a regular expression that picks layer 1: %s", err.c_str());
+    // no layers_to_transform: the layers whose tensors the file holds (as gguf-tools writes a GGUF adapter of some layers)
+    put(pdir + "/adapter_model.safetensors", slurp(dir + "/adapter_model.safetensors"));
+    CHECK(read("\"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]", &lc, &err) &&
+              lc.layers == std::vector<int>{1},
+          "a list of names without layers_to_transform, tensors of layer 1: %s", err.c_str());
+    const std::pair<std::string, std::string> bad[] = {
+        {names + ", \"layers_to_transform\": [0, 5]", "\"layers_to_transform\" [0,5] must be layer indices of 0..1 (the model has 2 layers)"},
+        {names + ", \"layers_to_transform\": \"1\"", "\"layers_to_transform\" must be a layer index or a list of them"},
+        {names + ", \"layers_to_transform\": [1], \"layers_pattern\": \"h\"", "\"layers_pattern\" \"h\" does not name the decoder's layers"},
+        {"\"target_modules\": \".*layers\\\\.0\\\\.self_attn\\\\.[qkv]_proj|.*layers\\\\.1\\\\.mlp\\\\.down_proj\"",
+         "adapts other projections in layer 1 than in layer 0; forge adapts the same projections in every adapted layer"},
+    };
+    for (const auto &b : bad) {
+        err.clear();
+        CHECK(!read(b.first, &lc, &err) && err.find(pdir + "/adapter_config.json: ") == 0 && err.find(b.second) != std::string::npos,
+              "adapter_config.json {%s}: '%s'", b.first.c_str(), err.c_str());
+    }
 }
 
 // --merge from GGUF bases: every tensor keeps its type, the unadapted ones their bytes; from an
@@ -706,6 +765,7 @@ int main() {
     config_from_hf(hf, kModel, &mc, &err);
     test_gguf_rules(run1 + "/adapter.gguf", mc, 16, 32.0f);
     test_reload(run1);
+    test_lora_layers(train, mc);
     // ./generate takes the adapter in either format, and the merged model needs none: the same
     // greedy continuation three times, not the base's
     const std::string gen = "-p 'forge is' -n 12 --device cpu -m ";
@@ -806,7 +866,7 @@ int main() {
               "--eval-only%s: want %.7f, exit %d\n%s", with.c_str(), want, r.rc, r.out.c_str());
     }
     expect_fail("init adapter with a rank", train + "--lora-r 8 --init-adapter " + run1 + " --out " + g_tmp + "/init-bad", 2,
-                {"--init-adapter: the rank, alpha, targets and rsLoRA come from the adapter"});
+                {"--init-adapter: the rank, alpha, targets, layers and rsLoRA come from the adapter"});
     r = run(common + "--data " + data + " --steps 1 --eval-rows 5 --out " + g_tmp + "/eval-rows");
     CHECK(r.rc == 0 && has(r, "eval 21 pieces -> 21 rows, 5 of them evaluated (--eval-rows)"), "--eval-rows 5: exit %d\n%s", r.rc, r.out.c_str());
     // --data twice: both files, one after the other

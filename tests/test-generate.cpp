@@ -45,7 +45,7 @@ static void test_arch(const char *arch) {
     Generator gen;
     Graph full;
     forge_graph *g = forge_graph_new(ctx);
-    bool ok = model_load_hf(m, dir, ctx, FORGE_TYPE_F32, &err) && lora_config_from_peft(dir + "/adapter", &lc, &err);
+    bool ok = model_load_hf(m, dir, ctx, FORGE_TYPE_F32, &err) && lora_config_from_peft(dir + "/adapter", m.cfg, &lc, &err);
     if (ok) model_add_lora(m, lc);
     ok = ok && gen.init(m, be, L, FORGE_TYPE_F32, &err) && model_build(m, L, 1, FORGE_TYPE_F32, false, true, &full, &err);
     if (ok && (forge_graph_build_forward(g, full.logits) != FORGE_OK || forge_backend_alloc_graph(be, g) != FORGE_OK)) ok = false, err = forge_ctx_error(ctx);

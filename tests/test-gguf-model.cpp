@@ -40,7 +40,7 @@ static bool logits_of(const std::string &arch, const std::function<bool(Model &,
     forge_ctx *ctx = forge_ctx_new();
     Model m;
     LoraConfig lc;
-    bool ok = load(m, ctx, &err) && lora_config_from_peft(dir + "/adapter", &lc, &err);
+    bool ok = load(m, ctx, &err) && lora_config_from_peft(dir + "/adapter", m.cfg, &lc, &err);
     const int64_t T = 16, B = 2;
     Graph mg;
     forge_graph *g = nullptr;

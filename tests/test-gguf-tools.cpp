@@ -246,7 +246,7 @@ static bool logits(const std::string &path, bool gguf, const std::string &adapte
     Model m;
     LoraConfig lc;
     bool ok = gguf ? model_load_gguf(m, path, ctx, FORGE_TYPE_F32, err) : model_load_hf(m, path, ctx, FORGE_TYPE_F32, err);
-    if (ok && !adapter.empty() && (ok = lora_config_from_peft(adapter, &lc, err))) model_add_lora(m, lc);
+    if (ok && !adapter.empty() && (ok = lora_config_from_peft(adapter, m.cfg, &lc, err))) model_add_lora(m, lc);
     const int64_t T = 12;
     Graph g;
     forge_backend *be = forge_backend_cpu_new(0);

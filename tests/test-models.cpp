@@ -76,7 +76,7 @@ static void check_peft_out(Model &m, const std::string &base) {
     SafetensorsFile f;
     LoraConfig lc;
     const bool ok = adapter_write_peft(m, dir, base, &err) && json::parse_file(dir + "/adapter_config.json", &cfg, &err) &&
-                    f.open(dir + "/adapter_model.safetensors", &err) && lora_config_from_peft(dir, &lc, &err) && model_load_peft(m, dir, &err);
+                    f.open(dir + "/adapter_model.safetensors", &err) && lora_config_from_peft(dir, m.cfg, &lc, &err) && model_load_peft(m, dir, &err);
     CHECK(ok, "PEFT adapter of a multimodal model: %s", err.c_str());
     if (ok) {
         CHECK(cfg["target_modules"].get_string() == ".*language_model.*\\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)" &&
@@ -125,7 +125,7 @@ static void run(const char *arch, bool cuda, bool from_gguf) {
     }
     bool loaded = from_gguf ? gguf_from_hf(dir, gguf, GGML_TYPE_F32, &err) && model_load_gguf(m, gguf, ctx, FORGE_TYPE_F32, &err)
                             : model_load_hf(m, dir, ctx, FORGE_TYPE_F32, &err);
-    if (!loaded || !lora_config_from_peft(dir + "/adapter", &lc, &err)) {
+    if (!loaded || !lora_config_from_peft(dir + "/adapter", m.cfg, &lc, &err)) {
         CHECK(false, "%s: %s", arch, err.c_str());
         forge_ctx_free(ctx);
         return;
