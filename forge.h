@@ -472,7 +472,8 @@ FORGE_API void forge_model_free(forge_model *model);
    the calling thread's last failed forge_model_load (valid until its next forge_model_load). */
 FORGE_API const char *forge_model_error(const forge_model *model);
 
-/* LoRA targets, or-ed. q, k and v go together, and so do gate and up (each group is one GEMM). */
+/* LoRA targets, or-ed, any combination (q, k and v are one GEMM, and so are gate and up: a
+   projection of a group that is not targeted keeps a zero block there). */
 enum {
     FORGE_LORA_Q = 1,
     FORGE_LORA_K = 2,

@@ -145,7 +145,7 @@ const char *kUsageText =
     "  --lora-r N             rank (default 16)\n"
     "  --lora-alpha F         alpha (default 32); scale alpha/r, or alpha/sqrt(r) with --rslora\n"
     "  --lora-targets LIST    of q,k,v,o,gate,up,down (default: all; also attn, mlp, all);\n"
-    "                         q/k/v and gate/up are one GEMM each and are adapted together\n"
+    "                         (q,v: PEFT's default for Qwen2)\n"
     "  --lora-layers LIST     the layers to adapt, as 0-11,20 (default: all)\n"
     "  --rslora               rank-stabilised scaling\n"
     "  --init-adapter PATH    start from a trained adapter (PEFT directory or GGUF LoRA) instead of\n"
@@ -365,13 +365,7 @@ LoraConfig lora_config(const Options &o, const ModelConfig &cfg) {
         else if (t == "down") lc.down = true;
         else die(kUsage, "--lora-targets: %s has no projection '%s' (it has q, k, v, o, gate, up, down)", arch.c_str(), t.c_str());
     }
-    if ((lc.q || lc.k || lc.v) && !(lc.q && lc.k && lc.v))
-        die(kUsage, "--lora-targets %s: forge runs q, k and v as one GEMM and adapts all three or none (use q,k,v); "
-                    "a subset is not supported yet", o.lora_targets.c_str());
-    if (lc.gate != lc.up)
-        die(kUsage, "--lora-targets %s: forge runs gate and up as one GEMM and adapts both or neither (use gate,up); "
-                    "one alone is not supported yet", o.lora_targets.c_str());
-    if (!(lc.q || lc.o || lc.gate || lc.down)) die(kUsage, "--lora-targets: no projection selected");
+    if (!(lc.q || lc.k || lc.v || lc.o || lc.gate || lc.up || lc.down)) die(kUsage, "--lora-targets: no projection selected");
     const std::string layers = o.lora_layers + ",";
     for (size_t p = 0, c; (c = layers.find(',', p)) != std::string::npos; p = c + 1) {
         const std::string t = layers.substr(p, c - p);

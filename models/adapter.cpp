@@ -97,17 +97,11 @@ bool gguf_lora_parse(const std::string &path, const ModelConfig &cfg, GgufLora *
             if (has[p] != (out->pairs.count({l, p}) > 0))
                 return fail(err, path + ": " + gguf_weight(l, p) + " is " + (has[p] ? "not " : "") + "adapted but other layers' are" +
                                      (has[p] ? "" : " not") + "; forge adapts the same projections in every adapted layer");
-    if ((has[0] || has[1] || has[2]) && !(has[0] && has[1] && has[2]))
-        return fail(err, path + ": adapts some but not all of attn_q, attn_k, attn_v; forge runs them as one GEMM and needs all three");
-    if (has[4] != has[5]) return fail(err, path + ": adapts only one of ffn_gate, ffn_up; forge runs them as one GEMM and needs both");
     LoraConfig lc;
     lc.r = (int)r;
     lc.alpha = (float)(out->file.pairs[0].scale * (double)r); // the file's alpha (llama.cpp: none means scale 1)
     lc.rslora = false;
-    lc.q = lc.k = lc.v = has[0];
-    lc.o = has[3];
-    lc.gate = lc.up = has[4];
-    lc.down = has[6];
+    lc.q = has[0], lc.k = has[1], lc.v = has[2], lc.o = has[3], lc.gate = has[4], lc.up = has[5], lc.down = has[6];
     if ((int)layers.size() < (int)cfg.n_layer) lc.layers = layers;
     out->lc = lc;
     return true;
@@ -135,17 +129,18 @@ std::vector<LoraProjection> lora_projections(const Model &m) {
     const ModelConfig &c = m.cfg;
     const int64_t H = c.hidden, q = c.n_head * c.head_dim, kv = c.n_kv_head * c.head_dim;
     std::vector<LoraProjection> out;
+    const LoraConfig &lc = m.lora; // q/k/v and gate/up share tensors: a block of one not adapted is 0 and not listed
     for (int l = 0; l < (int)m.layers.size(); l++) {
         const Layer &y = m.layers[(size_t)l];
         if (y.a_qkv) {
-            out.push_back({l, kHfProj[0], kGgufProj[0], y.a_qkv, y.b_qkv, 0, 0, q, H});
-            out.push_back({l, kHfProj[1], kGgufProj[1], y.a_qkv, y.b_qkv, 1, q, kv, H});
-            out.push_back({l, kHfProj[2], kGgufProj[2], y.a_qkv, y.b_qkv, 2, q + kv, kv, H});
+            if (lc.q) out.push_back({l, kHfProj[0], kGgufProj[0], y.a_qkv, y.b_qkv, 0, 0, q, H});
+            if (lc.k) out.push_back({l, kHfProj[1], kGgufProj[1], y.a_qkv, y.b_qkv, 1, q, kv, H});
+            if (lc.v) out.push_back({l, kHfProj[2], kGgufProj[2], y.a_qkv, y.b_qkv, 2, q + kv, kv, H});
         }
         if (y.a_o) out.push_back({l, kHfProj[3], kGgufProj[3], y.a_o, y.b_o, 0, 0, H, q});
         if (y.a_gu) {
-            out.push_back({l, kHfProj[4], kGgufProj[4], y.a_gu, y.b_gu, 0, 0, c.ffn, H});
-            out.push_back({l, kHfProj[5], kGgufProj[5], y.a_gu, y.b_gu, 1, c.ffn, c.ffn, H});
+            if (lc.gate) out.push_back({l, kHfProj[4], kGgufProj[4], y.a_gu, y.b_gu, 0, 0, c.ffn, H});
+            if (lc.up) out.push_back({l, kHfProj[5], kGgufProj[5], y.a_gu, y.b_gu, 1, c.ffn, c.ffn, H});
         }
         if (y.a_down) out.push_back({l, kHfProj[6], kGgufProj[6], y.a_down, y.b_down, 0, 0, H, c.ffn});
     }

@@ -212,16 +212,11 @@ forge_status forge_model_add_lora(forge_model *fm, int r, float alpha, unsigned 
     if (!(alpha > 0) || !std::isfinite(alpha)) return fm->fail(FORGE_ERR_INVALID_ARG, "forge_model_add_lora: alpha must be positive and finite");
     if (targets == 0 || (targets & ~(unsigned)FORGE_LORA_ALL))
         return fm->fail(FORGE_ERR_INVALID_ARG, "forge_model_add_lora: targets must be a non-empty or of FORGE_LORA_* bits");
-    const unsigned qkv = targets & (FORGE_LORA_Q | FORGE_LORA_K | FORGE_LORA_V), gu = targets & (FORGE_LORA_GATE | FORGE_LORA_UP);
-    if (qkv && qkv != (FORGE_LORA_Q | FORGE_LORA_K | FORGE_LORA_V))
-        return fm->fail(FORGE_ERR_UNSUPPORTED, "forge_model_add_lora: q, k and v must be targeted together (forge runs them as one GEMM)");
-    if (gu && gu != (FORGE_LORA_GATE | FORGE_LORA_UP))
-        return fm->fail(FORGE_ERR_UNSUPPORTED, "forge_model_add_lora: gate and up must be targeted together (forge runs them as one GEMM)");
     LoraConfig lc;
     lc.r = r, lc.alpha = alpha, lc.rslora = false;
-    lc.q = lc.k = lc.v = qkv != 0;
+    lc.q = (targets & FORGE_LORA_Q) != 0, lc.k = (targets & FORGE_LORA_K) != 0, lc.v = (targets & FORGE_LORA_V) != 0;
     lc.o = (targets & FORGE_LORA_O) != 0;
-    lc.gate = lc.up = gu != 0;
+    lc.gate = (targets & FORGE_LORA_GATE) != 0, lc.up = (targets & FORGE_LORA_UP) != 0;
     lc.down = (targets & FORGE_LORA_DOWN) != 0;
     model_add_lora(fm->m, lc);
     if (forge_ctx_status(fm->ctx) != FORGE_OK) return fm->fail_engine(std::string("forge_model_add_lora: ") + forge_ctx_error(fm->ctx));

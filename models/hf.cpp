@@ -233,14 +233,6 @@ bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraC
     }
     if ((int)lc.layers.size() == n_layer) lc.layers.clear(); // every layer
     lc.q = on[0], lc.k = on[1], lc.v = on[2], lc.o = on[3], lc.gate = on[4], lc.up = on[5], lc.down = on[6];
-    if ((lc.q || lc.k || lc.v) && !(lc.q && lc.k && lc.v)) {
-        *err = path + ": LoRA on some but not all of q_proj, k_proj, v_proj is not supported yet (forge runs them as one GEMM)";
-        return false;
-    }
-    if (lc.gate != lc.up) {
-        *err = path + ": LoRA on only one of gate_proj, up_proj is not supported yet (forge runs them as one GEMM)";
-        return false;
-    }
     *out = lc;
     return true;
 }
@@ -276,19 +268,21 @@ bool model_load_peft(Model &m, const std::string &dir, std::string *err) {
             forge_tensor *a, *b;
             std::vector<const char *> projs;
             std::vector<int64_t> rows;
+            std::vector<bool> on; // adapted; a block of one that is not stays 0
         };
         const int64_t D = c.head_dim;
-        Group groups[4] = {{y.a_qkv, y.b_qkv, {"q_proj", "k_proj", "v_proj"}, {c.n_head * D, c.n_kv_head * D, c.n_kv_head * D}},
-                           {y.a_o, y.b_o, {"o_proj"}, {c.hidden}},
-                           {y.a_gu, y.b_gu, {"gate_proj", "up_proj"}, {c.ffn, c.ffn}},
-                           {y.a_down, y.b_down, {"down_proj"}, {c.hidden}}};
+        const LoraConfig &lc = m.lora;
+        Group groups[4] = {{y.a_qkv, y.b_qkv, {"q_proj", "k_proj", "v_proj"}, {c.n_head * D, c.n_kv_head * D, c.n_kv_head * D}, {lc.q, lc.k, lc.v}},
+                           {y.a_o, y.b_o, {"o_proj"}, {c.hidden}, {true}},
+                           {y.a_gu, y.b_gu, {"gate_proj", "up_proj"}, {c.ffn, c.ffn}, {lc.gate, lc.up}},
+                           {y.a_down, y.b_down, {"down_proj"}, {c.hidden}, {true}}};
         for (Group &g : groups) {
             if (!g.a) continue;
             std::vector<float> a((size_t)forge_tensor_nelements(g.a)), b((size_t)forge_tensor_nelements(g.b));
             int64_t out_row = 0;
             for (size_t i = 0; i < g.projs.size(); i++) {
-                if (!fill(a, g.a, peft_name(c, l, g.projs[i], true), (int64_t)i * r, r) ||
-                    !fill(b, g.b, peft_name(c, l, g.projs[i], false), out_row, g.rows[i]))
+                if (g.on[i] && (!fill(a, g.a, peft_name(c, l, g.projs[i], true), (int64_t)i * r, r) ||
+                                !fill(b, g.b, peft_name(c, l, g.projs[i], false), out_row, g.rows[i])))
                     return false;
                 out_row += g.rows[i];
             }

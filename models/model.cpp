@@ -136,17 +136,27 @@ void model_add_lora(Model &m, const LoraConfig &lc) {
 
 void model_init_lora(Model &m, uint64_t seed) {
     std::mt19937_64 rng(seed);
+    const LoraConfig &lc = m.lora;
+    struct Pair {
+        forge_tensor *a, *b;
+        std::vector<bool> on; // per r-row block of a: its projection is adapted
+    };
     for (Layer &y : m.layers)
-        for (auto ab : {std::make_pair(y.a_qkv, y.b_qkv), std::make_pair(y.a_o, y.b_o), std::make_pair(y.a_gu, y.b_gu),
-                        std::make_pair(y.a_down, y.b_down)}) {
-            if (!ab.first) continue;
-            // kaiming_uniform_(a = sqrt(5)) on [r, in] gives U(-1/sqrt(in), 1/sqrt(in))
-            float bound = 1.0f / std::sqrt((float)forge_tensor_ne(ab.first, 0));
+        for (const Pair &p : {Pair{y.a_qkv, y.b_qkv, {lc.q, lc.k, lc.v}}, Pair{y.a_o, y.b_o, {true}}, Pair{y.a_gu, y.b_gu, {lc.gate, lc.up}},
+                              Pair{y.a_down, y.b_down, {true}}}) {
+            if (!p.a) continue;
+            // kaiming_uniform_(a = sqrt(5)) on [r, in] gives U(-1/sqrt(in), 1/sqrt(in)); a block of a
+            // projection that is not adapted stays 0 with its B, so that both get zero gradients
+            const int64_t in = forge_tensor_ne(p.a, 0);
+            float bound = 1.0f / std::sqrt((float)in);
             std::uniform_real_distribution<float> u(-bound, bound);
-            std::vector<float> a((size_t)forge_tensor_nelements(ab.first));
-            for (float &x : a) x = u(rng);
-            forge_tensor_set_f32(ab.first, a.data(), (int64_t)a.size());
-            forge_tensor_fill(ab.second, 0.0f);
+            std::vector<float> a((size_t)forge_tensor_nelements(p.a));
+            for (size_t i = 0; i < a.size(); i++) {
+                const float x = u(rng);
+                a[i] = p.on[(size_t)((int64_t)i / in / lc.r)] ? x : 0.0f;
+            }
+            forge_tensor_set_f32(p.a, a.data(), (int64_t)a.size());
+            forge_tensor_fill(p.b, 0.0f);
         }
 }
 

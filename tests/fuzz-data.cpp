@@ -87,6 +87,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (err.compare(0, path.size(), path) != 0) std::abort();
         return 0;
     }
-    if (lc.r <= 0 || !(lc.q || lc.o || lc.gate || lc.down)) std::abort();
+    if (lc.r <= 0 || !(lc.q || lc.k || lc.v || lc.o || lc.gate || lc.up || lc.down)) std::abort();
     return 0;
 }
