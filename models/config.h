@@ -37,6 +37,10 @@ bool model_load_hf(Model &m, const std::string &dir, forge_ctx *ctx, forge_type 
 // layers: layers_to_transform, or which layers a regular-expression target_modules matches)
 // without values: call before building.
 bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraConfig *out, std::string *err);
+// Whether a PEFT adapter_config.json (c, read from cpath) is plain LoRA, the form forge reads:
+// peft_type LORA, no DoRA, no trained biases, no transposed (Conv1D) weights, no fully trained
+// modules; else err names the file and the key.
+bool peft_config_plain(const json::Value &c, const std::string &cpath, std::string *err);
 // Copies a PEFT adapter's tensors into the model's LoRA tensors (after allocation).
 bool model_load_peft(Model &m, const std::string &dir, std::string *err);
 

@@ -131,17 +131,32 @@ bool model_load_hf(Model &m, const std::string &dir, forge_ctx *ctx, forge_type 
     return ok;
 }
 
+bool peft_config_plain(const json::Value &c, const std::string &cpath, std::string *err) {
+    auto bad = [&](const std::string &what) {
+        *err = cpath + ": " + what;
+        return false;
+    };
+    if (!c.is_object()) return bad("not a JSON object");
+    if (c["peft_type"].get_string("LORA") != "LORA") return bad("\"peft_type\" is \"" + c["peft_type"].get_string() + "\", not \"LORA\"");
+    if (c["use_dora"].get_bool(false)) return bad("\"use_dora\" is true: DoRA adapters are not supported");
+    if (c["bias"].get_string("none") != "none" || c["lora_bias"].get_bool(false))
+        return bad("adapters with trained biases (\"bias\" / \"lora_bias\") are not supported");
+    if (c["fan_in_fan_out"].get_bool(false)) return bad("\"fan_in_fan_out\" is true: transposed (Conv1D) weights are not supported");
+    if (c["modules_to_save"].size() > 0) return bad("\"modules_to_save\" (fully trained modules) is not supported");
+    return true;
+}
+
 bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraConfig *out, std::string *err) {
     json::Value c;
     std::string path = dir + "/adapter_config.json";
-    if (!json::parse_file(path, &c, err)) return false;
+    if (!json::parse_file(path, &c, err) || !peft_config_plain(c, path, err)) return false;
     LoraConfig lc;
     if (!c["r"].is_int() || c["r"].get_int() <= 0) {
         *err = path + ": key \"r\" is missing or not a positive integer";
         return false;
     }
     lc.r = (int)c["r"].get_int();
-    lc.alpha = (float)c["lora_alpha"].get_double((double)lc.r);
+    lc.alpha = (float)c["lora_alpha"].get_double(8.0); // PEFT's default
     lc.rslora = c["use_rslora"].get_bool(false);
     for (const char *k : {"rank_pattern", "alpha_pattern"})
         if (c[k].size() > 0) {

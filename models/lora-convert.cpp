@@ -125,13 +125,7 @@ bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err) {
 
 bool lora_read_peft(const json::Value &c, std::unique_ptr<SafetensorsFile> weights, const std::string &dir, LoraFile *ad, std::string *err) {
     const std::string cpath = dir + "/adapter_config.json", wpath = dir + "/adapter_model.safetensors";
-    if (!c.is_object()) return fail(err, cpath + ": not a JSON object");
-    if (c["peft_type"].get_string() != "LORA") return fail(err, cpath + ": \"peft_type\" is \"" + c["peft_type"].get_string() + "\", not \"LORA\"");
-    if (c["use_dora"].get_bool(false)) return fail(err, cpath + ": \"use_dora\" is true: DoRA adapters have no GGUF LoRA form");
-    if (c["bias"].get_string("none") != "none" || c["lora_bias"].get_bool(false))
-        return fail(err, cpath + ": adapters with trained biases (\"bias\" / \"lora_bias\") have no GGUF LoRA form");
-    if (c["fan_in_fan_out"].get_bool(false)) return fail(err, cpath + ": \"fan_in_fan_out\" is true: transposed (Conv1D) weights are not supported");
-    if (c["modules_to_save"].size() > 0) return fail(err, cpath + ": \"modules_to_save\" (fully trained modules) has no GGUF LoRA form");
+    if (!peft_config_plain(c, cpath, err)) return false;
     if (!c["r"].is_int() || c["r"].get_int() <= 0) return fail(err, cpath + ": \"r\" is missing or not a positive integer");
     const json::Value *alpha_v = c.find("lora_alpha");
     if (alpha_v && !alpha_v->is_number()) return fail(err, cpath + ": \"lora_alpha\" is not a number");

@@ -602,6 +602,8 @@ static void test_lora_layers(const std::string &train, const ModelConfig &mc) {
         return lora_config_from_peft(pdir, mc, out, e);
     };
     const std::string names = "\"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\", \"down_proj\"]";
+    put(pdir + "/adapter_config.json", "{\"r\": 4, " + names + ", \"layers_to_transform\": 0}"); // no lora_alpha: PEFT's default, 8
+    CHECK(lora_config_from_peft(pdir, mc, &lc, &err) && lc.alpha == 8.0f && lc.r == 4, "PEFT's default lora_alpha: %s %g", err.c_str(), (double)lc.alpha);
     CHECK(read(names + ", \"layers_to_transform\": 1", &lc, &err) && lc.layers == std::vector<int>{1} && lc.q && lc.down && !lc.o,
           "layers_to_transform 1: %s", err.c_str());
     CHECK(read(names + ", \"layers_to_transform\": [1, 0], \"layers_pattern\": \"layers\"", &lc, &err) && lc.layers.empty(),
@@ -619,6 +621,13 @@ static void test_lora_layers(const std::string &train, const ModelConfig &mc) {
         {names + ", \"layers_to_transform\": [1], \"layers_pattern\": \"h\"", "\"layers_pattern\" \"h\" does not name the decoder's layers"},
         {"\"target_modules\": \".*layers\\\\.0\\\\.self_attn\\\\.[qkv]_proj|.*layers\\\\.1\\\\.mlp\\\\.down_proj\"",
          "adapts other projections in layer 1 than in layer 0; forge adapts the same projections in every adapted layer"},
+        // what plain LoRA is not: refused, where reading it as LoRA would give other logits
+        {names + ", \"use_dora\": true", "\"use_dora\" is true: DoRA adapters are not supported"},
+        {names + ", \"bias\": \"lora_only\"", "adapters with trained biases (\"bias\" / \"lora_bias\") are not supported"},
+        {names + ", \"lora_bias\": true", "adapters with trained biases"},
+        {names + ", \"fan_in_fan_out\": true", "\"fan_in_fan_out\" is true"},
+        {names + ", \"modules_to_save\": [\"lm_head\"]", "\"modules_to_save\" (fully trained modules) is not supported"},
+        {names + ", \"peft_type\": \"LOHA\"", "\"peft_type\" is \"LOHA\", not \"LORA\""},
     };
     for (const auto &b : bad) {
         err.clear();
