@@ -85,6 +85,21 @@ static void check_peft_out(Model &m, const std::string &base) {
         CHECK(f.find("base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight"), "PEFT adapter of a multimodal model: %s",
               f.tensors().at(0).name.c_str());
     }
+    // LoRA on the last layer only (layer 0's tensors dropped, as model_add_lora with layers {n - 1}
+    // leaves them): the layer's index goes into the expression (PEFT reads layers_to_transform only
+    // beside a list of names), and forge reads the layer back from it
+    const int last = (int)m.cfg.n_layer - 1;
+    Layer &y0 = m.layers[0];
+    y0.a_qkv = y0.b_qkv = y0.a_o = y0.b_o = y0.a_gu = y0.b_gu = y0.a_down = y0.b_down = nullptr;
+    m.lora.layers = {last};
+    SafetensorsFile f2;
+    const bool ok2 = adapter_write_peft(m, dir, base, &err) && json::parse_file(dir + "/adapter_config.json", &cfg, &err) &&
+                     f2.open(dir + "/adapter_model.safetensors", &err) && lora_config_from_peft(dir, m.cfg, &lc, &err) && model_load_peft(m, dir, &err);
+    CHECK(ok2 && lc.layers == m.lora.layers && cfg["layers_to_transform"].is_null() &&
+              cfg["target_modules"].get_string() == ".*language_model.*\\.layers\\.(" + std::to_string(last) +
+                                                         ")\\..*\\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)" &&
+              !f2.find("base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight"),
+          "PEFT adapter of a multimodal model's last layer: %s %s", err.c_str(), json::write(cfg["target_modules"], -1).c_str());
     for (const char *name : {"/adapter_config.json", "/adapter_model.safetensors"}) std::remove((dir + name).c_str());
     rmdir(dir.c_str());
 }
