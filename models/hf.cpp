@@ -172,7 +172,6 @@ bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraC
     const char *const projs[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
     bool on[7] = {};
     if (t.is_string()) { // PEFT fullmatches it against module paths, in any spelling; the layers it matches are adapted
-        std::vector<int> first; // the first adapted layer's projections, as indices
         try {
             const std::regex re(t.str());
             for (int l = 0; l < n_layer; l++) {
@@ -229,9 +228,10 @@ bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraC
             SafetensorsFile f;
             if (!f.open(dir + "/adapter_model.safetensors", err)) return false;
             std::vector<bool> seen((size_t)n_layer);
+            const std::string pre = "base_model.model.", layers = "model.layers."; // the decoder's, in any spelling
             for (const SafetensorsTensor &x : f.tensors()) {
-                const size_t at = x.name.find(".layers.");
-                const int l = at == std::string::npos ? -1 : std::atoi(x.name.c_str() + at + 8);
+                const std::string n = starts_with(x.name, pre) ? hf_text_name(x.name.substr(pre.size())) : "";
+                const int l = starts_with(n, layers) ? std::atoi(n.c_str() + layers.size()) : -1;
                 if (l >= 0 && l < n_layer) seen[(size_t)l] = true;
             }
             for (int l = 0; l < n_layer; l++)
@@ -239,7 +239,7 @@ bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraC
         }
         bool pattern_ok = lp.is_null() || lp.get_string() == "layers";
         for (size_t i = 0; lp.is_array() && i < lp.size(); i++) pattern_ok = pattern_ok || lp.at(i).get_string() == "layers";
-        if (!lc.layers.empty() && !pattern_ok) {
+        if (!given.empty() && !pattern_ok) {
             *err = path + ": \"layers_pattern\" " + json::write(lp, -1) + " does not name the decoder's layers (\"layers\")";
             return false;
         }
