@@ -85,7 +85,7 @@ bool gguf_lora_parse(const std::string &path, const ModelConfig &cfg, GgufLora *
         r = p.r();
         out->pairs[{p.layer, p.kind}] = &p;
     }
-    // forge's limits: the same projections in every adapted layer, q/k/v together, gate with up
+    // forge's limit: the same projections in every adapted layer
     bool has[7] = {};
     std::vector<int> layers; // the adapted ones, ascending (pairs is ordered by layer)
     for (const auto &kv : out->pairs) {
