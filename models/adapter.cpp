@@ -147,6 +147,21 @@ std::vector<LoraProjection> lora_projections(const Model &m) {
     return out;
 }
 
+bool lora_set(Model &m, const std::function<bool(const LoraProjection &, float *, float *)> &fill, std::string *err) {
+    std::map<forge_tensor *, std::vector<float>> host;
+    const int64_t r = m.lora.r;
+    for (const LoraProjection &p : lora_projections(m)) {
+        std::vector<float> &a = host[p.a], &b = host[p.b];
+        a.resize((size_t)forge_tensor_nelements(p.a));
+        b.resize((size_t)forge_tensor_nelements(p.b));
+        if (!fill(p, a.data() + p.block * r * p.in, b.data() + p.row0 * r)) return false;
+    }
+    for (auto &kv : host)
+        if (forge_tensor_set_f32(kv.first, kv.second.data(), (int64_t)kv.second.size()) != FORGE_OK)
+            return fail(err, std::string("LoRA tensor ") + forge_tensor_name(kv.first) + " could not be written (not allocated?)");
+    return true;
+}
+
 std::vector<std::string> lora_target_modules(const LoraConfig &lc) {
     std::vector<std::string> out;
     const bool on[7] = {lc.q, lc.k, lc.v, lc.o, lc.gate, lc.up, lc.down};
@@ -239,23 +254,15 @@ bool adapter_load_gguf(Model &m, const std::string &path, std::string *err) {
     if (!gguf_lora_parse(path, m.cfg, &g, err)) return false;
     if (!m.has_lora || g.lc.r != m.lora.r || lora_target_modules(g.lc) != lora_target_modules(m.lora) || g.lc.layers != m.lora.layers)
         return fail(err, path + ": the adapter's rank, projections or layers differ from the model's LoRA (build it from adapter_gguf_config)");
-    std::map<forge_tensor *, std::vector<float>> host;
-    const int64_t r = m.lora.r;
-    for (const LoraProjection &p : lora_projections(m)) {
+    return lora_set(m, [&](const LoraProjection &p, float *a, float *b) {
         int proj = 0;
         while (std::strcmp(kHfProj[proj], p.hf)) proj++;
         const LoraPair &pair = *g.pairs.at({p.layer, proj});
-        std::vector<float> &a = host[p.a], &b = host[p.b];
-        a.resize((size_t)forge_tensor_nelements(p.a));
-        b.resize((size_t)forge_tensor_nelements(p.b));
         const std::vector<float> pa = pair.a.f32(), pb = pair.b.f32(); // [r, in] and [rows, r], forge's layout
-        std::copy(pa.begin(), pa.end(), a.begin() + p.block * r * p.in);
-        std::copy(pb.begin(), pb.end(), b.begin() + p.row0 * r);
-    }
-    for (auto &kv : host)
-        if (forge_tensor_set_f32(kv.first, kv.second.data(), (int64_t)kv.second.size()) != FORGE_OK)
-            return fail(err, std::string("LoRA tensor ") + forge_tensor_name(kv.first) + " could not be written (not allocated?)");
-    return true;
+        std::copy(pa.begin(), pa.end(), a);
+        std::copy(pb.begin(), pb.end(), b);
+        return true;
+    }, err);
 }
 
 // ---- checkpoints -----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 
 #include "model.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,11 @@ struct LoraProjection {
 };
 // Every adapted projection of the model, layer by layer in q, k, v, o, gate, up, down order.
 std::vector<LoraProjection> lora_projections(const Model &m);
+// Sets the model's LoRA tensors (allocated) projection by projection: fill(p, a, b) writes p's
+// [r, in] block of A at a and its [rows, r] rows of B at b (forge's layout, PEFT's too); the blocks
+// of a fused group's projections that are not adapted are 0. Fails with fill's error, or naming a
+// tensor that could not be written.
+bool lora_set(Model &m, const std::function<bool(const LoraProjection &, float *a, float *b)> &fill, std::string *err);
 // "q,k,v,o" style list of the model's adapted projections as PEFT target_modules.
 std::vector<std::string> lora_target_modules(const LoraConfig &lc);
 

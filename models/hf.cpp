@@ -3,6 +3,7 @@
 // either spelling of their names). HF stores a linear weight as [out, in] row major, which is
 // forge's [in, out] byte for byte; q/k/v and gate/up are concatenated by rows, and so are their
 // LoRA matrices (docs/models.md).
+#include "adapter.h"
 #include "config.h"
 #include "safetensors.h"
 
@@ -262,11 +263,10 @@ bool model_load_peft(Model &m, const std::string &dir, std::string *err) {
     std::unordered_map<std::string, const SafetensorsTensor *> by_name;
     for (const SafetensorsTensor &t : f.tensors())
         if (starts_with(t.name, pre)) by_name[hf_text_name(t.name.substr(pre.size()))] = &t;
-    // fills rows [row0, row0 + rows) of a host copy of t (ne0 columns) from PEFT tensor `name`
-    auto fill = [&](std::vector<float> &host, forge_tensor *t, const std::string &name, int64_t row0, int64_t rows) {
+    // reads PEFT tensor `name` ([rows, cols] expected) into dst
+    auto read = [&](float *dst, const std::string &name, int64_t rows, int64_t cols) {
         auto it = by_name.find(hf_text_name(name));
         const SafetensorsTensor *s = it == by_name.end() ? nullptr : it->second;
-        int64_t cols = forge_tensor_ne(t, 0);
         if (!s) {
             *err = f.path() + ": tensor '" + pre + name + "' is missing";
             return false;
@@ -275,37 +275,11 @@ bool model_load_peft(Model &m, const std::string &dir, std::string *err) {
             *err = f.path() + ": tensor '" + s->name + "' has the wrong shape for r = " + std::to_string(r);
             return false;
         }
-        return safetensors_read_f32(*s, host.data() + row0 * cols, rows * cols, err);
+        return safetensors_read_f32(*s, dst, rows * cols, err);
     };
-    for (int l = 0; l < (int)c.n_layer; l++) {
-        Layer &y = m.layers[(size_t)l];
-        struct Group {
-            forge_tensor *a, *b;
-            std::vector<const char *> projs;
-            std::vector<int64_t> rows;
-            std::vector<bool> on; // adapted; a block of one that is not stays 0
-        };
-        const int64_t D = c.head_dim;
-        const LoraConfig &lc = m.lora;
-        Group groups[4] = {{y.a_qkv, y.b_qkv, {"q_proj", "k_proj", "v_proj"}, {c.n_head * D, c.n_kv_head * D, c.n_kv_head * D}, {lc.q, lc.k, lc.v}},
-                           {y.a_o, y.b_o, {"o_proj"}, {c.hidden}, {true}},
-                           {y.a_gu, y.b_gu, {"gate_proj", "up_proj"}, {c.ffn, c.ffn}, {lc.gate, lc.up}},
-                           {y.a_down, y.b_down, {"down_proj"}, {c.hidden}, {true}}};
-        for (Group &g : groups) {
-            if (!g.a) continue;
-            std::vector<float> a((size_t)forge_tensor_nelements(g.a)), b((size_t)forge_tensor_nelements(g.b));
-            int64_t out_row = 0;
-            for (size_t i = 0; i < g.projs.size(); i++) {
-                if (g.on[i] && (!fill(a, g.a, peft_name(c, l, g.projs[i], true), (int64_t)i * r, r) ||
-                                !fill(b, g.b, peft_name(c, l, g.projs[i], false), out_row, g.rows[i])))
-                    return false;
-                out_row += g.rows[i];
-            }
-            forge_tensor_set_f32(g.a, a.data(), (int64_t)a.size());
-            forge_tensor_set_f32(g.b, b.data(), (int64_t)b.size());
-        }
-    }
-    return true;
+    return lora_set(m, [&](const LoraProjection &p, float *a, float *b) {
+        return read(a, peft_name(c, p.layer, p.hf, true), r, p.in) && read(b, peft_name(c, p.layer, p.hf, false), p.rows, r);
+    }, err);
 }
 
 } // namespace forge
