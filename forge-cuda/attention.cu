@@ -389,12 +389,25 @@ __global__ void attn_stats(const attn_args a) {
 template <int ROWS, int D, int NT, bool SW = false>
 __device__ __forceinline__ void load_tile(bf16 *s, const char *g, int64_t stride, int valid, int tid) {
     constexpr int CH = D / 8, N = ROWS * CH;
+    if constexpr (NT % CH == 0 && N % NT == 0) { // a thread's chunk column is fixed, its rows NT / CH apart:
+        constexpr int RS = NT / CH;                // one address made, then one add per chunk
+        const int c = tid % CH, r0 = tid / CH;
+        const char *p = g + r0 * stride + c * 16;
+        const int64_t step = RS * stride;
 #pragma unroll
-    for (int e0 = 0; e0 < N; e0 += NT) {
-        const int e = e0 + tid, r = e / CH, c = e % CH;
-        if (N % NT == 0 || e < N) {
+        for (int k = 0; k < N / NT; k++, p += step) {
+            const int r = r0 + k * RS;
             const bool ok = r < valid;
-            cp_async16(s + (SW ? sw128<ROWS>(r, c * 8) : swz<D>(r, c * 8)), ok ? g + r * stride + c * 16 : g, ok ? 16 : 0);
+            cp_async16(s + (SW ? sw128<ROWS>(r, c * 8) : swz<D>(r, c * 8)), ok ? p : g, ok ? 16 : 0);
+        }
+    } else {
+#pragma unroll
+        for (int e0 = 0; e0 < N; e0 += NT) {
+            const int e = e0 + tid, r = e / CH, c = e % CH;
+            if (N % NT == 0 || e < N) {
+                const bool ok = r < valid;
+                cp_async16(s + (SW ? sw128<ROWS>(r, c * 8) : swz<D>(r, c * 8)), ok ? g + r * stride + c * 16 : g, ok ? 16 : 0);
+            }
         }
     }
 }
@@ -836,7 +849,9 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
     load_kv(jt, 0);
     int rows[1][2], rdoc[1][2];
     blk.lane_rows(a, w0, lane, rows, rdoc);
-    const uint32_t uQ = forge_cuda_smem_addr(sQ), uK = forge_cuda_smem_addr(sK), uV = forge_cuda_smem_addr(sV);
+    // descriptors: Q and K's stage 0 (K-major), V's stage 0 (MN-major)
+    const uint64_t dQ = wg_desc(forge_cuda_smem_addr(sQ), 16, 1024), dK0 = wg_desc(forge_cuda_smem_addr(sK), 16, 1024);
+    const uint64_t dV0 = wg_desc(forge_cuda_smem_addr(sV), BN * 128, 1024);
     float acc[1][D / 8][4] = {};
     float rs[1][2][2] = {{{-INFINITY, 0.0f}, {-INFINITY, 0.0f}}}; // running max (score units) and partial sum of each row
     const float scl = CAP ? 1.0f : a.mul;
@@ -844,7 +859,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
     int pv = -1;               // its V stage, -1 before the first tile
     auto issue_pv = [&]() { // O += P V: 16 keys (2 KB of V) per step
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) wgmma_rs<D>(acc[0], p[0][kk], wg_desc(uV + pv * BN * D * 2 + kk * 16 * 128, BN * 128, 1024));
+        for (int kk = 0; kk < BN / 16; kk++) wgmma_rs<D>(acc[0], p[0][kk], wg_desc_add(dV0, pv * BN * D * 2 + kk * 16 * 128));
     };
 
     for (int n = 0; jt <= jt_hi; n++) {
@@ -853,12 +868,11 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
         __syncthreads();
         const int j0 = jt * BN;
         float s[1][BN / 8][4];
-        const uint32_t tK = uK + (n % 2) * BN * D * 2;
+        const uint64_t dK = wg_desc_add(dK0, (n % 2) * BN * D * 2);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) // S = Q K^T: 16-deep steps, 32 bytes along the rows or the next 64-column block
-            wgmma_ss<BN>(s[0], wg_desc(uQ + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024),
-                         wg_desc(tK + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024), kk);
+            wgmma_ss<BN>(s[0], wg_desc_add(dQ, (kk / 4) * BM * 128 + (kk % 4) * 32), wg_desc_add(dK, (kk / 4) * BN * 128 + (kk % 4) * 32), kk);
         wg_commit();
         if (pv >= 0) issue_pv();
         wg_commit();  // (an empty group at the first tile)
@@ -1280,7 +1294,10 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
     int hh = blk.h_lo, qt = blk.qt_first;
     const int2 wks = a.keys_span(b, wj0, wj0 + 16); // the warp's keys' span
     load_q(hh, qt, 0);
-    const uint32_t uK = forge_cuda_smem_addr(sm.k), uV = forge_cuda_smem_addr(sm.v), uQ = forge_cuda_smem_addr(sm.q), udO = forge_cuda_smem_addr(sm.dO);
+    const uint32_t uQ = forge_cuda_smem_addr(sm.q), udO = forge_cuda_smem_addr(sm.dO);
+    // descriptors of stage 0: K and V (K-major), Q and dO as K-major (S^T, dP^T) and MN-major (dV, dK) operands
+    const uint64_t dK = wg_desc(forge_cuda_smem_addr(sm.k), 16, 1024), dV = wg_desc(forge_cuda_smem_addr(sm.v), 16, 1024);
+    const uint64_t dQk0 = wg_desc(uQ, 16, 1024), dOk0 = wg_desc(udO, 16, 1024), dQm0 = wg_desc(uQ, BQ * 128, 1024), dOm0 = wg_desc(udO, BQ * 128, 1024);
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};
 
     for (int st = 0; hh < blk.h_hi; st ^= 1) {
@@ -1289,14 +1306,15 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
         fence_async_smem();
         __syncthreads();
         const int q0 = qt * BQ;
-        const uint32_t tQ = uQ + st * BQ * D * 2, tdO = udO + st * BQ * D * 2;
+        const uint32_t so = st * BQ * D * 2; // the stage's offset
+        const uint64_t dQk = wg_desc_add(dQk0, so), dOk = wg_desc_add(dOk0, so), dQm = wg_desc_add(dQm0, so), dOm = wg_desc_add(dOm0, so);
         float s[1][BQ / 8][4], dp[1][BQ / 8][4];
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) { // S^T = K Q^T, dP^T = V dO^T
             const uint32_t ok = (kk / 4) * BN * 128 + (kk % 4) * 32, oq = (kk / 4) * BQ * 128 + (kk % 4) * 32;
-            wgmma_ss<BQ>(s[0], wg_desc(uK + ok, 16, 1024), wg_desc(tQ + oq, 16, 1024), kk);
-            wgmma_ss<BQ>(dp[0], wg_desc(uV + ok, 16, 1024), wg_desc(tdO + oq, 16, 1024), kk);
+            wgmma_ss<BQ>(s[0], wg_desc_add(dK, ok), wg_desc_add(dQk, oq), kk);
+            wgmma_ss<BQ>(dp[0], wg_desc_add(dV, ok), wg_desc_add(dOk, oq), kk);
         }
         wg_commit();
         wg_wait<0>();
@@ -1316,8 +1334,8 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) { // dV += P^T dO, dK += dS^T Q: 16 queries per step
-            wgmma_rs<D>(dv[0], fp[0][kk], wg_desc(tdO + kk * 16 * 128, BQ * 128, 1024));
-            wgmma_rs<D>(dk[0], fds[0][kk], wg_desc(tQ + kk * 16 * 128, BQ * 128, 1024));
+            wgmma_rs<D>(dv[0], fp[0][kk], wg_desc_add(dOm, kk * 16 * 128));
+            wgmma_rs<D>(dk[0], fds[0][kk], wg_desc_add(dQm, kk * 16 * 128));
         }
         wg_commit();
         wg_wait<0>();
@@ -1467,7 +1485,7 @@ __global__ void __launch_bounds__(128, 4) attn_dq_wg(const attn_args a) {
     };
     int kt = blk.next_tile(a, a.first_key(i0) / BN);
     load(kt, 0);
-    const uint32_t uK = forge_cuda_smem_addr(sK), uS = forge_cuda_smem_addr(sS);
+    const uint64_t dS0 = wg_desc(forge_cuda_smem_addr(sS), BN * 128, 1024), dK0 = wg_desc(forge_cuda_smem_addr(sK), BN * 128, 1024); // MN-major
     float acc[D / 8][4] = {};
 
     for (int st = 0; kt <= blk.jt_hi; st ^= 1) {
@@ -1477,8 +1495,7 @@ __global__ void __launch_bounds__(128, 4) attn_dq_wg(const attn_args a) {
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) // 16 keys (2 KB of each tile) per step
-            wgmma_ss<D, 1>(acc, wg_desc(uS + st * BN * kDsTile * 2 + kk * 16 * 128, BN * 128, 1024),
-                           wg_desc(uK + st * BN * D * 2 + kk * 16 * 128, BN * 128, 1024), 1);
+            wgmma_ss<D, 1>(acc, wg_desc_add(dS0, st * BN * kDsTile * 2 + kk * 16 * 128), wg_desc_add(dK0, st * BN * D * 2 + kk * 16 * 128), 1);
         wg_commit();
         wg_wait<0>();
         wg_pin<D / 8>(acc);

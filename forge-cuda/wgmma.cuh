@@ -52,6 +52,10 @@ bool forge_cuda_wgmma_device();
 __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo, uint64_t swizzle = 1) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | swizzle << 62;
 }
+// The descriptor of the operand `bytes` (a multiple of 16) past d's: one 64-bit add instead of a
+// new descriptor's masks and shifts. The address field is addr / 16 in 14 bits, and shared
+// addresses stay below 256 KB, so the add never carries into the next field.
+__device__ __forceinline__ uint64_t wg_desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
 // A wgmma kernel's dynamic shared memory, 1024-byte aligned (checked): the swizzle pattern repeats
 // every 1024 bytes from an aligned base.
 __device__ __forceinline__ unsigned char *wg_smem_base() {
