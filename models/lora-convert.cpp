@@ -422,10 +422,29 @@ static json::Value derive_config(const LoraFile &ad, const std::string &base_mod
         if (p.r() != r) rank_pattern.set(kr[p.kind] > 0 ? kind : p.module, p.r());
         if (c != alpha) alpha_pattern.set(ka[p.kind] == c ? kind : p.module, c);
     }
-    std::set<std::string> targets;
-    for (const LoraPair &p : ad.pairs) targets.insert(p.kind == kLmHead ? "lm_head" : kModules[p.kind].hf);
-    json::Value tm = json::Value::array();
-    for (const auto &t : targets) tm.push(t);
+    // Which modules: PEFT adapts target_modules' names in every layer, or in layers_to_transform's
+    // when given. Every named kind in the same layers (the usual case) is written that way, the
+    // layers always listed (the base's layer count is not known here); any other set (some kinds
+    // in some layers, or lm_head beside a layer subset, which layers_to_transform would drop) as
+    // one expression of the module paths, which PEFT fullmatches.
+    std::set<std::string> targets, paths;
+    std::set<int> layers, kinds;
+    for (const LoraPair &p : ad.pairs) {
+        targets.insert(p.kind == kLmHead ? "lm_head" : kModules[p.kind].hf);
+        paths.insert(std::regex_replace(p.module, std::regex("\\."), "\\."));
+        if (p.kind != kLmHead) layers.insert(p.layer), kinds.insert(p.kind);
+    }
+    const size_t layered = paths.size() - targets.count("lm_head");
+    const bool by_layer = !layers.empty() && layered == layers.size() * kinds.size() && !targets.count("lm_head");
+    json::Value tm = json::Value::array(), lt = json::Value::array();
+    if (by_layer || layers.empty()) {
+        for (const auto &t : targets) tm.push(t);
+    } else {
+        std::string any;
+        for (const auto &m : paths) any += (any.empty() ? "" : "|") + m;
+        tm = json::Value(any);
+    }
+    for (int l : layers) lt.push((int64_t)l);
     json::Value c = json::Value::object();
     c.set("peft_type", "LORA");
     c.set("task_type", "CAUSAL_LM");
@@ -444,8 +463,8 @@ static json::Value derive_config(const LoraFile &ad, const std::string &base_mod
     c.set("lora_bias", false);
     c.set("init_lora_weights", true);
     c.set("modules_to_save", json::Value());
-    c.set("layers_to_transform", json::Value());
-    c.set("layers_pattern", json::Value());
+    c.set("layers_to_transform", by_layer ? lt : json::Value());
+    c.set("layers_pattern", by_layer ? json::Value("layers") : json::Value());
     c.set("rank_pattern", rank_pattern);
     c.set("alpha_pattern", alpha_pattern);
     c.set("peft_version", std::string("forge gguf-lora ") + forge_version());

@@ -529,6 +529,56 @@ static void test_lora() {
     CHECK(tool("gguf-lora", "to-gguf", &out, &err) == 2 && tool("gguf-lora", "frobnicate x", &out, &err) == 2, "usage errors exit 2");
 }
 
+// A GGUF adapter without forge's PEFT key (forge's own of some layers, llama.cpp's) gets a derived
+// adapter_config.json that adapts exactly the file's modules: every kind in the same layers as
+// names and layers_to_transform, anything else as one expression of the module paths (PEFT
+// fullmatches it), and forge reads the first back as those layers and projections.
+static void test_derived_modules() {
+    Rng rng(5);
+    std::vector<std::vector<float>> keep;
+    auto with = [&](std::vector<std::pair<int, int>> mods) { // (layer, kind: 0 q, 2 v, 7 lm_head)
+        LoraFile ad;
+        ad.source = "in-memory adapter";
+        for (auto [layer, kind] : mods) {
+            LoraPair p;
+            const char *path = kind == 0 ? "self_attn.q_proj" : "self_attn.v_proj";
+            p.module = kind == 7 ? "lm_head" : "model.layers." + std::to_string(layer) + "." + path;
+            p.layer = kind == 7 ? -1 : layer, p.kind = kind, p.scale = 2.0;
+            const int64_t r = 4, in = 112, out = kind == 2 ? 16 : 112;
+            for (LoraHalf *h : {&p.a, &p.b}) {
+                const std::vector<float> v = random_vec(rng, (size_t)(r * (h == &p.a ? in : out)), 0.1f);
+                h->adopt(std::vector<uint8_t>((const uint8_t *)v.data(), (const uint8_t *)(v.data() + v.size())), "F32");
+                h->rows = h == &p.a ? r : out, h->cols = h == &p.a ? in : r;
+            }
+            ad.pairs.push_back(std::move(p));
+        }
+        return ad;
+    };
+    std::string err;
+    const std::string one = g_tmp + "/derived-layer1", mixed = g_tmp + "/derived-mixed", head = g_tmp + "/derived-head";
+    CHECK(lora_write_peft(with({{1, 0}, {1, 2}}), one, "", &err) && lora_write_peft(with({{0, 0}, {1, 2}}), mixed, "", &err) &&
+              lora_write_peft(with({{1, 0}, {-1, 7}}), head, "", &err),
+          "derived configurations: %s", err.c_str());
+    json::Value c = config_of(one);
+    CHECK(c["target_modules"].size() == 2 && c["target_modules"].at(0).get_string() == "q_proj" && c["layers_to_transform"].size() == 1 &&
+              c["layers_to_transform"].at(0).get_int() == 1 && c["layers_pattern"].get_string() == "layers",
+          "q, v of layer 1: %s", json::write(c, -1).c_str());
+    c = config_of(mixed);
+    CHECK(c["target_modules"].get_string() == "model\\.layers\\.0\\.self_attn\\.q_proj|model\\.layers\\.1\\.self_attn\\.v_proj" &&
+              c["layers_to_transform"].is_null(),
+          "q of layer 0, v of layer 1: %s", json::write(c, -1).c_str());
+    c = config_of(head);
+    CHECK(c["target_modules"].get_string() == "lm_head|model\\.layers\\.1\\.self_attn\\.q_proj" && c["layers_to_transform"].is_null(),
+          "q of layer 1 and lm_head: %s", json::write(c, -1).c_str());
+    forge_ctx *ctx = forge_ctx_new();
+    Model m;
+    LoraConfig lc;
+    CHECK(model_load_hf(m, fixture("qwen2"), ctx, FORGE_TYPE_F32, &err) && lora_config_from_peft(one, m.cfg, &lc, &err) &&
+              lc.layers == std::vector<int>{1} && lc.q && lc.v && !lc.k && !lc.o && !lc.down && lc.r == 4 && lc.alpha == 8.0f,
+          "forge reads the layer-1 configuration back: %s", err.c_str());
+    forge_ctx_free(ctx);
+}
+
 // ---- merge -----------------------------------------------------------------------------------
 
 static void test_merge() {
@@ -642,6 +692,7 @@ int main() {
     test_dump();
     test_convert();
     test_lora();
+    test_derived_modules();
     test_merge();
     test_merge_kquant();
     if (!g_failures) std::system(("rm -rf " + g_tmp).c_str());
