@@ -7,7 +7,8 @@
 // per-lane offset tables make each address one add to an immediate), cp.async double buffering
 // (the next tile streams in while the current one is computed). Built for sm_90a and run on a
 // Hopper GPU, the forward (every head_dim), the backward's dk/dv and dq at head_dim 64 and 128
-// run on wgmma instead (attn_rows_wg, attn_cols_wg, attn_dq_wg: see "wgmma" below);
+// run on wgmma instead (attn_rows_wg, attn_cols_wg, attn_dq_wg: see "wgmma" below; the forward's
+// and dk/dv's streamed tiles arrive by TMA there);
 // FORGE_ATTN_WGMMA=0 keeps mma.sync.
 //   forward  attn_rows<D>: a block owns 128 query rows of one (head, batch), 32 per warp at
 //            D = 64/128 (each K/V fragment feeds two m16 tiles: half the ldmatrix traffic per mma),
@@ -665,7 +666,13 @@ struct rows_block {
         const int j0 = jt * BN, n = min(BN, a.T - j0);
         load_tile<BN, D, NT, SW>(sk, a.row(a.k, hk, j0, b), a.k.nb[2], n, tid);
         load_tile<BN, D, NT, SW>(sv, a.row(a.v, hk, j0, b), a.v.nb[2], n, tid);
-        if (a.doc.data) load_words<BN, NT>(sdoc, a.doc.data + (int64_t)j0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
+        load_docs(a, jt, sdoc, tid);
+    }
+    // Starts loading the document ids of key tile jt into sdoc (when there are any), as one
+    // cp.async group.
+    __device__ __forceinline__ void load_docs(const attn_args &a, int jt, int *sdoc, int tid) const {
+        const int j0 = jt * BN;
+        if (a.doc.data) load_words<BN, NT>(sdoc, a.doc.data + (int64_t)j0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], min(BN, a.T - j0), tid);
         cp_async_commit();
     }
     // The lane's rows of the warp's MT x 16 from block row w0, and their document ids.
@@ -806,6 +813,13 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
 // MN-major ("transposed") B operand (SBO 1024 bytes between groups of 8 keys, LBO between the
 // 64-column blocks). The accumulator of m64nN gives each warp 16 rows in mma.sync's m16n8 layout,
 // so the online softmax (softmax_tile) and P's A fragments (to_frags) are the mma.sync kernel's.
+// The tiles a block streams (the forward's K and V, dk/dv's Q and dO) come by TMA (rows_map: one
+// thread issues a 64-column box per block of the tile, the stage's mbarrier counts its bytes,
+// rows past T are zero-filled), not by cp.async from every thread: each thread's address
+// arithmetic for 8 16-byte chunks a step was ~100 of the forward's ~470 instructions per warp and
+// step (sm_90a SASS), and the kernels are issue-bound (ncu: 54% of issue slots busy with 11.7 of
+// 12 warps active). The tiles read once (Q in the forward, K and V in dk/dv) and the small
+// per-row vectors (doc ids, LSE, D_i) stay on cp.async.
 
 // attn_rows_wg: a block is one warpgroup of 64 query rows, BN keys per step; MINB blocks per SM
 // (shared memory holds 2 at D = 128, 96 KB each, and at D = 256 with 32-key steps, 112 KB each).
@@ -814,8 +828,18 @@ template <> struct wg_cfg<64> { static constexpr int BN = 64, MINB = 3; };
 template <> struct wg_cfg<128> { static constexpr int BN = 64, MINB = 2; };
 template <> struct wg_cfg<256> { static constexpr int BN = 32, MINB = 2; };
 template <int D>
-constexpr size_t wg_smem() { // Q, 2 stages of K, 3 of V, the keys' doc ids
-    return (size_t)(64 * D + 5 * wg_cfg<D>::BN * D) * sizeof(bf16) + 2 * wg_cfg<D>::BN * sizeof(int);
+constexpr size_t wg_smem() { // Q, 2 stages of K, 3 of V, the keys' doc ids, the 2 stages' barriers
+    return (size_t)(64 * D + 5 * wg_cfg<D>::BN * D) * sizeof(bf16) + 2 * wg_cfg<D>::BN * sizeof(int) + 2 * sizeof(uint64_t);
+}
+// The TMA map of q, k, v or dO (a view t, [B][T][heads][D]) for the wgmma kernels that load their
+// streamed tiles by TMA: boxes of 64 columns of ROWS rows of one head, rows past T zero-filled
+// (as cp.async's zero fill did).
+template <int ROWS>
+CUtensorMap rows_map(const forge_cuda_view &t, int T) {
+    const uint64_t dims[4] = {(uint64_t)t.ne[0], (uint64_t)t.ne[1], (uint64_t)T, (uint64_t)t.ne[3]};
+    const uint64_t strides[3] = {(uint64_t)t.nb[1], (uint64_t)t.nb[2], (uint64_t)t.nb[3]};
+    const uint32_t box[4] = {64, 1, ROWS, 1};
+    return forge_cuda_tma_map(t.data, 4, dims, strides, box);
 }
 
 // The forward on wgmma: attn_rows' algorithm, a warpgroup computing S and O for its
@@ -828,7 +852,8 @@ constexpr size_t wg_smem() { // Q, 2 stages of K, 3 of V, the keys' doc ids
 // a warp whose rows see only part of a tile (or none of it) tests each pair.
 // Block x = (query tile from the last) * Hq B + h + Hq b.
 template <int D, bool CAP>
-__global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_args a) {
+__global__ void __launch_bounds__(128, wg_cfg<D>::MINB)
+    attn_rows_wg(const attn_args a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
     constexpr int BN = wg_cfg<D>::BN, NT = 128, BM = 64;
@@ -837,12 +862,28 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
     bf16 *sK = sQ + BM * D;               // [2][D / 64][BN][64]
     bf16 *sV = sK + 2 * BN * D;           // [3][D / 64][BN][64]
     int *sDoc = (int *)(sV + 3 * BN * D); // [2][BN] doc ids of the keys
+    const uint32_t uBar = forge_cuda_smem_addr(sDoc + 2 * BN); // [2] barriers: tile n's K and V landed (n % 2)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3, w0 = warp * 16; // the warp's rows: i0 + w0 + [0, 16)
     const rows_block<D, BM, BN, NT, true> blk(a);
     const int b = blk.b, i0 = blk.i0, jt_hi = blk.jt_hi;
+    if (tid == 0) {
+        mbar_init(uBar, 1);
+        mbar_init(uBar + 8, 1);
+        mbar_init_fence();
+    }
     blk.start(a, sQ, sDoc, tid);
-    auto load_kv = [&](int jt, int n) { // the n-th tile the block visits
-        blk.load_kv(a, jt, sK + (n % 2) * BN * D, sV + (n % 3) * BN * D, sDoc + (n % 2) * BN, tid);
+    const uint32_t uK = forge_cuda_smem_addr(sK), uV = forge_cuda_smem_addr(sV);
+    auto load_kv = [&](int jt, int n) { // the n-th tile the block visits: K and V by TMA from one thread, doc ids by cp.async
+        if (tid == 0) {
+            const uint32_t bar = uBar + (n % 2) * 8;
+            mbar_expect_tx(bar, 2 * BN * D * sizeof(bf16));
+#pragma unroll
+            for (int c = 0; c < D / 64; c++) {
+                tma_load_4d(uK + ((n % 2) * BN * D + c * BN * 64) * 2, &tk, c * 64, blk.hk, jt * BN, b, bar);
+                tma_load_4d(uV + ((n % 3) * BN * D + c * BN * 64) * 2, &tv, c * 64, blk.hk, jt * BN, b, bar);
+            }
+        }
+        blk.load_docs(a, jt, sDoc + (n % 2) * BN, tid);
     };
     const int2 wqs = a.rows_span(b, i0 + w0, i0 + w0 + 16); // the warp's rows' span
     int jt = blk.next_tile(a, a.first_key(i0) / BN);  // the diagonal tile is never skipped
@@ -850,8 +891,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
     int rows[1][2], rdoc[1][2];
     blk.lane_rows(a, w0, lane, rows, rdoc);
     // descriptors: Q and K's stage 0 (K-major), V's stage 0 (MN-major)
-    const uint64_t dQ = wg_desc(forge_cuda_smem_addr(sQ), 16, 1024), dK0 = wg_desc(forge_cuda_smem_addr(sK), 16, 1024);
-    const uint64_t dV0 = wg_desc(forge_cuda_smem_addr(sV), BN * 128, 1024);
+    const uint64_t dQ = wg_desc(forge_cuda_smem_addr(sQ), 16, 1024), dK0 = wg_desc(uK, 16, 1024), dV0 = wg_desc(uV, BN * 128, 1024);
     float acc[1][D / 8][4] = {};
     float rs[1][2][2] = {{{-INFINITY, 0.0f}, {-INFINITY, 0.0f}}}; // running max (score units) and partial sum of each row
     const float scl = CAP ? 1.0f : a.mul;
@@ -866,6 +906,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB) attn_rows_wg(const attn_
         const int jn = blk.prefetch(a, jt, [&](int j) { load_kv(j, n + 1); });
         fence_async_smem();
         __syncthreads();
+        mbar_wait(uBar + (n % 2) * 8, (n / 2) & 1);
         const int j0 = jt * BN;
         float s[1][BN / 8][4];
         const uint64_t dK = wg_desc_add(dK0, (n % 2) * BN * D * 2);
@@ -1069,14 +1110,18 @@ struct cols_block {
     // LSE*log2e, D_i, doc ids.
     __device__ __forceinline__ void load_q(const attn_args &a, int hh, int qt, const cols_layout<D, BN, BQ> &sm, int st, int tid) const {
         bf16 *sq = sm.q + st * BQ * D, *sdo = sm.dO + st * BQ * D;
-        float *sl = sm.l + st * BQ, *sdi = sm.di + st * BQ;
-        int *sdoc = sm.doc + st * BQ;
         const int h = g * a.group + hh, q0 = qt * BQ, n = min(BQ, a.T - q0);
         load_tile<BQ, D, NT, SW>(sq, a.row(a.q, h, q0, b), a.q.nb[2], n, tid);
         load_tile<BQ, D, NT, SW>(sdo, a.row(a.dout, h, q0, b), a.dout.nb[2], n, tid);
-        load_floats<BQ, NT>(sl, a.l2 + a.qrow(h, q0, b), tid); // padded to Tp: whole tiles
-        load_floats<BQ, NT>(sdi, a.di + a.qrow(h, q0, b), tid);
-        if (a.doc.data) load_words<BQ, NT>(sdoc, a.doc.data + (int64_t)q0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], n, tid);
+        load_q_stats(a, hh, qt, sm, st, tid);
+    }
+    // The rest of load_q: LSE*log2e, D_i and doc ids, and the cp.async group's commit.
+    __device__ __forceinline__ void load_q_stats(const attn_args &a, int hh, int qt, const cols_layout<D, BN, BQ> &sm, int st, int tid) const {
+        const int h = g * a.group + hh, q0 = qt * BQ;
+        load_floats<BQ, NT>(sm.l + st * BQ, a.l2 + a.qrow(h, q0, b), tid); // padded to Tp: whole tiles
+        load_floats<BQ, NT>(sm.di + st * BQ, a.di + a.qrow(h, q0, b), tid);
+        if (a.doc.data)
+            load_words<BQ, NT>(sm.doc + st * BQ, a.doc.data + (int64_t)q0 * a.doc.nb[0] + (int64_t)b * a.doc.nb[1], a.doc.nb[0], min(BQ, a.T - q0), tid);
         cp_async_commit();
     }
     // The lane's two key rows of the warp's 16 from wj0, and their document ids.
@@ -1265,9 +1310,9 @@ template <int D> struct cols_wg_cfg;
 template <> struct cols_wg_cfg<64> { static constexpr int BQ = 64, MINB = 2; };
 template <> struct cols_wg_cfg<128> { static constexpr int BQ = 64, MINB = 2; };
 template <int D>
-constexpr size_t cols_wg_smem() { // K, V; 2 stages of Q, dO and the queries' LSE, D_i, doc ids; dS^T staging
+constexpr size_t cols_wg_smem() { // K, V; 2 stages of Q, dO and the queries' LSE, D_i, doc ids; dS^T staging; the stages' barriers
     constexpr int BQ = cols_wg_cfg<D>::BQ;
-    return (size_t)(2 * 64 * D + 4 * BQ * D) * sizeof(bf16) + 6 * BQ * sizeof(float) + 4 * ds_stage_bytes<BQ>();
+    return (size_t)(2 * 64 * D + 4 * BQ * D) * sizeof(bf16) + 6 * BQ * sizeof(float) + 4 * ds_stage_bytes<BQ>() + 2 * sizeof(uint64_t);
 }
 
 // attn_cols on wgmma (the same blocks, block order, outputs and dS^T tiles): per query tile,
@@ -1277,7 +1322,8 @@ constexpr size_t cols_wg_smem() { // K, V; 2 stages of Q, dO and the queries' LS
 // takes part in each wgmma; a warp whose key rows see only part of a query tile (or none of it)
 // tests each pair, which leaves zeros where nothing is seen.
 template <int D, bool CAP>
-__global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const attn_args a) {
+__global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB)
+    attn_cols_wg(const attn_args a, const __grid_constant__ CUtensorMap tq_map, const __grid_constant__ CUtensorMap tdo_map) {
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
     constexpr int BQ = cols_wg_cfg<D>::BQ, NT = 128, BN = 64;
@@ -1287,24 +1333,43 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB) attn_cols_wg(const 
     cols_block<D, BN, BQ, NT, true> blk(a);
     const int g = blk.g, b = blk.b, j0 = blk.j0, wj0 = j0 + warp * 16; // the warp's keys: wj0 + [0, 16)
     unsigned char *stage = (unsigned char *)sm.end() + warp * ds_stage_bytes<BQ>(); // the warp's dS^T staging rows
+    const uint32_t uBar = forge_cuda_smem_addr((unsigned char *)sm.end() + 4 * ds_stage_bytes<BQ>()); // [2] barriers: stage st's Q and dO landed
+    if (tid == 0) {
+        mbar_init(uBar, 1);
+        mbar_init(uBar + 8, 1);
+        mbar_init_fence();
+    }
     blk.start(a, sm, tid);
     int cols[2], cdoc[2];
     blk.lane_cols(a, wj0, lane, cols, cdoc);
-    auto load_q = [&](int hh, int qt, int st) { blk.load_q(a, hh, qt, sm, st, tid); };
+    const uint32_t uQ = forge_cuda_smem_addr(sm.q), udO = forge_cuda_smem_addr(sm.dO);
+    auto load_q = [&](int hh, int qt, int st) { // Q and dO by TMA from one thread, the rest by cp.async
+        if (tid == 0) {
+            const uint32_t bar = uBar + st * 8;
+            mbar_expect_tx(bar, 2 * BQ * D * sizeof(bf16));
+#pragma unroll
+            for (int c = 0; c < D / 64; c++) {
+                const uint32_t o = (st * BQ * D + c * BQ * 64) * 2;
+                tma_load_4d(uQ + o, &tq_map, c * 64, g * a.group + hh, qt * BQ, b, bar);
+                tma_load_4d(udO + o, &tdo_map, c * 64, g * a.group + hh, qt * BQ, b, bar);
+            }
+        }
+        blk.load_q_stats(a, hh, qt, sm, st, tid);
+    };
     int hh = blk.h_lo, qt = blk.qt_first;
     const int2 wks = a.keys_span(b, wj0, wj0 + 16); // the warp's keys' span
     load_q(hh, qt, 0);
-    const uint32_t uQ = forge_cuda_smem_addr(sm.q), udO = forge_cuda_smem_addr(sm.dO);
     // descriptors of stage 0: K and V (K-major), Q and dO as K-major (S^T, dP^T) and MN-major (dV, dK) operands
     const uint64_t dK = wg_desc(forge_cuda_smem_addr(sm.k), 16, 1024), dV = wg_desc(forge_cuda_smem_addr(sm.v), 16, 1024);
     const uint64_t dQk0 = wg_desc(uQ, 16, 1024), dOk0 = wg_desc(udO, 16, 1024), dQm0 = wg_desc(uQ, BQ * 128, 1024), dOm0 = wg_desc(udO, BQ * 128, 1024);
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};
 
-    for (int st = 0; hh < blk.h_hi; st ^= 1) {
+    for (int n = 0, st = 0; hh < blk.h_hi; n++, st ^= 1) { // step n uses stage st = n % 2
         int nh, nq;
         blk.prefetch(a, hh, qt, nh, nq, [&](int h2, int q2) { load_q(h2, q2, st ^ 1); });
         fence_async_smem();
         __syncthreads();
+        mbar_wait(uBar + st * 8, (n / 2) & 1);
         const int q0 = qt * BQ;
         const uint32_t so = st * BQ * D * 2; // the stage's offset
         const uint64_t dQk = wg_desc_add(dQk0, so), dOk = wg_desc_add(dOk0, so), dQm = wg_desc_add(dQm0, so), dOm = wg_desc_add(dOm0, so);
@@ -1525,10 +1590,10 @@ bool tc_view(const forge_cuda_view &t) {
     return t.type == FORGE_TYPE_BF16 && t.nb[0] == (int64_t)sizeof(bf16) && bits % 16 == 0;
 }
 
-template <typename K>
-void launch(K kernel, int64_t blocks, int threads, size_t smem, const attn_args &a, cudaStream_t stream) {
+template <typename K, typename... X>
+void launch(K kernel, int64_t blocks, int threads, size_t smem, const attn_args &a, cudaStream_t stream, const X &...more) {
     if (smem > 48 * 1024) FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    forge_cuda_launch_kernel(kernel, (unsigned)blocks, threads, smem, stream, a);
+    forge_cuda_launch_kernel(kernel, (unsigned)blocks, threads, smem, stream, a, more...);
 }
 
 // Whether the forward runs on wgmma (attn_rows_wg): built for sm_90a (FORGE_CUDA_SM90A, set by
@@ -1550,7 +1615,8 @@ template <int D, bool CAP>
 void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
     const int64_t HB = (int64_t)a.Hq * a.B;
     if (fwd && wgmma_on()) {
-        launch(attn_rows_wg<D, CAP>, cdiv(a.T, 64) * HB, 128, wg_smem<D>(), a, p->stream);
+        constexpr int BN = wg_cfg<D>::BN;
+        launch(attn_rows_wg<D, CAP>, cdiv(a.T, 64) * HB, 128, wg_smem<D>(), a, p->stream, rows_map<BN>(a.k, a.T), rows_map<BN>(a.v, a.T));
         return;
     }
     if (fwd) {
@@ -1567,7 +1633,9 @@ void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
     bool cols_wg = false;
     if constexpr (D <= 128) {
         static_assert(cols_bn<D>() == 64, "attn_cols_wg has the same blocks");
-        if ((cols_wg = wgmma_on())) launch(attn_cols_wg<D, CAP>, cblocks, 128, cols_wg_smem<D>(), a, p->stream);
+        constexpr int BQ = cols_wg_cfg<D>::BQ;
+        if ((cols_wg = wgmma_on()))
+            launch(attn_cols_wg<D, CAP>, cblocks, 128, cols_wg_smem<D>(), a, p->stream, rows_map<BQ>(a.q, a.T), rows_map<BQ>(a.dout, a.T));
     }
     if (!cols_wg) launch(attn_cols<D, CAP>, cblocks, 32 * cols_cfg<D>::NW, cols_smem<D>(), a, p->stream);
     if (a.hsplit > 1 && (a.dk.data || a.dv.data)) {

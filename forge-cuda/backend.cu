@@ -24,6 +24,8 @@
 // lets NCCL set up its connections (it does so lazily, on a collective's first use).
 #include "wgmma.cuh"
 
+#include <cudaTypedefs.h> // PFN_cuTensorMapEncodeTiled
+
 #include <map>
 #include <mutex>
 #include <set>
@@ -370,6 +372,35 @@ bool forge_cuda_wgmma_device() {
 #else
     return false;
 #endif
+}
+
+CUtensorMap forge_cuda_tma_map(const void *base, int rank, const uint64_t *dims, const uint64_t *strides, const uint32_t *box) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        FORGE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+        if (q != cudaDriverEntryPointSuccess || !f) {
+            std::fprintf(stderr, "forge-cuda: the driver has no cuTensorMapEncodeTiled (CUDA 12 or later is needed)\n");
+            std::abort();
+        }
+        return (PFN_cuTensorMapEncodeTiled_v12000)f;
+    }();
+    CUtensorMap m;
+    cuuint64_t d[5], st[4];
+    cuuint32_t b[5], es[5];
+    for (int i = 0; i < rank; i++) d[i] = dims[i], b[i] = box[i], es[i] = 1;
+    for (int i = 0; i + 1 < rank; i++) st[i] = strides[i];
+    const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, const_cast<void *>(base), d, st, b, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              box[0] == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        std::string shape;
+        for (int i = 0; i < rank; i++)
+            shape += (i ? " x " : "") + std::to_string(dims[i]) + (i ? " (stride " + std::to_string(strides[i - 1]) + " B)" : "") + " box " + std::to_string(box[i]);
+        std::fprintf(stderr, "forge-cuda: cuTensorMapEncodeTiled failed (%d) for bf16 %s at %p\n", (int)r, shape.c_str(), base);
+        std::abort();
+    }
+    return m;
 }
 
 int forge_cuda_blocks_per_sm(const void *kernel, int threads) {

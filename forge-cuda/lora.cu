@@ -93,8 +93,6 @@
 // 97.21-97.84 ms.
 #include "wgmma.cuh"
 
-#include <cudaTypedefs.h> // PFN_cuTensorMapEncodeTiled
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -474,35 +472,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// cuTensorMapEncodeTiled, reached through the runtime (no link to the driver library).
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        FORGE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
-        if (q != cudaDriverEntryPointSuccess || !f) {
-            std::fprintf(stderr, "forge-cuda: the driver has no cuTensorMapEncodeTiled (CUDA 12 or later is needed)\n");
-            std::abort();
-        }
-        return (PFN_cuTensorMapEncodeTiled_v12000)f;
-    }();
-    return fn;
-}
 // A map of `rows` rows of `cols` bf16 (rows ld elements apart), read in boxes of 64 columns x box
 // rows with the 128-byte swizzle, or of 32 columns with the 64-byte swizzle (box_cols 32).
 CUtensorMap map_of(const void *p, int64_t cols, int64_t rows, int64_t ld, int box, int box_cols = 64) {
-    CUtensorMap m;
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t boxes[2] = {(cuuint32_t)box_cols, (cuuint32_t)box}, es[2] = {1, 1};
-    const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims, strides, boxes, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                      box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        std::fprintf(stderr, "forge-cuda: cuTensorMapEncodeTiled failed (%d) for %lld x %lld bf16, row stride %lld, box %d x %d\n", (int)r, (long long)rows,
-                     (long long)cols, (long long)ld, box, box_cols);
-        std::abort();
-    }
-    return m;
+    const uint64_t dims[2] = {(uint64_t)cols, (uint64_t)rows}, strides[1] = {(uint64_t)ld * 2};
+    const uint32_t boxes[2] = {(uint32_t)box_cols, (uint32_t)box};
+    return forge_cuda_tma_map(p, 2, dims, strides, boxes);
 }
 
 // The tile width: the fewest waves of 128 x BN tiles, then the least work per block (BN + R); 0

@@ -44,6 +44,12 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // Whether kernels using wgmma can run: a build for sm_90a (FORGE_CUDA_SM90A, set by CMake when
 // FORGE_CUDA_ARCH names 90a) on a device of compute capability 9.0 (backend.cu).
 bool forge_cuda_wgmma_device();
+// A TMA map (cuTensorMapEncodeTiled, reached through the runtime: no link to the driver library)
+// of a bf16 tensor of `rank` dimensions, innermost first: dims[i] elements, strides[i - 1] bytes
+// between consecutive indices of dimension i >= 1; read in boxes of box[i] elements with the
+// 128-byte swizzle (box[0] 64) or the 64-byte one (box[0] 32). Out-of-range elements are
+// zero-filled. A map the driver refuses aborts with the shape (backend.cu).
+CUtensorMap forge_cuda_tma_map(const void *base, int rank, const uint64_t *dims, const uint64_t *strides, const uint32_t *box);
 
 #ifdef FORGE_WGMMA_DEVICE
 
@@ -250,6 +256,12 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *m, int c0, int c1, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
                  "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+// The same for a map of 4 dimensions, the box at coordinates (c0, c1, c2, c3), innermost first.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *m, int c0, int c1, int c2, int c3, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
 }
 #endif
