@@ -3,6 +3,7 @@
 // a Gemma2-shaped and a Gemma3-1B-shaped model (a sliding and a global layer, (1+w) q/k norms,
 // two RoPE bases) with two layers. The CUDA run is captured and replayed as one CUDA
 // graph (the harness reports its node count and the one synchronisation at the end of the step).
+// One case puts LoRA in the first layer only (--lora-layers 0).
 // The recompute cases mark GLU outputs FORGE_FLAG_RECOMPUTE (--recompute): the down projection's
 // backward makes its x again from gate/up (its fused dA kernel in bf16).
 #include "cuda-util.h"
@@ -11,7 +12,7 @@
 #include <cmath>
 
 static ConfCase build_step(forge_ctx *ctx, const forge::ModelConfig &cfg, forge_type wtype, forge_type act, int64_t T, int64_t B,
-                           int64_t recompute = 0) {
+                           int64_t recompute = 0, std::vector<int> lora_layers = {}) {
     static std::vector<forge::Model> keep; // the model's tensors live in ctx; keep its struct alive too
     keep.emplace_back();
     forge::Model &m = keep.back();
@@ -19,6 +20,7 @@ static ConfCase build_step(forge_ctx *ctx, const forge::ModelConfig &cfg, forge_
     forge::LoraConfig lc;
     lc.r = 16;
     lc.alpha = 32;
+    lc.layers = lora_layers;
     forge::model_add_lora(m, lc);
     m.recompute_layers = recompute;
     forge::Graph g;
@@ -30,7 +32,8 @@ static ConfCase build_step(forge_ctx *ctx, const forge::ModelConfig &cfg, forge_
     }
     c.y = g.loss;
     for (const forge::Layer &y : m.layers)
-        for (forge_tensor *t : {y.a_qkv, y.b_qkv, y.a_o, y.b_o, y.a_gu, y.b_gu, y.a_down, y.b_down}) c.params.push_back(t);
+        for (forge_tensor *t : {y.a_qkv, y.b_qkv, y.a_o, y.b_o, y.a_gu, y.b_gu, y.a_down, y.b_down})
+            if (t) c.params.push_back(t); // (none in a layer --lora-layers leaves out)
     c.scale = 0.05f; // weights and LoRA small enough for a trained-model-like scale of activations
     for (const forge::Layer &y : m.layers)
         for (forge_tensor *t : {y.attn_norm, y.ffn_norm, y.q_norm, y.k_norm, y.post_attn_norm, y.post_ffn_norm})
@@ -90,5 +93,8 @@ int main() {
     conformance("step gemma3-1b x2 layers (32k vocab), bf16, 1 x 160", [&](forge_ctx *ctx) { return build_step(ctx, gemma3, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 160, 1); }, bf16);
     conformance("step qwen2.5-0.5b x2 layers, bf16, 2 x 256, recompute", [&](forge_ctx *ctx) { return build_step(ctx, qwen, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 256, 2, 2); }, bf16);
     conformance("step gemma2-2b x2 layers (32k vocab), bf16, 1 x 160, recompute 1", [&](forge_ctx *ctx) { return build_step(ctx, gemma2, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 160, 1, 1); }, bf16);
+    // LoRA in layer 0 only: layer 1's projections are plain linear nodes, and the gradient reaches
+    // layer 0's LoRA through their backward (dX alone)
+    conformance("step qwen2.5-0.5b x2 layers, bf16, 2 x 256, LoRA in layer 0", [&](forge_ctx *ctx) { return build_step(ctx, qwen, FORGE_TYPE_BF16, FORGE_TYPE_BF16, 256, 2, 0, {0}); }, bf16);
     return test_finish("test-cuda-step");
 }
