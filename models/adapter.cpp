@@ -77,14 +77,16 @@ struct GgufLora {
 bool gguf_lora_parse(const std::string &path, const ModelConfig &cfg, GgufLora *out, std::string *err) {
     const LoraBase base = model_base(cfg);
     if (!lora_read_gguf(path, &out->file, err, &base)) return false;
-    int64_t r = -1;
+    int64_t r = 0; // the largest rank; the scale is the most common rank's (lora_set_pairs pads and folds the others)
+    std::map<int64_t, int> ranks;
     for (const LoraPair &p : out->file.pairs) { // lm_head is refused by the base check above
-        if (r >= 0 && p.r() != r)
-            return fail(err, path + ": '" + p.gguf() + "' has rank " + std::to_string(p.r()) + ", others " + std::to_string(r) +
-                                 "; forge needs one rank for every tensor");
-        r = p.r();
+        r = std::max(r, p.r());
+        ranks[p.r()]++;
         out->pairs[{p.layer, p.kind}] = &p;
     }
+    const LoraPair *common = nullptr;
+    for (const LoraPair &p : out->file.pairs)
+        if (!common || ranks[p.r()] > ranks[common->r()]) common = &p;
     // forge's limit: the same projections in every adapted layer
     bool has[7] = {};
     std::vector<int> layers; // the adapted ones, ascending (pairs is ordered by layer)
@@ -99,7 +101,7 @@ bool gguf_lora_parse(const std::string &path, const ModelConfig &cfg, GgufLora *
                                      (has[p] ? "" : " not") + "; forge adapts the same projections in every adapted layer");
     LoraConfig lc;
     lc.r = (int)r;
-    lc.alpha = (float)(out->file.pairs[0].scale * (double)r); // the file's alpha (llama.cpp: none means scale 1)
+    lc.alpha = (float)(common->scale * (double)r); // the file's alpha at one rank (llama.cpp: none means scale 1)
     lc.rslora = false;
     lc.q = has[0], lc.k = has[1], lc.v = has[2], lc.o = has[3], lc.gate = has[4], lc.up = has[5], lc.down = has[6];
     if ((int)layers.size() < (int)cfg.n_layer) lc.layers = layers;
@@ -159,6 +161,38 @@ bool lora_set(Model &m, const std::function<bool(const LoraProjection &, float *
     for (auto &kv : host)
         if (forge_tensor_set_f32(kv.first, kv.second.data(), (int64_t)kv.second.size()) != FORGE_OK)
             return fail(err, std::string("LoRA tensor ") + forge_tensor_name(kv.first) + " could not be written (not allocated?)");
+    return true;
+}
+
+bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std::string *err) {
+    const int64_t r = m.lora.r;
+    const double s = m.lora.rslora ? m.lora.alpha / std::sqrt((double)r) : (double)m.lora.alpha / (double)r;
+    std::map<std::pair<int, int>, const LoraPair *> by;
+    for (const LoraPair &p : ad.pairs) by[{p.layer, p.kind}] = &p;
+    std::set<const LoraPair *> used;
+    const bool ok = lora_set(m, [&](const LoraProjection &p, float *a, float *b) {
+        int kind = 0;
+        while (std::strcmp(kHfProj[kind], p.hf)) kind++;
+        auto it = by.find({p.layer, kind});
+        if (it == by.end()) return fail(err, source + ": the adapter has no tensors for " + p.hf + " of layer " + std::to_string(p.layer));
+        const LoraPair &q = *it->second;
+        const int64_t ri = q.r();
+        used.insert(&q);
+        if (q.a.cols != p.in || q.b.rows != p.rows || ri > r)
+            return fail(err, source + ": " + p.hf + " of layer " + std::to_string(p.layer) + ": A [" + std::to_string(ri) + ", " + std::to_string(q.a.cols) +
+                                 "] and B [" + std::to_string(q.b.rows) + ", " + std::to_string(ri) + "] do not fit [r, " + std::to_string(p.in) + "] and [" +
+                                 std::to_string(p.rows) + ", r], r at most " + std::to_string(r));
+        double f = q.scale / s;
+        if (std::fabs(f - 1.0) <= 1e-6) f = 1.0; // the same scale, but for the rounding of alpha to float
+        const std::vector<float> qa = q.a.f32(), qb = q.b.f32(); // [ri, in] and [rows, ri]
+        std::copy(qa.begin(), qa.end(), a);
+        for (int64_t o = 0; o < p.rows; o++)
+            for (int64_t k = 0; k < ri; k++) b[o * r + k] = f == 1.0 ? qb[(size_t)(o * ri + k)] : (float)(qb[(size_t)(o * ri + k)] * f);
+        return true;
+    }, err);
+    if (!ok) return false;
+    for (const LoraPair &p : ad.pairs) // one PEFT or llama.cpp would apply and this model would not
+        if (!used.count(&p)) return fail(err, source + ": '" + p.module + "' is adapted by the file but not by the model's LoRA (its layers and projections)");
     return true;
 }
 
@@ -254,15 +288,7 @@ bool adapter_load_gguf(Model &m, const std::string &path, std::string *err) {
     if (!gguf_lora_parse(path, m.cfg, &g, err)) return false;
     if (!m.has_lora || g.lc.r != m.lora.r || lora_target_modules(g.lc) != lora_target_modules(m.lora) || g.lc.layers != m.lora.layers)
         return fail(err, path + ": the adapter's rank, projections or layers differ from the model's LoRA (build it from adapter_gguf_config)");
-    return lora_set(m, [&](const LoraProjection &p, float *a, float *b) {
-        int proj = 0;
-        while (std::strcmp(kHfProj[proj], p.hf)) proj++;
-        const LoraPair &pair = *g.pairs.at({p.layer, proj});
-        const std::vector<float> pa = pair.a.f32(), pb = pair.b.f32(); // [r, in] and [rows, r], forge's layout
-        std::copy(pa.begin(), pa.end(), a);
-        std::copy(pb.begin(), pb.end(), b);
-        return true;
-    }, err);
+    return lora_set_pairs(m, g.file, path, err);
 }
 
 // ---- checkpoints -----------------------------------------------------------------------------------

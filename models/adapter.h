@@ -34,6 +34,15 @@ std::vector<LoraProjection> lora_projections(const Model &m);
 // of a fused group's projections that are not adapted are 0. Fails with fill's error, or naming a
 // tensor that could not be written.
 bool lora_set(Model &m, const std::function<bool(const LoraProjection &, float *a, float *b)> &fill, std::string *err);
+// Sets the model's LoRA tensors from an adapter file's pairs (PEFT or GGUF, lora-convert.h), one
+// per adapted projection, keyed (layer, 0..6 = q..down). A pair of rank r_i below the model's r
+// fills the first r_i rows of its A block and columns of its B, the rest 0 (exact, in training
+// too: a rank whose A row and B column are 0 gets zero gradients); a pair whose scale differs from
+// the model's has its B multiplied by the ratio (exact for the forward; training then steps that B
+// in the new units). A projection without a pair, a pair of the wrong shape, and a pair of a
+// module the model's LoRA does not adapt are errors naming the tensor and `source`.
+struct LoraFile;
+bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std::string *err);
 // "q,k,v,o" style list of the model's adapted projections as PEFT target_modules.
 std::vector<std::string> lora_target_modules(const LoraConfig &lc);
 

@@ -5,9 +5,11 @@
 // LoRA matrices (docs/models.md).
 #include "adapter.h"
 #include "config.h"
+#include "lora-convert.h"
 #include "safetensors.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -159,11 +161,17 @@ bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraC
     lc.r = (int)c["r"].get_int();
     lc.alpha = (float)c["lora_alpha"].get_double(8.0); // PEFT's default
     lc.rslora = c["use_rslora"].get_bool(false);
-    for (const char *k : {"rank_pattern", "alpha_pattern"})
-        if (c[k].size() > 0) {
-            *err = path + ": \"" + k + "\" (per-module ranks or alphas) is not supported yet";
-            return false;
+    if (c["rank_pattern"].size() > 0) { // per-module ranks: every module gets the largest (model_load_peft)
+        LoraFile ad;
+        if (!lora_read_peft(dir, &ad, err)) return false;
+        int64_t rmax = lc.r;
+        for (const LoraPair &p : ad.pairs) rmax = std::max(rmax, p.r());
+        if (rmax > lc.r) { // the same scale as the modules of rank r: alpha / r (or / sqrt(r)) at rank rmax
+            const double k = lc.rslora ? std::sqrt((double)rmax / lc.r) : (double)rmax / lc.r;
+            lc.alpha = (float)(lc.alpha * k);
+            lc.r = (int)rmax;
         }
+    }
     const json::Value &t = c["target_modules"];
     if (!t.is_array() && !t.is_string()) {
         *err = path + ": \"target_modules\" must be a list of module names or a regular expression";
@@ -253,33 +261,11 @@ bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraC
     return true;
 }
 
+// Per-module ranks and alphas (rank_pattern, alpha_pattern) are padded and folded onto the model's
+// one rank and scale by lora_set_pairs.
 bool model_load_peft(Model &m, const std::string &dir, std::string *err) {
-    SafetensorsFile f;
-    if (!f.open(dir + "/adapter_model.safetensors", err)) return false;
-    const ModelConfig &c = m.cfg;
-    const int r = m.lora.r;
-    // the adapter's tensors by hf_text_name of their module paths: a multimodal model's in either spelling
-    const std::string pre = "base_model.model.";
-    std::unordered_map<std::string, const SafetensorsTensor *> by_name;
-    for (const SafetensorsTensor &t : f.tensors())
-        if (starts_with(t.name, pre)) by_name[hf_text_name(t.name.substr(pre.size()))] = &t;
-    // reads PEFT tensor `name` ([rows, cols] expected) into dst
-    auto read = [&](float *dst, const std::string &name, int64_t rows, int64_t cols) {
-        auto it = by_name.find(hf_text_name(name));
-        const SafetensorsTensor *s = it == by_name.end() ? nullptr : it->second;
-        if (!s) {
-            *err = f.path() + ": tensor '" + pre + name + "' is missing";
-            return false;
-        }
-        if (s->shape != std::vector<int64_t>{rows, cols}) {
-            *err = f.path() + ": tensor '" + s->name + "' has the wrong shape for r = " + std::to_string(r);
-            return false;
-        }
-        return safetensors_read_f32(*s, dst, rows * cols, err);
-    };
-    return lora_set(m, [&](const LoraProjection &p, float *a, float *b) {
-        return read(a, peft_name(c, p.layer, p.hf, true), r, p.in) && read(b, peft_name(c, p.layer, p.hf, false), p.rows, r);
-    }, err);
+    LoraFile ad;
+    return lora_read_peft(dir, &ad, err) && lora_set_pairs(m, ad, dir + "/adapter_model.safetensors", err);
 }
 
 } // namespace forge

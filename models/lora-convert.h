@@ -2,8 +2,8 @@
 // read a PEFT directory or a llama.cpp GGUF LoRA, write either, and merge one into its base. The
 // engine of gguf-tools/gguf-lora and of `finetune --merge`.
 //
-// It takes what the engine does not (yet) train: per-module ranks and alphas (rank_pattern /
-// alpha_pattern), partial target sets. The bytes of lora_A [r, in] and lora_B [out, r] are
+// It takes every plain LoRA file: per-module ranks and alphas (rank_pattern / alpha_pattern, which
+// the engine loads padded to one rank and folded to one scale: model_load_peft), any target set. The bytes of lora_A [r, in] and lora_B [out, r] are
 // GGUF's .lora_a ne [in, r] and .lora_b ne [r, out] unchanged; names map by formats.md 3.2
 // (q_proj <-> attn_q, ..., lm_head <-> output).
 //

@@ -11,6 +11,7 @@
 //    safetensors and as GGUF, from a PEFT or a GGUF adapter; into a Q4_K GGUF base, the merged
 //    weight stays Q4_K and is as close to W + scale B A as quantizing that here.
 #include "test-util.h"
+#include "../models/adapter.h"
 #include "../models/config.h"
 #include "../models/gguf-model.h"
 #include "../models/gguf.h"
@@ -241,12 +242,18 @@ static void test_dump() {
 
 // ---- logits of a model on the CPU backend ---------------------------------------------------
 
-static bool logits(const std::string &path, bool gguf, const std::string &adapter, std::vector<float> *out, std::string *err) {
+// layers: when not empty, the LoRA's layers instead of the adapter's (a model the adapter does not fit)
+static bool logits(const std::string &path, bool gguf, const std::string &adapter, std::vector<float> *out, std::string *err,
+                   const std::vector<int> &layers = {}) {
     forge_ctx *ctx = forge_ctx_new();
     Model m;
     LoraConfig lc;
     bool ok = gguf ? model_load_gguf(m, path, ctx, FORGE_TYPE_F32, err) : model_load_hf(m, path, ctx, FORGE_TYPE_F32, err);
-    if (ok && !adapter.empty() && (ok = lora_config_from_peft(adapter, m.cfg, &lc, err))) model_add_lora(m, lc);
+    const bool gguf_adapter = adapter.size() > 5 && adapter.compare(adapter.size() - 5, 5, ".gguf") == 0;
+    if (ok && !adapter.empty() && (ok = gguf_adapter ? adapter_gguf_config(adapter, m.cfg, &lc, err) : lora_config_from_peft(adapter, m.cfg, &lc, err))) {
+        if (!layers.empty()) lc.layers = layers;
+        model_add_lora(m, lc);
+    }
     const int64_t T = 12;
     Graph g;
     forge_backend *be = forge_backend_cpu_new(0);
@@ -254,7 +261,7 @@ static bool logits(const std::string &path, bool gguf, const std::string &adapte
     forge_graph *gr = ok ? forge_graph_new(ctx) : nullptr;
     if (ok && (forge_graph_build_forward(gr, g.logits) != FORGE_OK || forge_backend_alloc_graph(be, gr) != FORGE_OK))
         ok = false, *err = forge_ctx_error(ctx);
-    ok = ok && model_upload(m, err) && (adapter.empty() || model_load_peft(m, adapter, err));
+    ok = ok && model_upload(m, err) && (adapter.empty() || (gguf_adapter ? adapter_load_gguf(m, adapter, err) : model_load_peft(m, adapter, err)));
     if (ok) {
         std::vector<int32_t> ids((size_t)T), pos((size_t)T), doc((size_t)T, 0);
         for (int64_t t = 0; t < T; t++) ids[(size_t)t] = (int32_t)((t * 37 + 5) % m.cfg.vocab), pos[(size_t)t] = (int32_t)t;
@@ -579,6 +586,50 @@ static void test_derived_modules() {
     forge_ctx_free(ctx);
 }
 
+// Adapters with per-module ranks and alphas at run time (PEFT's rank_pattern / alpha_pattern, a
+// GGUF of two ranks; lora_set_pairs: the lower ranks padded with zeros to the largest, other
+// scales folded into B) against the same adapter merged into the weights by gguf-lora (which
+// applies each module's alpha_i / r_i itself).
+static void test_pattern_adapters() {
+    json::Value c = base_config(4, 8);
+    json::Value rp = json::Value::object();
+    rp.set("q_proj", 8);
+    c.set("use_rslora", true);
+    c.set("rank_pattern", rp);
+    const std::string rs_ranks = make_adapter("rs-ranks", c, "F32");
+    struct Case { const char *name; std::string dir; int r; float alpha; };
+    const Case cases[4] = {{"rank_pattern", g_tmp + "/ranks", 8, 16.0f},          // alpha 8 / r 4 = 2, at rank 8: 16
+                           {"alpha_pattern", g_tmp + "/alphas", 4, 8.0f},          // v_proj's 16 / 4 folded into its B
+                           {"rsLoRA rank_pattern", rs_ranks, 8, 8.0f * std::sqrt(2.0f)}, // 8 / sqrt(4), at rank 8
+                           {"GGUF of two ranks", g_tmp + "/rank_pattern-lora.gguf", 8, 16.0f}}; // test_lora's: alpha 8 for ranks 4 and 8
+    for (const Case &k : cases) {
+        std::string out, err, e;
+        const std::string merged = g_tmp + "/pattern-merged-" + std::to_string(&k - cases);
+        int st = tool("gguf-lora", "merge --base " + fixture("qwen2") + " --adapter " + k.dir + " -o " + merged, &out, &err);
+        forge_ctx *ctx = forge_ctx_new();
+        Model m;
+        LoraConfig lc;
+        const bool gguf = k.dir.find(".gguf") != std::string::npos;
+        const bool cfg_ok = model_load_hf(m, fixture("qwen2"), ctx, FORGE_TYPE_F32, &e) &&
+                            (gguf ? adapter_gguf_config(k.dir, m.cfg, &lc, &e) : lora_config_from_peft(k.dir, m.cfg, &lc, &e));
+        forge_ctx_free(ctx);
+        CHECK(st == 0 && cfg_ok && lc.r == k.r && std::fabs(lc.alpha - k.alpha) <= 1e-5f * k.alpha,
+              "%s: merge exit %d (%s); configuration %s: r %d alpha %g, expected %d, %g", k.name, st, err.c_str(), e.c_str(), lc.r, (double)lc.alpha, k.r,
+              (double)k.alpha);
+        std::vector<float> runtime, base, mg;
+        const bool ok = logits(fixture("qwen2"), false, k.dir, &runtime, &e) && logits(fixture("qwen2"), false, "", &base, &e) && logits(merged, false, "", &mg, &e);
+        const double d = ok ? rel_l2(mg, runtime) : 1, moved = ok ? rel_l2(base, runtime) : 0;
+        CHECK(ok && d <= 1e-5 && moved > 1e-3, "%s: %s run-time adapter vs merged: relative L2 %.3g (the adapter moves the logits by %.3g)", k.name, e.c_str(), d, moved);
+        std::printf("%-20s: run-time adapter vs merged: relative L2 %.2g (adapter effect %.2g)\n", k.name, d, moved);
+    }
+    // an adapter with tensors of layer 1 into a model whose LoRA is on layer 0 only: named, not dropped
+    std::vector<float> y;
+    std::string e;
+    CHECK(!logits(fixture("qwen2"), false, g_tmp + "/ranks", &y, &e, {0}) &&
+              e.find("'model.layers.1.self_attn.q_proj' is adapted by the file but not by the model's LoRA") != std::string::npos,
+          "an adapter of more layers than the model's LoRA: %s", e.c_str());
+}
+
 // ---- merge -----------------------------------------------------------------------------------
 
 static void test_merge() {
@@ -693,6 +744,7 @@ int main() {
     test_convert();
     test_lora();
     test_derived_modules();
+    test_pattern_adapters();
     test_merge();
     test_merge_kquant();
     if (!g_failures) std::system(("rm -rf " + g_tmp).c_str());
