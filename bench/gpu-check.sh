@@ -3,8 +3,8 @@
 # run ./bench-kernels and the PyTorch peers, ./bench-step and the whole step's peers, the
 # two-GPU run, regenerate the HF reference fixtures, and write logs and JSON to $OUT (the device
 # tool brings back at most 8 files: pick stages accordingly):
-#   bench/gpu-check.sh [tests] [bench] [peers] [trace] [step] [stepvs] [ab] [fullmodels] [models] [finetune]
-#                      [fixtures] [dist]                      (no argument: tests bench peers)
+#   bench/gpu-check.sh [tests] [bench] [peers] [trace] [step] [stepvs] [ab] [sdpa] [ncu] [fullmodels] [models]
+#                      [finetune] [fixtures] [dist]           (no argument: tests bench peers)
 #   tests    ctest (TESTS: a regex)                    bench     bench-kernels (BENCH: filters)
 #   peers    PyTorch eager / compile per kernel        step      bench-step, plain and --recompute
 #   trace    bench-kernels (BENCH), or bench-step (TRACE_STEP: configs), with libforge-trace.so:
@@ -12,6 +12,9 @@
 #   stepvs   step + HF + PEFT eager / compile / Liger in the same call, 50-step loss curves
 #   ab       bench-step of this tree against its parent's files in .ab-old/, or against itself run
 #            with BASE_ENV's switches (bench/ab-step.sh)
+#   sdpa     forge's attention at Qwen2.5-0.5B's training shape beside SDPA's kernels (sdpa-check.py)
+#   ncu      ncu --set full on NCU_KERNELS (regex) in one bench-kernels run of NCU_BENCH: details page,
+#            SASS source page with stall samples (CSV)
 #   dist     two GPUs: equivalence, throughput, kill -9 and --resume (an nvidia-h200-x2 machine)
 # FORGE_COMMIT names the commit in the results: pass it on the GPU machine, whose copy of the tree
 # may carry a stale .git (one call's results said d157e4a for dc0c76a's tree; without it, HEAD is
@@ -115,6 +118,25 @@ fi
 if has ab; then
   OUT="$OUT" bash bench/ab-step.sh || rc=1
   stamp "a/b done"
+fi
+if has sdpa; then
+  # issue 4's attention row: forge's attention cases at Qwen2.5-0.5B's training shape and SDPA's
+  # kernels at the same shape under each backend, in the same call (bench/peers/sdpa-check.py)
+  build-gpu/bench-kernels --json "$OUT/bench-kernels-attention.json" "attention qwen2.5-0.5b B4 T1024" 2>&1 | tail -8 || rc=1
+  python3 bench/peers/sdpa-check.py "$OUT/sdpa-backends.json" 2>&1 | tail -12 || rc=1
+  stamp "sdpa done"
+fi
+if has ncu; then
+  # ncu --set full on the kernels matching NCU_KERNELS (a regex; NCU_COUNT launches of them) while
+  # bench-kernels runs NCU_BENCH once: ncu's details page (per-kernel sections, the warp-state
+  # stall summary) and the source page (SASS with per-instruction stall samples, CSV, gzipped)
+  kre=${NCU_KERNELS:-attn_rows_wg|attn_cols_wg}
+  ncu --set full --import-source no -k "regex:$kre" --launch-count "${NCU_COUNT:-2}" -f -o /tmp/forge-ncu \
+    build-gpu/bench-kernels --reps 1 "${NCU_BENCH:-attention qwen2.5-0.5b B4 T1024 14/2x64 causal}" > "$OUT/ncu-run.log" 2>&1 || rc=1
+  ncu -i /tmp/forge-ncu.ncu-rep --page details > "$OUT/ncu-details.txt" 2>&1 || rc=1
+  ncu -i /tmp/forge-ncu.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip -9 > "$OUT/ncu-source.csv.gz" || rc=1
+  grep -E "void |Duration|Issue Slots Busy|Warp Cycles Per Issued|Registers Per Thread" "$OUT/ncu-details.txt" | head -30
+  stamp "ncu done"
 fi
 if has fullmodels; then
   # the released configurations with random weights: transformers + peft on this GPU against forge's CUDA backend
