@@ -838,7 +838,7 @@ template <int ROWS>
 CUtensorMap rows_map(const forge_cuda_view &t, int T) {
     const uint64_t dims[4] = {(uint64_t)t.ne[0], (uint64_t)t.ne[1], (uint64_t)T, (uint64_t)t.ne[3]};
     uint64_t strides[3];
-    for (int i = 0; i < 3; i++) // tc_view checked the strides of dimensions past 1 for 16 bytes; TMA wants every one so
+    for (int i = 0; i < 3; i++) // tc_view checked 16-byte strides where the extent is over 1; TMA wants them everywhere
         strides[i] = t.ne[i + 1] > 1 ? (uint64_t)t.nb[i + 1] : std::max<uint64_t>(16, ((uint64_t)t.nb[i + 1] + 15) / 16 * 16);
     const uint32_t box[4] = {64, 1, ROWS, 1};
     return forge_cuda_tma_map(t.data, 4, dims, strides, box);
