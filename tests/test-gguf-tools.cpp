@@ -628,6 +628,18 @@ static void test_pattern_adapters() {
     CHECK(!logits(fixture("qwen2"), false, g_tmp + "/ranks", &y, &e, {0}) &&
               e.find("'model.layers.1.self_attn.q_proj' is adapted by the file but not by the model's LoRA") != std::string::npos,
           "an adapter of more layers than the model's LoRA: %s", e.c_str());
+    // one without v_proj's tensors in layer 0 (its config names v_proj, its layers 0 and 1): named
+    SafetensorsFile f;
+    CHECK(f.open(g_tmp + "/ranks/adapter_model.safetensors", &e), "%s", e.c_str());
+    std::vector<SafetensorsWriteTensor> ts;
+    for (const SafetensorsTensor &t : f.tensors())
+        if (t.name.find("layers.0.self_attn.v_proj") == std::string::npos) ts.push_back({t.name, t.dtype, t.shape, t.data, t.nbytes});
+    const std::string gap = g_tmp + "/ranks-gap";
+    mkdir(gap.c_str(), 0755);
+    CHECK(safetensors_write(gap + "/adapter_model.safetensors", ts, {}, &e) && json::write_file(gap + "/adapter_config.json", config_of(g_tmp + "/ranks"), &e),
+          "%s", e.c_str());
+    CHECK(!logits(fixture("qwen2"), false, gap, &y, &e) && e.find("the adapter has no tensors for v_proj of layer 0") != std::string::npos,
+          "an adapter missing a module: %s", e.c_str());
 }
 
 // ---- merge -----------------------------------------------------------------------------------
