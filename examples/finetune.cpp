@@ -1307,9 +1307,10 @@ int main(int argc, char **argv) {
             die(kError, "--resume %s: the run is already complete (%lld of %lld steps); train further with --extend and a larger --steps",
                 ckpt.c_str(), (long long)start_step, (long long)r.total_steps);
     } else if (!o.init_adapter.empty()) {
-        if (!(is_dir(o.init_adapter) ? model_load_peft(r.lm.m, o.init_adapter, &err) : adapter_load_gguf(r.lm.m, o.init_adapter, &err)))
+        std::string note;
+        if (!(is_dir(o.init_adapter) ? model_load_peft(r.lm.m, o.init_adapter, &err, &note) : adapter_load_gguf(r.lm.m, o.init_adapter, &err, &note)))
             die(kError, "--init-adapter: %s", err.c_str());
-        info("init    the LoRA weights of %s\n", o.init_adapter.c_str());
+        info("init    the LoRA weights of %s%s\n", o.init_adapter.c_str(), note.empty() ? "" : (": " + note).c_str());
     } else {
         model_init_lora(r.lm.m, (uint64_t)o.seed);
     }

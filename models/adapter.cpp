@@ -164,12 +164,13 @@ bool lora_set(Model &m, const std::function<bool(const LoraProjection &, float *
     return true;
 }
 
-bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std::string *err) {
+bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std::string *err, std::string *note) {
     const int64_t r = m.lora.r;
     const double s = m.lora.rslora ? m.lora.alpha / std::sqrt((double)r) : (double)m.lora.alpha / (double)r;
     std::map<std::pair<int, int>, const LoraPair *> by;
     for (const LoraPair &p : ad.pairs) by[{p.layer, p.kind}] = &p;
     std::set<const LoraPair *> used;
+    int padded = 0, folded = 0;
     const bool ok = lora_set(m, [&](const LoraProjection &p, float *a, float *b) {
         int kind = 0;
         while (std::strcmp(kHfProj[kind], p.hf)) kind++;
@@ -184,6 +185,7 @@ bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std
                                  std::to_string(p.rows) + ", r], r at most " + std::to_string(r));
         double f = q.scale / s;
         if (std::fabs(f - 1.0) <= 1e-6) f = 1.0; // the same scale, but for the rounding of alpha to float
+        padded += ri < r, folded += f != 1.0;
         const std::vector<float> qa = q.a.f32(), qb = q.b.f32(); // [ri, in] and [rows, ri]
         std::copy(qa.begin(), qa.end(), a);
         for (int64_t o = 0; o < p.rows; o++)
@@ -193,6 +195,11 @@ bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std
     if (!ok) return false;
     for (const LoraPair &p : ad.pairs) // one PEFT or llama.cpp would apply and this model would not
         if (!used.count(&p)) return fail(err, source + ": '" + p.module + "' is adapted by the file but not by the model's LoRA (its layers and projections)");
+    if (note) {
+        *note = padded ? std::to_string(padded) + " module(s) of lower rank padded with zeros to rank " + std::to_string(r) : "";
+        if (folded)
+            *note += (padded ? "; " : "") + std::to_string(folded) + " module(s) of another scale folded into their B (training steps those B in the new units)";
+    }
     return true;
 }
 
@@ -283,12 +290,12 @@ bool adapter_gguf_config(const std::string &path, const ModelConfig &cfg, LoraCo
     return true;
 }
 
-bool adapter_load_gguf(Model &m, const std::string &path, std::string *err) {
+bool adapter_load_gguf(Model &m, const std::string &path, std::string *err, std::string *note) {
     GgufLora g;
     if (!gguf_lora_parse(path, m.cfg, &g, err)) return false;
     if (!m.has_lora || g.lc.r != m.lora.r || lora_target_modules(g.lc) != lora_target_modules(m.lora) || g.lc.layers != m.lora.layers)
         return fail(err, path + ": the adapter's rank, projections or layers differ from the model's LoRA (build it from adapter_gguf_config)");
-    return lora_set_pairs(m, g.file, path, err);
+    return lora_set_pairs(m, g.file, path, err, note);
 }
 
 // ---- checkpoints -----------------------------------------------------------------------------------

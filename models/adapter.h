@@ -40,9 +40,10 @@ bool lora_set(Model &m, const std::function<bool(const LoraProjection &, float *
 // too: a rank whose A row and B column are 0 gets zero gradients); a pair whose scale differs from
 // the model's has its B multiplied by the ratio (exact for the forward; training then steps that B
 // in the new units). A projection without a pair, a pair of the wrong shape, and a pair of a
-// module the model's LoRA does not adapt are errors naming the tensor and `source`.
+// module the model's LoRA does not adapt are errors naming the tensor and `source`. note (when not
+// NULL) says what was padded or folded, or is left empty.
 struct LoraFile;
-bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std::string *err);
+bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std::string *err, std::string *note = nullptr);
 // "q,k,v,o" style list of the model's adapted projections as PEFT target_modules.
 std::vector<std::string> lora_target_modules(const LoraConfig &lc);
 
@@ -59,12 +60,13 @@ bool adapter_write_gguf(const Model &m, const std::string &path, std::string *er
 // Reads a GGUF LoRA written by anyone and checks it as llama.cpp's loader does against a base of
 // configuration cfg (general.type, adapter.type, architecture, alpha type, tensor suffixes, both
 // halves present, base tensor exists, shapes, a/b orientation, tensor types), then forge's own
-// limits (one rank, all of q/k/v or none, gate with up, the same projections in every layer).
-// Fills *lc with an equivalent configuration (alpha = the file's alpha, rsLoRA off; scale alpha/r).
+// limit (the same projections in every adapted layer). Fills *lc with an equivalent
+// configuration: the largest rank, rsLoRA off, alpha giving the most common rank's scale
+// (llama.cpp's alpha / r_i) at that rank.
 bool adapter_gguf_config(const std::string &path, const ModelConfig &cfg, LoraConfig *lc, std::string *err);
 // Copies a GGUF LoRA's tensors into the model's LoRA tensors (built from adapter_gguf_config's
-// configuration, after allocation).
-bool adapter_load_gguf(Model &m, const std::string &path, std::string *err);
+// configuration, after allocation) through lora_set_pairs; note as there.
+bool adapter_load_gguf(Model &m, const std::string &path, std::string *err, std::string *note = nullptr);
 
 // ---- training checkpoints ------------------------------------------------------------------------
 

@@ -41,7 +41,8 @@ bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraC
 // peft_type LORA, no DoRA, no trained biases, no transposed (Conv1D) weights, no fully trained
 // modules; else err names the file and the key.
 bool peft_config_plain(const json::Value &c, const std::string &cpath, std::string *err);
-// Copies a PEFT adapter's tensors into the model's LoRA tensors (after allocation).
-bool model_load_peft(Model &m, const std::string &dir, std::string *err);
+// Copies a PEFT adapter's tensors into the model's LoRA tensors (after allocation) through
+// lora_set_pairs (adapter.h: per-module ranks padded, other scales folded; note as there).
+bool model_load_peft(Model &m, const std::string &dir, std::string *err, std::string *note = nullptr);
 
 } // namespace forge

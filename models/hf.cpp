@@ -261,11 +261,9 @@ bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraC
     return true;
 }
 
-// Per-module ranks and alphas (rank_pattern, alpha_pattern) are padded and folded onto the model's
-// one rank and scale by lora_set_pairs.
-bool model_load_peft(Model &m, const std::string &dir, std::string *err) {
+bool model_load_peft(Model &m, const std::string &dir, std::string *err, std::string *note) {
     LoraFile ad;
-    return lora_read_peft(dir, &ad, err) && lora_set_pairs(m, ad, dir + "/adapter_model.safetensors", err);
+    return lora_read_peft(dir, &ad, err) && lora_set_pairs(m, ad, dir + "/adapter_model.safetensors", err, note);
 }
 
 } // namespace forge

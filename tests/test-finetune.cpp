@@ -924,6 +924,47 @@ int main() {
                   std::fabs(v["perplexity"].get_double() - std::exp(want)) <= 1e-5 * std::exp(want) && !exists(g_tmp + "/eval-only"),
               "--eval-only%s: want %.7f, exit %d\n%s", with.c_str(), want, r.rc, r.out.c_str());
     }
+    // per-module ranks and alphas (PEFT's rank_pattern / alpha_pattern): run1's adapter with q_proj
+    // at rank 24 (8 zero ranks) and scale 4 (its B halved) is the same adapter; forge pads the other
+    // modules to rank 24 and folds q_proj's scale back into its B, and evaluates what run1 did
+    {
+        const std::string pat = g_tmp + "/init-patterns";
+        mkdir(pat.c_str(), 0755);
+        SafetensorsFile f;
+        CHECK(f.open(run1 + "/adapter_model.safetensors", &err), "%s", err.c_str());
+        std::vector<std::vector<float>> keep;
+        std::vector<SafetensorsWriteTensor> ts;
+        for (const SafetensorsTensor &t : f.tensors()) {
+            const bool q = t.name.find("q_proj.lora_") != std::string::npos, is_a = t.name.find("lora_A") != std::string::npos;
+            const int64_t rows = t.shape[0], cols = t.shape[1], r2 = 24;
+            keep.emplace_back(q ? (size_t)(is_a ? r2 * cols : rows * r2) : (size_t)(rows * cols), 0.0f);
+            std::vector<float> &v = keep.back();
+            const float *x = (const float *)t.data;
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t j = 0; j < cols; j++) {
+                    if (!q) v[(size_t)(i * cols + j)] = x[i * cols + j];
+                    else if (is_a) v[(size_t)(i * cols + j)] = x[i * cols + j];         // rows 16..23 stay 0
+                    else v[(size_t)(i * r2 + j)] = 0.5f * x[i * cols + j];             // columns 16..23 stay 0
+                }
+            ts.push_back({t.name, "F32", {q && is_a ? r2 : rows, q && !is_a ? r2 : cols}, v.data(), v.size() * 4});
+        }
+        json::Value cfg;
+        CHECK(json::parse_file(run1 + "/adapter_config.json", &cfg, &err), "%s", err.c_str());
+        json::Value rp = json::Value::object(), ap = json::Value::object();
+        rp.set("q_proj", (int64_t)24);
+        ap.set("q_proj", 96.0); // 96 / 24 = 4, twice the others' 32 / 16
+        cfg.set("rank_pattern", rp);
+        cfg.set("alpha_pattern", ap);
+        CHECK(safetensors_write(pat + "/adapter_model.safetensors", ts, {{"format", "pt"}}, &err) && json::write_file(pat + "/adapter_config.json", cfg, &err),
+              "%s", err.c_str());
+        r = run(common + "--data " + data + " --eval-only --init-adapter " + pat + " --out " + g_tmp + "/eval-patterns");
+        json::Value v;
+        const std::string js = r.out.substr(std::min(r.out.size(), r.out.rfind("{\"eval_loss\"")));
+        CHECK(r.rc == 0 && has(r, "lora    r 24, alpha 48 (scale 2)") && has(r, "padded with zeros to rank 24") && has(r, "folded into their B") &&
+                  json::parse(js.substr(0, js.find('\n')), &v, &err) && std::fabs(v["eval_loss"].get_double() - eval[30]) <= 1e-6 * eval[30],
+              "--init-adapter with rank_pattern / alpha_pattern: eval loss %.7f, run1's last %.7f (exit %d)\n%s", v["eval_loss"].get_double(), eval[30],
+              r.rc, r.out.c_str());
+    }
     expect_fail("init adapter with a rank", train + "--lora-r 8 --init-adapter " + run1 + " --out " + g_tmp + "/init-bad", 2,
                 {"--init-adapter: the rank, alpha, targets, layers and rsLoRA come from the adapter"});
     r = run(common + "--data " + data + " --steps 1 --eval-rows 5 --out " + g_tmp + "/eval-rows");
