@@ -163,7 +163,7 @@ bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraC
     lc.rslora = c["use_rslora"].get_bool(false);
     if (c["rank_pattern"].size() > 0) { // per-module ranks: every module gets the largest (model_load_peft)
         LoraFile ad;
-        if (!lora_read_peft(dir, &ad, err)) return false;
+        if (!lora_read_peft(dir, &ad, err, true)) return false;
         int64_t rmax = lc.r;
         for (const LoraPair &p : ad.pairs) rmax = std::max(rmax, p.r());
         if (rmax > lc.r) { // the same scale as the modules of rank r: alpha / r (or / sqrt(r)) at rank rmax
@@ -263,7 +263,7 @@ bool lora_config_from_peft(const std::string &dir, const ModelConfig &cfg, LoraC
 
 bool model_load_peft(Model &m, const std::string &dir, std::string *err, std::string *note) {
     LoraFile ad;
-    return lora_read_peft(dir, &ad, err) && lora_set_pairs(m, ad, dir + "/adapter_model.safetensors", err, note);
+    return lora_read_peft(dir, &ad, err, true) && lora_set_pairs(m, ad, dir + "/adapter_model.safetensors", err, note);
 }
 
 } // namespace forge

@@ -111,7 +111,7 @@ static const json::Value *pattern_value(const json::Value &patterns, const std::
 
 // ---- PEFT in -------------------------------------------------------------------------------------
 
-bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err) {
+bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err, bool text_only) {
     const std::string cpath = dir + "/adapter_config.json", wpath = dir + "/adapter_model.safetensors";
     json::Value c;
     if (!json::parse_file(cpath, &c, err)) return false;
@@ -120,10 +120,18 @@ bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err) {
         return fail(err, dir + "/adapter_model.bin: pickled (.bin) adapters are not read; save the adapter with safetensors");
     auto weights = std::make_unique<SafetensorsFile>();
     if (!weights->open(wpath, err)) return false;
-    return lora_read_peft(c, std::move(weights), dir, ad, err);
+    return lora_read_peft(c, std::move(weights), dir, ad, err, text_only);
 }
 
-bool lora_read_peft(const json::Value &c, std::unique_ptr<SafetensorsFile> weights, const std::string &dir, LoraFile *ad, std::string *err) {
+// A module of a multimodal model's non-text towers, in transformers' spellings.
+static bool other_tower(const std::string &module) {
+    for (const char *p : {"vision_tower.", "multi_modal_projector.", "vision_model.", "audio_tower."})
+        if (module.compare(0, std::strlen(p), p) == 0 || module.compare(0, 6 + std::strlen(p), std::string("model.") + p) == 0) return true;
+    return false;
+}
+
+bool lora_read_peft(const json::Value &c, std::unique_ptr<SafetensorsFile> weights, const std::string &dir, LoraFile *ad, std::string *err,
+                    bool text_only) {
     const std::string cpath = dir + "/adapter_config.json", wpath = dir + "/adapter_model.safetensors";
     if (!peft_config_plain(c, cpath, err)) return false;
     if (!c["r"].is_int() || c["r"].get_int() <= 0) return fail(err, cpath + ": \"r\" is missing or not a positive integer");
@@ -144,6 +152,7 @@ bool lora_read_peft(const json::Value &c, std::unique_ptr<SafetensorsFile> weigh
         if (n.compare(0, pre.size(), pre) != 0 || (!is_a && !is_b))
             return fail(err, wpath + ": tensor '" + n + "' is not a LoRA weight (expected base_model.model.<module>.lora_A.weight or .lora_B.weight)");
         std::string module = n.substr(pre.size(), n.size() - pre.size() - 14);
+        if (text_only && other_tower(module)) continue;
         LoraPair &p = by_module[module];
         if (p.module.empty()) {
             p.module = module;

@@ -87,9 +87,13 @@ struct LoraBase {
 // tensors' suffixes, both halves of each pair, a's orientation against b) and, given a base,
 // also its checks against the base, in llama.cpp's order: the architecture, then per pair the
 // base weight's existence and shape before the orientation. Its messages give llama.cpp's reason.
-bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err);
+// text_only: the tensors of a multimodal base's other towers (its vision tower and projector,
+// which a names list adapts too: PEFT matches a name against the ends of module paths) are
+// skipped instead of refused, for the engine, which runs the text model.
+bool lora_read_peft(const std::string &dir, LoraFile *ad, std::string *err, bool text_only = false);
 // The same from a parsed configuration and weights file (dir names them in messages).
-bool lora_read_peft(const json::Value &config, std::unique_ptr<SafetensorsFile> weights, const std::string &dir, LoraFile *ad, std::string *err);
+bool lora_read_peft(const json::Value &config, std::unique_ptr<SafetensorsFile> weights, const std::string &dir, LoraFile *ad, std::string *err,
+                    bool text_only = false);
 bool lora_read_gguf(const std::string &path, LoraFile *ad, std::string *err, const LoraBase *base = nullptr);
 // The same from a parsed file (path names it in messages).
 bool lora_read_gguf(std::unique_ptr<gguf_file> f, const std::string &path, LoraFile *ad, std::string *err, const LoraBase *base = nullptr);

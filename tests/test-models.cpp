@@ -19,6 +19,7 @@
 #include "../models/gguf-model.h"
 #include "../models/quants.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include "../forge-impl.h"
 
@@ -84,6 +85,27 @@ static void check_peft_out(Model &m, const std::string &base) {
               "PEFT adapter of a multimodal model: target_modules %s", json::write(cfg["target_modules"], -1).c_str());
         CHECK(f.find("base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight"), "PEFT adapter of a multimodal model: %s",
               f.tensors().at(0).name.c_str());
+        // the same as PEFT writes it from a list of names, which adapts the vision tower's q_proj too:
+        // forge, which runs the text model, skips those tensors
+        const std::string dir2 = dir + "-names";
+        mkdir(dir2.c_str(), 0755);
+        std::vector<SafetensorsWriteTensor> ts;
+        for (const SafetensorsTensor &t : f.tensors()) ts.push_back({t.name, t.dtype, t.shape, t.data, t.nbytes});
+        const std::vector<float> va((size_t)(m.lora.r * 8), 0.01f), vb((size_t)(8 * m.lora.r), 0.02f);
+        const std::string vt = "base_model.model.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj";
+        ts.push_back({vt + ".lora_A.weight", "F32", {m.lora.r, 8}, va.data(), va.size() * 4});
+        ts.push_back({vt + ".lora_B.weight", "F32", {8, m.lora.r}, vb.data(), vb.size() * 4});
+        json::Value names = json::Value::array();
+        for (const std::string &t : lora_target_modules(m.lora)) names.push(t);
+        cfg.set("target_modules", names);
+        LoraConfig lc2;
+        const bool ok3 = safetensors_write(dir2 + "/adapter_model.safetensors", ts, {{"format", "pt"}}, &err) &&
+                         json::write_file(dir2 + "/adapter_config.json", cfg, &err) && lora_config_from_peft(dir2, m.cfg, &lc2, &err) &&
+                         model_load_peft(m, dir2, &err);
+        CHECK(ok3 && lora_target_modules(lc2) == lora_target_modules(m.lora) && lc2.layers == m.lora.layers,
+              "PEFT adapter of a multimodal model with vision-tower LoRA tensors: %s", err.c_str());
+        for (const char *name : {"/adapter_config.json", "/adapter_model.safetensors"}) std::remove((dir2 + name).c_str());
+        rmdir(dir2.c_str());
     }
     // LoRA on the last layer only (layer 0's tensors dropped, as model_add_lora with layers {n - 1}
     // leaves them): the layer's index goes into the expression (PEFT reads layers_to_transform only
