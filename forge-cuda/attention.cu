@@ -385,31 +385,21 @@ __global__ void attn_stats(const attn_args a) {
 }
 
 // Starts copying `valid` (>= 1) rows of D bf16 from global rows `stride` bytes apart into a tile
-// of ROWS rows; rows past `valid` are zero-filled. NT threads share the work.
+// of ROWS rows; rows past `valid` are zero-filled. NT threads share the work, each keeping one
+// 16-byte chunk column on rows NT / (D / 8) apart: one address made, then one add per chunk.
 // SW: wgmma's layout (sw128), else swz<D>.
 template <int ROWS, int D, int NT, bool SW = false>
 __device__ __forceinline__ void load_tile(bf16 *s, const char *g, int64_t stride, int valid, int tid) {
-    constexpr int CH = D / 8, N = ROWS * CH;
-    if constexpr (NT % CH == 0 && N % NT == 0) { // a thread's chunk column is fixed, its rows NT / CH apart:
-        constexpr int RS = NT / CH;                // one address made, then one add per chunk
-        const int c = tid % CH, r0 = tid / CH;
-        const char *p = g + r0 * stride + c * 16;
-        const int64_t step = RS * stride;
+    constexpr int CH = D / 8, N = ROWS * CH, RS = NT / CH;
+    static_assert(NT % CH == 0 && N % NT == 0, "whole rows per pass, whole passes per tile");
+    const int c = tid % CH, r0 = tid / CH;
+    const char *p = g + r0 * stride + c * 16;
+    const int64_t step = RS * stride;
 #pragma unroll
-        for (int k = 0; k < N / NT; k++, p += step) {
-            const int r = r0 + k * RS;
-            const bool ok = r < valid;
-            cp_async16(s + (SW ? sw128<ROWS>(r, c * 8) : swz<D>(r, c * 8)), ok ? p : g, ok ? 16 : 0);
-        }
-    } else {
-#pragma unroll
-        for (int e0 = 0; e0 < N; e0 += NT) {
-            const int e = e0 + tid, r = e / CH, c = e % CH;
-            if (N % NT == 0 || e < N) {
-                const bool ok = r < valid;
-                cp_async16(s + (SW ? sw128<ROWS>(r, c * 8) : swz<D>(r, c * 8)), ok ? g + r * stride + c * 16 : g, ok ? 16 : 0);
-            }
-        }
+    for (int k = 0; k < N / NT; k++, p += step) {
+        const int r = r0 + k * RS;
+        const bool ok = r < valid;
+        cp_async16(s + (SW ? sw128<ROWS>(r, c * 8) : swz<D>(r, c * 8)), ok ? p : g, ok ? 16 : 0);
     }
 }
 // Starts copying n (>= 1) 4-byte words `stride` bytes apart into s[0, N); s[n, N) = 0.
@@ -844,6 +834,24 @@ CUtensorMap rows_map(const forge_cuda_view &t, int T) {
     return forge_cuda_tma_map(t.data, 4, dims, strides, box);
 }
 
+#ifdef FORGE_WGMMA_DEVICE
+// Thread 0 makes the two stage barriers at shared address bar (8 bytes apart), one arrival each:
+// a stage's phase completes when its armed bytes have landed.
+__device__ __forceinline__ void init_stage_bars(uint32_t bar, int tid) {
+    if (tid != 0) return;
+    mbar_init(bar, 1);
+    mbar_init(bar + 8, 1);
+    mbar_init_fence();
+}
+// From one thread: the ROWS x D tile of head h, rows r0.. of batch b of a rows_map into its
+// 64-column sw128 blocks at shared address dst, its bytes counted on barrier bar.
+template <int ROWS, int D>
+__device__ __forceinline__ void tma_rows(uint32_t dst, const CUtensorMap *m, int h, int r0, int b, uint32_t bar) {
+#pragma unroll
+    for (int c = 0; c < D / 64; c++) tma_load_4d(dst + c * ROWS * 128, m, c * 64, h, r0, b, bar);
+}
+#endif
+
 // The forward on wgmma: attn_rows' algorithm, a warpgroup computing S and O for its
 // 64 rows with one wgmma per 16-deep step, each warp then running the online softmax of its 16
 // rows. Pipelined within the warpgroup (FlashAttention-3's intra-warpgroup overlap): a step issues
@@ -868,22 +876,15 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3, w0 = warp * 16; // the warp's rows: i0 + w0 + [0, 16)
     const rows_block<D, BM, BN, NT, true> blk(a);
     const int b = blk.b, i0 = blk.i0, jt_hi = blk.jt_hi;
-    if (tid == 0) {
-        mbar_init(uBar, 1);
-        mbar_init(uBar + 8, 1);
-        mbar_init_fence();
-    }
+    init_stage_bars(uBar, tid);
     blk.start(a, sQ, sDoc, tid);
     const uint32_t uK = forge_cuda_smem_addr(sK), uV = forge_cuda_smem_addr(sV);
     auto load_kv = [&](int jt, int n) { // the n-th tile the block visits: K and V by TMA from one thread, doc ids by cp.async
         if (tid == 0) {
             const uint32_t bar = uBar + (n % 2) * 8;
             mbar_expect_tx(bar, 2 * BN * D * sizeof(bf16));
-#pragma unroll
-            for (int c = 0; c < D / 64; c++) {
-                tma_load_4d(uK + ((n % 2) * BN * D + c * BN * 64) * 2, &tk, c * 64, blk.hk, jt * BN, b, bar);
-                tma_load_4d(uV + ((n % 3) * BN * D + c * BN * 64) * 2, &tv, c * 64, blk.hk, jt * BN, b, bar);
-            }
+            tma_rows<BN, D>(uK + (n % 2) * BN * D * 2, &tk, blk.hk, jt * BN, b, bar);
+            tma_rows<BN, D>(uV + (n % 3) * BN * D * 2, &tv, blk.hk, jt * BN, b, bar);
         }
         blk.load_docs(a, jt, sDoc + (n % 2) * BN, tid);
     };
@@ -1336,11 +1337,7 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB)
     const int g = blk.g, b = blk.b, j0 = blk.j0, wj0 = j0 + warp * 16; // the warp's keys: wj0 + [0, 16)
     unsigned char *stage = (unsigned char *)sm.end() + warp * ds_stage_bytes<BQ>(); // the warp's dS^T staging rows
     const uint32_t uBar = forge_cuda_smem_addr((unsigned char *)sm.end() + 4 * ds_stage_bytes<BQ>()); // [2] barriers: stage st's Q and dO landed
-    if (tid == 0) {
-        mbar_init(uBar, 1);
-        mbar_init(uBar + 8, 1);
-        mbar_init_fence();
-    }
+    init_stage_bars(uBar, tid);
     blk.start(a, sm, tid);
     int cols[2], cdoc[2];
     blk.lane_cols(a, wj0, lane, cols, cdoc);
@@ -1349,12 +1346,8 @@ __global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB)
         if (tid == 0) {
             const uint32_t bar = uBar + st * 8;
             mbar_expect_tx(bar, 2 * BQ * D * sizeof(bf16));
-#pragma unroll
-            for (int c = 0; c < D / 64; c++) {
-                const uint32_t o = (st * BQ * D + c * BQ * 64) * 2;
-                tma_load_4d(uQ + o, &tq_map, c * 64, g * a.group + hh, qt * BQ, b, bar);
-                tma_load_4d(udO + o, &tdo_map, c * 64, g * a.group + hh, qt * BQ, b, bar);
-            }
+            tma_rows<BQ, D>(uQ + st * BQ * D * 2, &tq_map, g * a.group + hh, qt * BQ, b, bar);
+            tma_rows<BQ, D>(udO + st * BQ * D * 2, &tdo_map, g * a.group + hh, qt * BQ, b, bar);
         }
         blk.load_q_stats(a, hh, qt, sm, st, tid);
     };

@@ -166,7 +166,7 @@ bool lora_set(Model &m, const std::function<bool(const LoraProjection &, float *
 
 bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std::string *err, std::string *note) {
     const int64_t r = m.lora.r;
-    const double s = m.lora.rslora ? m.lora.alpha / std::sqrt((double)r) : (double)m.lora.alpha / (double)r;
+    const double s = m.lora.scale();
     std::map<std::pair<int, int>, const LoraPair *> by;
     for (const LoraPair &p : ad.pairs) by[{p.layer, p.kind}] = &p;
     std::set<const LoraPair *> used;

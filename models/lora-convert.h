@@ -3,9 +3,9 @@
 // engine of gguf-tools/gguf-lora and of `finetune --merge`.
 //
 // It takes every plain LoRA file: per-module ranks and alphas (rank_pattern / alpha_pattern, which
-// the engine loads padded to one rank and folded to one scale: model_load_peft), any target set. The bytes of lora_A [r, in] and lora_B [out, r] are
-// GGUF's .lora_a ne [in, r] and .lora_b ne [r, out] unchanged; names map by formats.md 3.2
-// (q_proj <-> attn_q, ..., lm_head <-> output).
+// the engine loads padded to one rank and folded to one scale: lora_set_pairs), any target set.
+// The bytes of lora_A [r, in] and lora_B [out, r] are GGUF's .lora_a ne [in, r] and .lora_b
+// ne [r, out] unchanged; names map by formats.md 3.2 (q_proj <-> attn_q, ..., lm_head <-> output).
 //
 // Scales: llama.cpp applies alpha / rank with one alpha per file, PEFT alpha_i / r_i (or
 // alpha_i / sqrt(r_i) with rsLoRA). When every module's scale times its rank is the same value c
