@@ -7,7 +7,7 @@
 # event-timed figure includes the host's launch gaps, which vary with the machine's CPU (180-190 us
 # in one call, 785-1070 us in another for the same kernels); kernel_us is the sum of the step's
 # kernel durations from the profiler (ten steps), the GPU's busy time alone: the figure to set
-# against forge's graph-replayed kernels.
+# against forge's graph-replayed kernels; `kernels` gives each kernel's share of it.
 #     python3 bench/peers/sdpa-check.py OUT.json
 import json
 import sys
@@ -43,8 +43,10 @@ def measure(gqa):
             step(gqa)
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    names = sorted({e.name for e in kernels})
-    kernel_us = sum(e.time_range.elapsed_us() for e in kernels) / 10 # the GPU's busy time a step, without host gaps
+    by_name = {}
+    for e in kernels: # each kernel's time a step, to set forward against forward and backward against backward
+        by_name[e.name[:120]] = by_name.get(e.name[:120], 0.0) + e.time_range.elapsed_us() / 10
+    kernel_us = sum(by_name.values()) # the GPU's busy time a step, without host gaps
     rounds = []
     for _ in range(3):
         ts = []
@@ -58,7 +60,7 @@ def measure(gqa):
             ts.append(a.elapsed_time(b) * 1000)
         ts.sort()
         rounds.append(ts[len(ts) // 2])
-    return {"median_us_per_round": rounds, "kernel_us": kernel_us, "kernels": [n[:120] for n in names]}
+    return {"median_us_per_round": rounds, "kernel_us": kernel_us, "kernels": {n: round(us, 2) for n, us in sorted(by_name.items())}}
 
 
 out = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "shape": [B, T, Hq, Hkv, D]}
