@@ -46,12 +46,13 @@
 //            staging rows in shared memory as 16-byte stores along the rows (store_ds).
 //   Every value is written by exactly one thread: no atomics, bit-for-bit deterministic.
 // Launch shape: 1-D grids ordered so that the longest blocks (the last query tiles; the first key
-// tiles under a causal mask) are dispatched first; 2 blocks of 4 warps per SM (8 warps of one
-// block at D = 256), register-bound (~250 registers; spill stores per thread, `nvcc -Xptxas -v`:
-// none at D = 64, 0-48 in attn_cols at D = 128/256, 44-56 in the mma.sync D = 256 forward, 136
-// in the mma.sync D = 128 forward at 32 rows per warp and 200 in its softcap variant, where the
-// scores and the accumulators fill the register file; the wgmma forward none, attn_cols_wg 24-36
-// at D = 128 and none at 64, attn_dq<128, 2> 36). Masked work is skipped: causal and
+// tiles under a causal mask) are dispatched first; 2 or 3 blocks of 4 warps per SM (8 warps of
+// one block at D = 256), register-bound (~250 registers at 2 blocks; spill stores per thread,
+// `nvcc -Xptxas -v` for sm_90a: 0-4 at D = 64, 0-36 in attn_cols at D = 128/256, 32 in the
+// mma.sync D = 256 forward, 64 in the mma.sync D = 128 forward at 32 rows per warp and 176 in its
+// softcap variant, where the scores and the accumulators fill the register file; the wgmma
+// forward none, attn_cols_wg none at D = 128 and 8 (24 with softcap) at D = 64, where 3 blocks
+// per SM hold it to 168 registers; attn_dq<128, 2> 4). Masked work is skipped: causal and
 // window bounds give the tile range, each token's document span (attn_doc_spans: the run of its
 // document id, when a row's ids never decrease; in a graph the backend runs, made once per step
 // by the first attention node and read by every layer's forward and backward:
@@ -1308,9 +1309,14 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
 // held this form's loop (ncu: 19% of the stall samples). Measured on the H200 in one call
 // (bench-kernels backward, Qwen2.5-0.5B B 4, 14/2 heads): T 1024 146 us (mma.sync, direct stores)
 // -> 128-136 (mma.sync, staged) -> 118 (this form, staged); T 4096 1355 -> 1284 -> 1053 us.
-// 3 blocks per SM at D = 64 (168 registers; direct stores) was slower: 167-177 us at T 1024.
+// At D = 64, 3 blocks per SM (168 registers, 8 bytes of spills; 2 blocks left 0.42 eligible warps
+// per scheduler, ncu) with the query heads split into more parts (cols_target_warps), against 2
+// blocks and the old split, in one call: backward T 1024 with document ids 0.96x, packed 0.93x,
+// T 4096 0.91x; the step Qwen2.5-0.5B 2 x 4096 0.963x, 4 x 1024 level, 1 x 512 (one wave of 112
+// blocks, the same split) 1.012x. (With direct dS^T stores, before store_ds, 3 blocks had been
+// slower: 167-177 us at T 1024.)
 template <int D> struct cols_wg_cfg;
-template <> struct cols_wg_cfg<64> { static constexpr int BQ = 64, MINB = 2; };
+template <> struct cols_wg_cfg<64> { static constexpr int BQ = 64, MINB = 3; };
 template <> struct cols_wg_cfg<128> { static constexpr int BQ = 64, MINB = 2; };
 template <int D>
 constexpr size_t cols_wg_smem() { // K, V; 2 stages of Q, dO and the queries' LSE, D_i, doc ids; dS^T staging; the stages' barriers
@@ -1674,14 +1680,17 @@ bool tc_shape(const forge_tensor *node) {
 }
 
 // Parts the query heads of a group are split into for dk/dv: enough warps to fill the GPU
-// (kColsWarps: about two waves of 8 resident warps per SM on 132 SMs), a function of the shape only
-// so results do not depend on the device.
-constexpr int64_t kColsWarps = 2048;
+// (cols_target_warps: about two waves of 8 resident warps per SM on 132 SMs; at D = 64, three
+// blocks of 4 warps per SM, about three waves of 12), a function of the shape only so results do
+// not depend on the device. Measured at D = 64 (bench-kernels backward, Qwen2.5-0.5B B 4, 14/2
+// heads, 3 blocks per SM): T 1024 in 7 parts 102.8 us, 4 parts 112.0, 3 parts 157.8, 2 parts 183.5;
+// T 4096 in 3 parts 920.7 us, 2 parts 929.8, 4 parts 913.0, 1 part 1162-1175.
+constexpr int64_t cols_target_warps(int64_t D) { return D == 64 ? 4752 : 2048; }
 template <int D>
 int64_t cols_warps(int64_t T, int64_t Hkv, int64_t B) { return cdiv(T, cols_bn<D>()) * Hkv * B * cols_cfg<D>::NW; }
 int cols_hsplit(int64_t D, int64_t Hq, int64_t Hkv, int64_t T, int64_t B) {
     const int64_t warps = D == 64 ? cols_warps<64>(T, Hkv, B) : D == 128 ? cols_warps<128>(T, Hkv, B) : cols_warps<256>(T, Hkv, B);
-    return (int)std::max<int64_t>(1, std::min<int64_t>(Hq / Hkv, cdiv(kColsWarps, warps)));
+    return (int)std::max<int64_t>(1, std::min<int64_t>(Hq / Hkv, cdiv(cols_target_warps(D), warps)));
 }
 
 // The scratch: [the document spans (when doc ids are given)] [D_i and LSE*log2e per query row
