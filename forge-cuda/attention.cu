@@ -1313,8 +1313,9 @@ __global__ void __launch_bounds__(32 * cols_cfg<D>::NW, cols_cfg<D>::MINB) attn_
 // per scheduler, ncu) with the query heads split into more parts (cols_target_warps), against 2
 // blocks and the old split, in one call: backward T 1024 with document ids 0.96x, packed 0.93x,
 // T 4096 0.91x; the step Qwen2.5-0.5B 2 x 4096 0.963x, 4 x 1024 level, 1 x 512 (one wave of 112
-// blocks, the same split) 1.012x. (With direct dS^T stores, before store_ds, 3 blocks had been
-// slower: 167-177 us at T 1024.)
+// blocks, the same split) 1.012x, which the 2-block form takes back where the grid is at most one
+// wave of it (run_tc; 1 x 512 6.63, 6.66 ms against 6.76, 6.72 with 3 blocks, one call). (With
+// direct dS^T stores, before store_ds, 3 blocks had been slower: 167-177 us at T 1024.)
 template <int D> struct cols_wg_cfg;
 template <> struct cols_wg_cfg<64> { static constexpr int BQ = 64, MINB = 3; };
 template <> struct cols_wg_cfg<128> { static constexpr int BQ = 64, MINB = 2; };
@@ -1330,8 +1331,8 @@ constexpr size_t cols_wg_smem() { // K, V; 2 stages of Q, dO and the queries' LS
 // operands: the Q and dO tiles serve both products in one 128-byte-swizzled layout. Every warp
 // takes part in each wgmma; a warp whose key rows see only part of a query tile (or none of it)
 // tests each pair, which leaves zeros where nothing is seen.
-template <int D, bool CAP>
-__global__ void __launch_bounds__(128, cols_wg_cfg<D>::MINB)
+template <int D, bool CAP, int MINB>
+__global__ void __launch_bounds__(128, MINB)
     attn_cols_wg(const attn_args a, const __grid_constant__ CUtensorMap tq_map, const __grid_constant__ CUtensorMap tdo_map) {
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
@@ -1635,8 +1636,12 @@ void run_tc(const attn_args &a, bool fwd, const forge_cuda_params *p) {
     if constexpr (D <= 128) {
         static_assert(cols_bn<D>() == 64, "attn_cols_wg has the same blocks");
         constexpr int BQ = cols_wg_cfg<D>::BQ;
-        if ((cols_wg = wgmma_on()))
-            launch(attn_cols_wg<D, CAP>, cblocks, 128, cols_wg_smem<D>(), a, p->stream, rows_map<BQ>(a.q, a.T), rows_map<BQ>(a.dout, a.T));
+        if ((cols_wg = wgmma_on())) {
+            // a grid of at most one wave at 2 blocks per SM runs the 2-block form: there the
+            // register cap of 3 blocks costs and the occupancy buys nothing
+            auto kernel = cblocks <= 2 * p->sm_count ? attn_cols_wg<D, CAP, 2> : attn_cols_wg<D, CAP, cols_wg_cfg<D>::MINB>;
+            launch(kernel, cblocks, 128, cols_wg_smem<D>(), a, p->stream, rows_map<BQ>(a.q, a.T), rows_map<BQ>(a.dout, a.T));
+        }
     }
     if (!cols_wg) launch(attn_cols<D, CAP>, cblocks, 32 * cols_cfg<D>::NW, cols_smem<D>(), a, p->stream);
     if (a.hsplit > 1 && (a.dk.data || a.dv.data)) {
