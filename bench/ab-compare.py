@@ -22,7 +22,7 @@ def cases(path):
         return {f"{c['kernel']} {c['direction']} {c['shape']}": c["us"] for c in d["cases"] if c.get("us")}
     out = {}
     for r in d["runs"]:
-        name = f"{r['model']} {r['batch']}x{r['seq']}" + (" recompute" if r.get("recompute") else "")
+        name = f"{r['model']} {r['batch']}x{r['seq']}" + (" packed" if r.get("packed") else "") + (" recompute" if r.get("recompute") else "")
         out[name] = r["ms_per_step"]
         for op, ms in sorted(r.get("profile_ops_ms", {}).items()):
             out[f"{name} | {op}"] = ms

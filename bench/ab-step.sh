@@ -8,7 +8,8 @@
 #   mkdir -p .ab-old/forge-cuda && git show HEAD:forge-cuda/lora.cu > .ab-old/forge-cuda/lora.cu
 # and pass it to the device tool (`carry: [".ab-old"]`, it is git-ignored).
 #   C     configurations (default: the four of bench/gpu-check.sh step)
-#   PROF  --profile to add the per-family profile; PAT the lines to show (default: ms/step)
+#   PROF  bench-step flags: --profile adds the per-family profile, --packed packs the rows; PAT
+#         the lines to show (default: ms/step)
 #   KERNELS  ./bench-kernels with these filters instead of ./bench-step (bk-new-1.json, ...;
 #            the whole table is shown)
 #   OUT   where the JSON goes (bs-new-1.json, bs-base-1.json, ...); bench/ab-compare.py makes the

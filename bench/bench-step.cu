@@ -28,7 +28,9 @@
 // FLOPs of a step (what MFU counts): the GEMMs, 2 x tokens x params for each of the forward and
 // the backward's dX (frozen weights need no dW), over every layer's projections and the
 // lm_head; the LoRA GEMMs (u = x A^T, B u, and the backward's du, dA, dB, du A); attention,
-// 4 B Hq D T^2 / 2 forward (causal) and 2.5 times that backward.
+// 4 B Hq D T^2 / 2 forward (causal; with --packed, 4 Hq D L^2 / 2 per document of L tokens) and
+// 2.5 times that backward. --packed fills each row with documents of 300, 120, 500 and 104
+// tokens in turn (the last cut at the row's end), as finetune packs rows, instead of one.
 //
 // --curve DIR: instead of timing, trains the model of --model (an HF directory) from the PEFT
 // adapter in --adapter on the token batches of DIR/tokens.safetensors (input_ids I32
@@ -36,7 +38,7 @@
 // loss of every step to --curve-out: the forge side of bench/peers/step.py's loss curves.
 //
 // Usage: bench-step [--json FILE] [--commit SHA] [--steps N] [--warmup N] [--profile] [--r R]
-//                   [--alpha A] [--recompute] CONFIG...        CONFIG = qwen2.5-0.5b:4x1024, qwen3-0.6b,
+//                   [--alpha A] [--recompute] [--packed] CONFIG...        CONFIG = qwen2.5-0.5b:4x1024, qwen3-0.6b,
 //                   gemma2-2b:4x1024, gemma-2b, gemma3-1b, gemma3-4b, or DIR / FILE.gguf [:BxT] (default 4x1024)
 //        bench-step --curve DIR --model HFDIR --adapter PEFTDIR --curve-out FILE [--lr F]
 #include "../forge-cuda/cuda.cuh"
@@ -109,7 +111,7 @@ struct Options {
     std::string json, commit, curve, model, adapter, curve_out;
     int steps = 20, warmup = 5, r = 16;
     float alpha = 32.0f, lr = 2e-4f;
-    bool profile = false;
+    bool profile = false, packed = false;
     int64_t recompute = 0; // layers whose GLU output the backward recomputes (-1: all)
     std::vector<std::string> configs;
 };
@@ -197,23 +199,33 @@ struct Step {
         model_init_lora(m, 42);
     }
 
-    // The host side of a batch of B*T ids: positions, one document per row, labels = the next
-    // token of each row.
+    // The host side of a batch of B*T ids: positions, document ids, labels = the next token of
+    // the same document. One document a row; packed (--packed), documents of kPackedDocs tokens in
+    // turn from each row's start, the last one cut at the row's end, as finetune packs rows:
+    // positions restart at each document, whose last token has no label.
+    static constexpr int64_t kPackedDocs[4] = {300, 120, 500, 104}; // bench-kernels' packed attention cases
+    bool packed = false;
+    float count = 0;   // the batch's targets
+    double pairs = 0;  // (query, key) pairs attention computes, L^2 / 2 per document of L tokens
     std::vector<int32_t> ids, pos, doc, labels;
     void set_batch(const int32_t *batch) {
         const size_t n = (size_t)(B * T);
-        ids.assign(batch, batch + n), pos.resize(n), doc.assign(n, 0), labels.resize(n);
+        ids.assign(batch, batch + n), pos.resize(n), doc.resize(n), labels.resize(n);
+        count = 0, pairs = 0;
         for (int64_t b = 0; b < B; b++)
-            for (int64_t t = 0; t < T; t++) {
-                const size_t i = (size_t)(b * T + t);
-                pos[i] = (int32_t)t;
-                labels[i] = t + 1 < T ? ids[i + 1] : FORGE_IGNORE_INDEX;
+            for (int64_t t = 0, d = 0; t < T; d++) {
+                const int64_t len = packed ? std::min(kPackedDocs[d % 4], T - t) : T;
+                for (int64_t k = 0; k < len; k++) {
+                    const size_t i = (size_t)(b * T + t + k);
+                    pos[i] = (int32_t)k, doc[i] = (int32_t)d;
+                    labels[i] = k + 1 < len ? ids[i + 1] : FORGE_IGNORE_INDEX;
+                }
+                count += (float)(len - 1), pairs += (double)len * (double)len / 2, t += len;
             }
     }
 
     // One training step on the batch: its inputs copied to the graph, the step replayed, the loss read.
     float run(float lr, int64_t step) {
-        const float count = (float)(B * (T - 1));
         const float h[8] = {lr, 0.9f, 0.999f, 1e-8f, 0.0f, 0.0f, (float)step, 1.0f};
         forge_tensor_set(hyper, h, 0, sizeof h);
         forge_tensor_set(tg.in.ids, ids.data(), 0, ids.size() * 4);
@@ -235,8 +247,9 @@ struct Step {
     }
 };
 
-// FLOPs of one step (see the top comment).
-double step_flops(const Model &m, int64_t B, int64_t T) {
+// FLOPs of one step (see the top comment); pairs: the attention's (query, key) pairs, B T^2 / 2
+// with one document a row.
+double step_flops(const Model &m, int64_t B, int64_t T, double pairs) {
     const ModelConfig &c = m.cfg;
     const double N = (double)(B * T), H = (double)c.hidden, D = (double)c.head_dim, r = (double)m.lora.r;
     const double qkv = (double)(c.n_head + 2 * c.n_kv_head) * D, o_in = (double)c.n_head * D, F = (double)c.ffn;
@@ -244,7 +257,7 @@ double step_flops(const Model &m, int64_t B, int64_t T) {
     // LoRA per projection of K inputs, blocks b, M outputs: fwd 2N(K R + r M), bwd 2N(2 K R + 2 r M)
     auto lora = [&](double K, double blocks, double M) { return 2 * N * (3 * K * blocks * r + 3 * r * M); };
     const double lora_flops = lora(H, 3, qkv) + lora(o_in, 1, H) + lora(H, 2, 2 * F) + lora(F, 1, H);
-    const double attn = 3.5 * 4 * (double)B * (double)c.n_head * D * (double)T * (double)T / 2;
+    const double attn = 3.5 * 4 * (double)c.n_head * D * pairs;
     return (double)c.n_layer * (4 * N * params + lora_flops + attn) + 4 * N * H * (double)c.vocab;
 }
 
@@ -409,6 +422,7 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
     s.build(cfgp, name, lc, B, T, o.recompute);
     std::fprintf(stderr, "%s %lldx%lld: %lld graph nodes, activations %.2f GiB planned\n", name.c_str(), (long long)B, (long long)T,
                  (long long)forge_graph_n_nodes(s.g), forge_graph_arena_bytes(s.g, FORGE_ARENA_ACTIVATIONS) / 1073741824.0);
+    s.packed = o.packed;
     s.random_batch();
     float first = 0, last = 0;
     std::vector<double> ms;
@@ -425,11 +439,11 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
     double mean = 0;
     for (double x : ms) mean += x / (double)ms.size();
     std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2], flops = step_flops(s.m, B, T);
+    const double med = ms[ms.size() / 2], flops = step_flops(s.m, B, T, s.pairs);
 
     json::Value r = json::Value::object();
     r.set("model", name), r.set("batch", B), r.set("seq", T), r.set("lora_r", (int64_t)o.r), r.set("recompute", s.m.recompute_layers > 0);
-    r.set("recompute_layers", s.m.recompute_layers);
+    r.set("recompute_layers", s.m.recompute_layers), r.set("packed", o.packed);
     r.set("ms_per_step", med), r.set("ms_mean", mean), r.set("ms_min", ms.front()), r.set("ms_max", ms.back());
     r.set("tokens_per_s", (double)(B * T) / (med / 1000));
     r.set("tflop_per_step", flops / 1e12), r.set("tflops", flops / (med / 1000) / 1e12);
@@ -441,8 +455,9 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
     r.set("graph_nodes", (int64_t)forge_graph_n_nodes(s.g)), r.set("cuda_graph_kernel_nodes", (int64_t)kernel_nodes);
     r.set("host_syncs_per_step", (int64_t)syncs), r.set("cuda_graph_memsets_as_kernels", (int64_t)memsets);
     r.set("loss_first", (double)first), r.set("loss_last", (double)last), r.set("steps", (int64_t)o.steps);
-    const std::string rc = s.m.recompute_layers == 0 ? "" : s.m.recompute_layers >= s.m.cfg.n_layer ? " recompute"
-                                                                      : " recompute " + std::to_string(s.m.recompute_layers);
+    const std::string rc = std::string(o.packed ? " packed" : "") + (s.m.recompute_layers == 0                     ? ""
+                                                                     : s.m.recompute_layers >= s.m.cfg.n_layer ? " recompute"
+                                                                                                               : " recompute " + std::to_string(s.m.recompute_layers));
     std::printf("%-14s %2lldx%-5lld%s %8.2f ms/step (mean %.2f)  %8.0f tok/s  %6.1f TFLOP/s  MFU %4.1f%% (of %.0f measured)  mem %7.0f MiB  "
                 "loss %.3f -> %.3f\n",
                 name.c_str(), (long long)B, (long long)T, rc.c_str(), med, mean, (double)(B * T) / (med / 1000), flops / (med / 1000) / 1e12,
@@ -516,6 +531,7 @@ Options parse(int argc, char **argv) {
         else if (a == "--steps") o.steps = std::max(1, std::atoi(val()));
         else if (a == "--warmup") o.warmup = std::max(1, std::atoi(val()));
         else if (a == "--profile") o.profile = true;
+        else if (a == "--packed") o.packed = true;
         else if (a == "--recompute") {
             o.recompute = -1;
             if (i + 1 < argc && std::isdigit((unsigned char)argv[i + 1][0])) o.recompute = std::atoi(argv[++i]);
@@ -528,7 +544,7 @@ Options parse(int argc, char **argv) {
         else if (a == "--adapter") o.adapter = val();
         else if (a == "--curve-out") o.curve_out = val();
         else if (a == "-h" || a == "--help") {
-            std::puts("usage: bench-step [--json FILE] [--commit SHA] [--steps N] [--warmup N] [--profile] [--r R] [--alpha A] [--recompute [N]] CONFIG...\n"
+            std::puts("usage: bench-step [--json FILE] [--commit SHA] [--steps N] [--warmup N] [--profile] [--r R] [--alpha A] [--recompute [N]] [--packed] CONFIG...\n"
                       "       CONFIG: qwen2.5-0.5b, qwen3-0.6b, gemma-2b, gemma2-2b, gemma3-1b, gemma3-4b, an HF directory or a .gguf file, optionally :BxT\n"
                       "               (default 4x1024)\n"
                       "       bench-step --curve DIR --model HFDIR --adapter PEFTDIR --curve-out FILE [--lr F]");

@@ -21,7 +21,8 @@
 # marked "+changes" when the tree is not HEAD's);
 # PEERS_DEADLINE bounds a peers' run in seconds; TARGETS limits the build to some targets
 # (SKIP_BUILD: no build); STEP_CONFIGS picks bench-step's configurations, PEER_MODES the peers'
-# (eager,liger,compile; Liger's wheel is carried in .whl/), NO_RC skips the --recompute run, and
+# (eager,liger,compile; Liger's wheel is carried in .whl/), NO_RC skips the --recompute run,
+# NO_PACKED the run on packed rows (bench-step --packed, the 1 x 512 configuration left out), and
 # LANE suffixes the stepvs files so that lanes can run side by side, one per GPU.
 set -uo pipefail
 # A reader that stops early (`bench/gpu-check.sh ... | head`) must not end the run: without this
@@ -93,6 +94,8 @@ if has step || has stepvs; then
   configs=${STEP_CONFIGS:-qwen2.5-0.5b:4x1024 qwen2.5-0.5b:1x512 qwen3-0.6b:4x1024 gemma2-2b:4x1024}
   build-gpu/bench-step --json "$OUT/bench-step$lane.json" --profile $configs || rc=1
   [ -z "${NO_RC:-}" ] && { build-gpu/bench-step --json "$OUT/bench-step-rc$lane.json" --recompute $configs || rc=1; }
+  # rows packed with several documents, as finetune packs them (attention per document)
+  [ -z "${NO_PACKED:-}" ] && { build-gpu/bench-step --json "$OUT/bench-step-packed$lane.json" --packed $(echo " $configs " | sed 's/ [^ ]*:1x512 / /') || rc=1; }
   stamp "bench-step done"
 fi
 if has stepvs; then
