@@ -135,33 +135,18 @@ std::vector<LoraProjection> lora_projections(const Model &m) {
     for (int l = 0; l < (int)m.layers.size(); l++) {
         const Layer &y = m.layers[(size_t)l];
         if (y.a_qkv) {
-            if (lc.q) out.push_back({l, kHfProj[0], kGgufProj[0], y.a_qkv, y.b_qkv, 0, 0, q, H});
-            if (lc.k) out.push_back({l, kHfProj[1], kGgufProj[1], y.a_qkv, y.b_qkv, 1, q, kv, H});
-            if (lc.v) out.push_back({l, kHfProj[2], kGgufProj[2], y.a_qkv, y.b_qkv, 2, q + kv, kv, H});
+            if (lc.q) out.push_back({l, 0, kHfProj[0], kGgufProj[0], y.a_qkv, y.b_qkv, 0, 0, q, H});
+            if (lc.k) out.push_back({l, 1, kHfProj[1], kGgufProj[1], y.a_qkv, y.b_qkv, 1, q, kv, H});
+            if (lc.v) out.push_back({l, 2, kHfProj[2], kGgufProj[2], y.a_qkv, y.b_qkv, 2, q + kv, kv, H});
         }
-        if (y.a_o) out.push_back({l, kHfProj[3], kGgufProj[3], y.a_o, y.b_o, 0, 0, H, q});
+        if (y.a_o) out.push_back({l, 3, kHfProj[3], kGgufProj[3], y.a_o, y.b_o, 0, 0, H, q});
         if (y.a_gu) {
-            if (lc.gate) out.push_back({l, kHfProj[4], kGgufProj[4], y.a_gu, y.b_gu, 0, 0, c.ffn, H});
-            if (lc.up) out.push_back({l, kHfProj[5], kGgufProj[5], y.a_gu, y.b_gu, 1, c.ffn, c.ffn, H});
+            if (lc.gate) out.push_back({l, 4, kHfProj[4], kGgufProj[4], y.a_gu, y.b_gu, 0, 0, c.ffn, H});
+            if (lc.up) out.push_back({l, 5, kHfProj[5], kGgufProj[5], y.a_gu, y.b_gu, 1, c.ffn, c.ffn, H});
         }
-        if (y.a_down) out.push_back({l, kHfProj[6], kGgufProj[6], y.a_down, y.b_down, 0, 0, H, c.ffn});
+        if (y.a_down) out.push_back({l, 6, kHfProj[6], kGgufProj[6], y.a_down, y.b_down, 0, 0, H, c.ffn});
     }
     return out;
-}
-
-bool lora_set(Model &m, const std::function<bool(const LoraProjection &, float *, float *)> &fill, std::string *err) {
-    std::map<forge_tensor *, std::vector<float>> host;
-    const int64_t r = m.lora.r;
-    for (const LoraProjection &p : lora_projections(m)) {
-        std::vector<float> &a = host[p.a], &b = host[p.b];
-        a.resize((size_t)forge_tensor_nelements(p.a));
-        b.resize((size_t)forge_tensor_nelements(p.b));
-        if (!fill(p, a.data() + p.block * r * p.in, b.data() + p.row0 * r)) return false;
-    }
-    for (auto &kv : host)
-        if (forge_tensor_set_f32(kv.first, kv.second.data(), (int64_t)kv.second.size()) != FORGE_OK)
-            return fail(err, std::string("LoRA tensor ") + forge_tensor_name(kv.first) + " could not be written (not allocated?)");
-    return true;
 }
 
 bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std::string *err, std::string *note) {
@@ -171,10 +156,13 @@ bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std
     for (const LoraPair &p : ad.pairs) by[{p.layer, p.kind}] = &p;
     std::set<const LoraPair *> used;
     int padded = 0, folded = 0;
-    const bool ok = lora_set(m, [&](const LoraProjection &p, float *a, float *b) {
-        int kind = 0;
-        while (std::strcmp(kHfProj[kind], p.hf)) kind++;
-        auto it = by.find({p.layer, kind});
+    std::map<forge_tensor *, std::vector<float>> host; // the LoRA tensors, filled projection by projection
+    for (const LoraProjection &p : lora_projections(m)) {
+        std::vector<float> &ha = host[p.a], &hb = host[p.b];
+        ha.resize((size_t)forge_tensor_nelements(p.a));
+        hb.resize((size_t)forge_tensor_nelements(p.b));
+        float *a = ha.data() + p.block * r * p.in, *b = hb.data() + p.row0 * r; // p's [r, in] block of A, its [rows, r] rows of B
+        auto it = by.find({p.layer, p.kind});
         if (it == by.end()) return fail(err, source + ": the adapter has no tensors for " + p.hf + " of layer " + std::to_string(p.layer));
         const LoraPair &q = *it->second;
         const int64_t ri = q.r();
@@ -189,12 +177,13 @@ bool lora_set_pairs(Model &m, const LoraFile &ad, const std::string &source, std
         const std::vector<float> qa = q.a.f32(), qb = q.b.f32(); // [ri, in] and [rows, ri]
         std::copy(qa.begin(), qa.end(), a);
         for (int64_t o = 0; o < p.rows; o++)
-            for (int64_t k = 0; k < ri; k++) b[o * r + k] = f == 1.0 ? qb[(size_t)(o * ri + k)] : (float)(qb[(size_t)(o * ri + k)] * f);
-        return true;
-    }, err);
-    if (!ok) return false;
+            for (int64_t k = 0; k < ri; k++) b[o * r + k] = (float)(qb[(size_t)(o * ri + k)] * f); // exact at f = 1
+    }
     for (const LoraPair &p : ad.pairs) // one PEFT or llama.cpp would apply and this model would not
         if (!used.count(&p)) return fail(err, source + ": '" + p.module + "' is adapted by the file but not by the model's LoRA (its layers and projections)");
+    for (auto &kv : host)
+        if (forge_tensor_set_f32(kv.first, kv.second.data(), (int64_t)kv.second.size()) != FORGE_OK)
+            return fail(err, std::string("LoRA tensor ") + forge_tensor_name(kv.first) + " could not be written (not allocated?)");
     if (note) {
         *note = padded ? std::to_string(padded) + " module(s) of lower rank padded with zeros to rank " + std::to_string(r) : "";
         if (folded)

@@ -11,7 +11,6 @@
 
 #include "model.h"
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,7 +18,7 @@ namespace forge {
 
 // One adapted projection of one layer: its names and where its rows live in forge's tensors.
 struct LoraProjection {
-    int layer;
+    int layer, kind;   // kind 0..6: q, k, v, o, gate, up, down
     const char *hf;    // "q_proj", ..., "down_proj"
     const char *gguf;  // "attn_q", ..., "ffn_down"
     forge_tensor *a, *b; // forge's (possibly concatenated) LoRA tensors
@@ -29,13 +28,9 @@ struct LoraProjection {
 };
 // Every adapted projection of the model, layer by layer in q, k, v, o, gate, up, down order.
 std::vector<LoraProjection> lora_projections(const Model &m);
-// Sets the model's LoRA tensors (allocated) projection by projection: fill(p, a, b) writes p's
-// [r, in] block of A at a and its [rows, r] rows of B at b (forge's layout, PEFT's too); the blocks
-// of a fused group's projections that are not adapted are 0. Fails with fill's error, or naming a
-// tensor that could not be written.
-bool lora_set(Model &m, const std::function<bool(const LoraProjection &, float *a, float *b)> &fill, std::string *err);
-// Sets the model's LoRA tensors from an adapter file's pairs (PEFT or GGUF, lora-convert.h), one
-// per adapted projection, keyed (layer, 0..6 = q..down). A pair of rank r_i below the model's r
+// Sets the model's LoRA tensors (allocated) from an adapter file's pairs (PEFT or GGUF,
+// lora-convert.h), one per adapted projection, keyed (layer, kind); the blocks of a fused group's
+// projections that are not adapted are 0. A pair of rank r_i below the model's r
 // fills the first r_i rows of its A block and columns of its B, the rest 0 (exact, in training
 // too: a rank whose A row and B column are 0 gets zero gradients); a pair whose scale differs from
 // the model's has its B multiplied by the ratio (exact for the forward; training then steps that B
