@@ -455,9 +455,9 @@ json::Value bench_config(const Options &o, const std::string &spec, double gemm_
     r.set("graph_nodes", (int64_t)forge_graph_n_nodes(s.g)), r.set("cuda_graph_kernel_nodes", (int64_t)kernel_nodes);
     r.set("host_syncs_per_step", (int64_t)syncs), r.set("cuda_graph_memsets_as_kernels", (int64_t)memsets);
     r.set("loss_first", (double)first), r.set("loss_last", (double)last), r.set("steps", (int64_t)o.steps);
-    const std::string rc = std::string(o.packed ? " packed" : "") + (s.m.recompute_layers == 0                     ? ""
-                                                                     : s.m.recompute_layers >= s.m.cfg.n_layer ? " recompute"
-                                                                                                               : " recompute " + std::to_string(s.m.recompute_layers));
+    std::string rc = o.packed ? " packed" : ""; // the configuration's flags, after its shape
+    if (s.m.recompute_layers >= s.m.cfg.n_layer) rc += " recompute";
+    else if (s.m.recompute_layers > 0) rc += " recompute " + std::to_string(s.m.recompute_layers);
     std::printf("%-14s %2lldx%-5lld%s %8.2f ms/step (mean %.2f)  %8.0f tok/s  %6.1f TFLOP/s  MFU %4.1f%% (of %.0f measured)  mem %7.0f MiB  "
                 "loss %.3f -> %.3f\n",
                 name.c_str(), (long long)B, (long long)T, rc.c_str(), med, mean, (double)(B * T) / (med / 1000), flops / (med / 1000) / 1e12,
