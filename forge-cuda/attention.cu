@@ -154,6 +154,13 @@ struct attn_args {
         return j >= T ? INT32_MIN : min(end_query(j), doc_span ? doc_span[(int64_t)b * T + j].z : T);
     }
     __device__ bool by_ids(int b) const { return doc_span && doc_span[(int64_t)b * T].y == INT32_MAX; }
+    // The first key some row of a tile from row i0 may see, qs its rows' span (rows_span): where
+    // its tile scan starts. Packed rows skip the documents before the first row's this way in
+    // O(1), where a scan tile by tile cost up to 15 tile_class tests per block (T 1024).
+    __device__ int rows_first_key(int i0, int2 qs) const { return max(first_key(i0), qs.x); }
+    // The end of the queries that may see some key of a tile ending at j1, ks its keys' span
+    // (keys_span): where its scan of query tiles stops.
+    __device__ int keys_end_query(int j1, int2 ks) const { return min(end_query(j1 - 1), ks.x); }
     // The document spans of tokens [t0, t1) (tile bounds, may pass T) as queries, (lo, lo_all) =
     // (the first token's run start, the last token's), and as keys, (hi, hi_all) = (the last
     // token's run end, the first token's). When a row's ids never decrease, a key j and a query
@@ -776,7 +783,7 @@ __global__ void __launch_bounds__(32 * rows_cfg<D>::NW, rows_cfg<D>::MINB) attn_
     const int b = blk.b, i0 = blk.i0, jt_hi = blk.jt_hi;
     blk.start(a, sQ, tid);
     const int2 wqs = a.rows_span(b, i0 + w0, i0 + w0 + WM); // the warp's rows' span
-    int jt = blk.next_tile(a, a.first_key(i0) / BN);   // the diagonal tile is never skipped
+    int jt = blk.next_tile(a, a.rows_first_key(i0, blk.qs) / BN); // the diagonal tile is never skipped
     blk.load_kv(a, jt, sK, sV, sDoc, tid);
     const row_masks<MT> rm = blk.template lane_rows<MT>(a, w0, lane);
     cp_async_wait<1>(); // the q rows
@@ -926,7 +933,7 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB)
         blk.load_docs(a, jt, sDoc + (n % 2) * BN, tid);
     };
     const int2 wqs = a.rows_span(b, i0 + w0, i0 + w0 + 16); // the warp's rows' span
-    int jt = blk.next_tile(a, a.first_key(i0) / BN);  // the diagonal tile is never skipped
+    int jt = blk.next_tile(a, a.rows_first_key(i0, blk.qs) / BN); // the diagonal tile is never skipped
     load_kv(jt, 0);
     const row_masks<1> rm = blk.template lane_rows<1>(a, w0, lane);
     // descriptors: Q and K's stage 0 (K-major), V's stage 0 (MN-major)
@@ -1142,8 +1149,8 @@ struct cols_block {
         h_lo = part * a.group / a.hsplit; // hsplit <= group: never empty
         h_hi = (part + 1) * a.group / a.hsplit;
         jend = min(j0 + BN, a.T);
-        qt_hi = (a.end_query(jend - 1) - 1) / BQ;
         ks = a.keys_span(b, j0, j0 + BN);
+        qt_hi = (a.keys_end_query(jend, ks) - 1) / BQ;
         ids = a.by_ids(b);
     }
     // The next query tile from qt that may see some key.
@@ -1582,7 +1589,7 @@ __global__ void __launch_bounds__(32 * dq_cfg<D>::NW, dq_cfg<D>::MINB) attn_dq(c
         }
         cp_async_commit();
     };
-    int kt = next_tile(a.first_key(i0) / BN);
+    int kt = next_tile(a.rows_first_key(i0, qs) / BN);
     load(kt, 0);
     const lane_offs<D> lo(lane);
     const lane_offs<kDsTile> ls(lane);
@@ -1645,7 +1652,7 @@ __global__ void __launch_bounds__(128, 4) attn_dq_wg(const attn_args a) {
         load_tile<BN, kDsTile, NT, true>(sS + st * BN * kDsTile, (const char *)a.ds_tile(b, h, qb, kt), kDsTile * sizeof(bf16), n, tid);
         cp_async_commit();
     };
-    int kt = blk.next_tile(a, a.first_key(i0) / BN);
+    int kt = blk.next_tile(a, a.rows_first_key(i0, blk.qs) / BN);
     load(kt, 0);
     const uint64_t dS0 = wg_desc(forge_cuda_smem_addr(sS), BN * 128, 1024), dK0 = wg_desc(forge_cuda_smem_addr(sK), BN * 128, 1024); // MN-major
     float acc[D / 8][4] = {};
