@@ -568,6 +568,8 @@ __device__ __forceinline__ void warp_store_rows(const float (&c)[DO / 8][4], con
 
 // A lane's query rows in a forward kernel (rows_block::lane_rows): each row i, the first key it
 // may see (attn_args::key_lo) and its document id, and whether the ids are compared (by_ids).
+// The ids are held (read once) where the dk/dv kernels' col_masks reads its keys' ids in the
+// rare by_ids tile: read there, the mma.sync forward at D = 128 and 256 spilled 32-40 bytes more.
 template <int MT>
 struct row_masks {
     int i[MT][2], lo[MT][2], doc[MT][2];
@@ -1039,14 +1041,14 @@ struct col_masks {
     bool ids;
 };
 
-// P^T and dS^T of a warp's 16 key rows (c: the lane's keys) and 8 NS query columns qc0.. of the
+// P^T and dS^T of a warp's 16 key rows (cm: the lane's keys) and 8 NS query columns qc0.. of the
 // step at query q0, in place: ps holds S^T and becomes P^T = 2^(s mul - LSE) (the score
 // softcapped first under CAP), ds holds dP^T and becomes dS^T = P^T (dP^T - D_i), times the
 // softcap's derivative. tL, tDi, tDoc: the step's LSE*log2e, D_i and document ids (read only
-// where c.ids). MASK: test each pair.
+// where cm.ids). MASK: test each pair.
 template <bool CAP, bool MASK, int NS>
 __device__ __forceinline__ void cols_pds(float (&ps)[1][NS][4], float (&ds)[1][NS][4], const attn_args &a, const float *tL, const float *tDi,
-                                         const int *tDoc, int q0, int qc0, const col_masks &c, int tq) {
+                                         const int *tDoc, int q0, int qc0, const col_masks &cm, int tq) {
 #pragma unroll
     for (int nt = 0; nt < NS; nt++) {
         const int ii = qc0 + nt * 8 + 2 * tq; // query columns ii, ii + 1
@@ -1070,18 +1072,18 @@ __device__ __forceinline__ void cols_pds(float (&ps)[1][NS][4], float (&ds)[1][N
         auto mask = [&](auto ids) {
             int doc[2] = {};
             if constexpr (decltype(ids)::value)
-                for (int r = 0; r < 2; r++) doc[r] = c.j[r] < a.T ? a.doc_id(c.j[r], c.b) : 0;
+                for (int r = 0; r < 2; r++) doc[r] = cm.j[r] < a.T ? a.doc_id(cm.j[r], cm.b) : 0;
 #pragma unroll
             for (int nt = 0; nt < NS; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = e >> 1, ii = qc0 + nt * 8 + 2 * tq + (e & 1), i = q0 + ii;
-                    bool ok = i >= c.j[r] && i < c.hi[r];
+                    bool ok = i >= cm.j[r] && i < cm.hi[r];
                     if constexpr (decltype(ids)::value) ok = ok && tDoc[ii] == doc[r];
                     if (!ok) ps[0][nt][e] = ds[0][nt][e] = 0.0f;
                 }
         };
-        if (c.ids) mask(std::true_type());
+        if (cm.ids) mask(std::true_type());
         else mask(std::false_type());
     }
 }
