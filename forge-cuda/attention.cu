@@ -970,8 +970,8 @@ __global__ void __launch_bounds__(128, wg_cfg<D>::MINB)
         const int *tDoc = sDoc + (n % 2) * BN;
         float alpha[1][2] = {{1.0f, 1.0f}};
         bool moved = false;
-        // the warp's own view of the tile: nothing to see (P = 0, O and the row statistics as they
-        // are), every pair allowed, or test each pair
+        // the warp's own view of the tile: nothing to see (P = 0, zeroed after to_frags as in
+        // attn_cols_wg; O and the row statistics as they are), every pair allowed, or test each pair
         const int cls = a.tile_class(i0 + w0, i0 + w0 + 16, j0, j0 + BN, wqs, any_keys());
         if (cls == kFull) moved = softmax_tile<CAP, false>(s, rs, alpha, a, scl, rm, j0, tDoc, tq);
         else if (cls == kPartial) moved = softmax_tile<CAP, true>(s, rs, alpha, a, scl, rm, j0, tDoc, tq);
@@ -1467,8 +1467,9 @@ __global__ void __launch_bounds__(128, MINB)
         wg_pin<BQ / 8>(dp[0]);
         const float *tL = sm.l + st * BQ, *tDi = sm.di + st * BQ;
         const int *tDoc = sm.doc + st * BQ;
-        // the warp's own view of the tile: nothing to see (P^T = dS^T = 0), every pair allowed, or
-        // test each pair
+        // the warp's own view of the tile: nothing to see (P^T = dS^T = 0: the fragments are zeroed
+        // after to_frags, not the accumulators, which cost 224 bytes of spills at D = 64), every
+        // pair allowed, or test each pair
         const int cls = a.tile_class(q0, q0 + BQ, wj0, wj0 + 16, any_rows(), wks);
         if (cls == kFull) cols_pds<CAP, false>(s, dp, a, tL, tDi, tDoc, q0, 0, cm, tq);
         else if (cls == kPartial) cols_pds<CAP, true>(s, dp, a, tL, tDi, tDoc, q0, 0, cm, tq);
@@ -1503,40 +1504,28 @@ __global__ void __launch_bounds__(128, MINB)
 }
 
 // dk = scale * (sum of the dk partials), dv = sum of the dv partials, parts added in order, each
-// rounded to bf16 once. A thread takes 8 consecutive elements e.. = d + D (j + T (g + Hkv b)) of
-// both the partials and the outputs (D % 8 == 0: one row's): 16-byte loads of every part, each in
-// flight beside the others, and one 16-byte store per output (the tensor-core path's outputs are
-// bf16 rows, 16-byte aligned). One element a thread, with 4-byte loads and 2-byte stores, took
-// 12 us for Qwen2.5-0.5B's 7 parts at B 4, T 1024 (29 MB read: 2.4 TB/s; ncu, H200).
+// rounded once. A thread takes 8 consecutive elements e.. = d + D (j + T (g + Hkv b)) of both the
+// partials and the outputs (D % 8 == 0: one row's; forge_cuda_load8 / store8): 16-byte loads of
+// every part, each in flight beside the others, and one 16-byte store per output (the
+// tensor-core path's outputs are bf16 rows, 16-byte aligned). One element a thread, with 4-byte
+// loads and 2-byte stores, took 12 us for Qwen2.5-0.5B's 7 parts at B 4, T 1024 (29 MB read:
+// 2.4 TB/s; ncu, H200).
 __global__ void attn_dkdv_sum(const attn_args a) {
     forge_cuda_prologue();
     const int64_t n = (int64_t)a.B * a.Hkv * a.T * a.D, e = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (e >= n) return;
-    float sk[8] = {}, sv[8] = {};
-    auto add = [](float (&acc)[8], const float *p) {
-        const float4 x = *(const float4 *)p, y = *(const float4 *)(p + 4);
-        const float v[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[i] += v[i];
-    };
+    float sk[8] = {}, sv[8] = {}, v[8];
     for (int s = 0; s < a.hsplit; s++) {
-        add(sk, a.part + s * n + e);
-        add(sv, a.part + (a.hsplit + s) * n + e);
+        forge_cuda_load8(FORGE_TYPE_F32, (const char *)(a.part + s * n + e), v);
+        for (int i = 0; i < 8; i++) sk[i] += v[i];
+        forge_cuda_load8(FORGE_TYPE_F32, (const char *)(a.part + (a.hsplit + s) * n + e), v);
+        for (int i = 0; i < 8; i++) sv[i] += v[i];
     }
+    for (int i = 0; i < 8; i++) sk[i] *= a.scale;
     const int d = (int)(e % a.D), j = (int)(e / a.D % a.T), g = (int)(e / ((int64_t)a.D * a.T) % a.Hkv);
     const int b = (int)(e / ((int64_t)a.D * a.T * a.Hkv));
-    auto store = [&](const forge_cuda_view &t, const float (&v)[8], float mul) {
-        uint4 w;
-        uint32_t *u = &w.x;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i] * mul, v[2 * i + 1] * mul);
-            u[i] = *(const uint32_t *)&h;
-        }
-        *(uint4 *)(a.row(t, g, j, b) + d * sizeof(bf16)) = w;
-    };
-    if (a.dk.data) store(a.dk, sk, a.scale);
-    if (a.dv.data) store(a.dv, sv, 1.0f);
+    if (a.dk.data) forge_cuda_store8(a.dk.type, a.row(a.dk, g, j, b) + d * a.dk.nb[0], sk);
+    if (a.dv.data) forge_cuda_store8(a.dv.type, a.row(a.dv, g, j, b) + d * a.dv.nb[0], sv);
 }
 
 // attn_dq tiles per head_dim: NW warps of MT x 16 query rows (BM = 16 MT NW = 128 rows per block,
