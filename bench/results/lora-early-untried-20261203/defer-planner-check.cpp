@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+// The bytes a tensor spans: cuda.cuh's forge_cuda_disjoint, written again here because this host
+// program does not include the CUDA headers.
 static std::pair<const char *, const char *> span_of(const forge_tensor *t) {
     size_t end = forge_type_size(t->type);
     for (int i = 0; i < 4; i++) end += (size_t)(t->ne[i] - 1) * t->nb[i];
