@@ -1055,7 +1055,7 @@ __device__ __forceinline__ void cols_pds(float (&ps)[1][NS][4], float (&ds)[1][N
         const float2 lq = *(const float2 *)(tL + ii), dq = *(const float2 *)(tDi + ii);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int r = e >> 1, c = e & 1;
+            const int c = e & 1;
             float p, dc = 1.0f;
             if constexpr (CAP) {
                 const float t = tanh_sfu(ps[0][nt][e] * a.mul);
