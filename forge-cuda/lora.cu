@@ -165,9 +165,10 @@ struct prep_job {
 // prep has fewer than 2^31 elements): at Qwen2.5-0.5B 4 x 1024 the step's one launch of 97 preps
 // (14 M elements) took 84-88 us with 64-bit indices, whose divisions by K, R and r are long
 // software sequences, and takes 62-63 us with these (the H200's kernel timelines at 9c193a2 and
-// f993222). It is bound by that index arithmetic, not by memory (~85 MB, ~25 us at the copy
-// rate): blocks in proportion to each job's size measured 78-81 us, and loads of 8 elements a
-// thread issued before their stores, which computed each element's indices twice, 71-72 us.
+// f993222), over twice the ~25 us its ~85 MB would take at the copy rate. What bounds it is not
+// known: the divisions done by a multiply measured the same, blocks in proportion to each job's
+// size 71-81 us, loads of 8 elements a thread issued before their stores 68-72 us
+// (bench/results/lora-early-tried-h200-20261203/prep-variants/); 32-38 registers, no spills.
 __device__ void prep_run(const prep_job &j) {
     const uint32_t K = (uint32_t)j.K, R = (uint32_t)j.R, M = (uint32_t)j.M, r = (uint32_t)j.r;
     const uint32_t na = R * K, nb = na + M * R, n = nb + (j.bdt ? M * R : 0), ts = (uint32_t)type_size(j.t);
