@@ -167,8 +167,8 @@ struct prep_job {
 // software sequences, and takes 62-63 us with these (the H200's kernel timelines at 9c193a2 and
 // f993222), over twice the ~25 us its ~85 MB would take at the copy rate. What bounds it is not
 // known: the divisions done by a multiply measured the same, blocks in proportion to each job's
-// size 71-81 us, loads of 8 elements a thread issued before their stores 68-72 us
-// (bench/results/lora-early-tried-h200-20261203/prep-variants/); 32-38 registers, no spills.
+// size 78-81 us, with 8 loads a thread issued before their stores 71-72 us, in ~2 waves of blocks
+// 68-70 us (bench/results/lora-early-tried-h200-20261203/prep-variants/); 32-38 registers, no spills.
 __device__ void prep_run(const prep_job &j) {
     const uint32_t K = (uint32_t)j.K, R = (uint32_t)j.R, M = (uint32_t)j.M, r = (uint32_t)j.r;
     const uint32_t na = R * K, nb = na + M * R, n = nb + (j.bdt ? M * R : 0), ts = (uint32_t)type_size(j.t);
