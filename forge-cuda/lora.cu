@@ -301,8 +301,14 @@ const void *forward_u(forge_tensor *node, const forge_cuda_params *p, const lora
 // reads that), times us, into shared memory as the A operand of one more wgmma of depth R against
 // the tile's rows of Bs, accumulated into y's fp32 accumulators; the first column block writes u
 // out; the bias is added and y rounded once, staged through shared memory and written in 16-byte
-// rows. Traffic: x, W, Ac once from L2 per tile (x once from DRAM), y written once, no [x | u]
-// copy, no u GEMM, no read back of y. BN is picked so the grid fills the SMs in as few waves as it
+// rows, each warp its own 16 (no block barrier after the rank wgmma). The tile of Bs and the bias
+// are loaded before the main loop, into memory past the stages, where the stages leave room for
+// it (early_q: Qwen2.5-0.5B's q/k/v, o and down tiles and every backward tile); elsewhere the
+// tile of Bs comes after the main loop. Against loading both in the epilogue (bench-kernels A/B,
+// bench/results/lora-early-q-h200-20261203/): Qwen2.5-0.5B's q/k/v forward 22.75 -> 22.37 us at
+// 4096 tokens, o 18.59 -> 17.82; the backward and the later-loading shapes level. Traffic: x, W,
+// Ac once from L2 per tile (x once from DRAM), y written once, no [x | u] copy, no u GEMM, no read
+// back of y. BN is picked so the grid fills the SMs in as few waves as it
 // can (tiles of 128 x 288 for Qwen2.5-0.5B's q/k/v at 4096 tokens: 128 blocks, one wave).
 // Measured on the H200 (bench-kernels at fb7354e, Qwen2.5-0.5B at 4096 tokens, r = 16, against
 // the cuBLAS forms below and the base GEMM alone): q/k/v 23.0 us (29.2; base 17.2), o 20.7 us
@@ -335,8 +341,21 @@ __host__ __device__ constexpr int stage_bytes() { return (kRows + BN + R) * 128;
 __host__ __device__ constexpr int mn_block_cols(int bn) { return bn % 64 ? 32 : 64; }
 template <int BN, int R>
 __host__ __device__ constexpr int stages() { return (kSmemMax - 1024) / stage_bytes<BN, R>() < 8 ? (kSmemMax - 1024) / stage_bytes<BN, R>() : 8; }
+// The epilogue's Q tile (K-major: BN rows of 128 bytes; MN-major: [BN / BC][R][BC]) and the bias
+// (BN elements) have memory of their own past the stages and their barriers where the stages leave
+// room for it (early_q): the consumers then load them before the main loop, so that the epilogue
+// does not wait for their L2 latency. Elsewhere Q is loaded after the main loop into the stages'
+// memory and the bias read from global memory in the epilogue.
+template <int BN, int R, bool BT>
+__host__ __device__ constexpr int q_bytes() { return BT ? BN * R * 2 : BN * 128; }
 template <int BN, int R>
-__host__ __device__ constexpr int smem_bytes() { return stages<BN, R>() * stage_bytes<BN, R>() + 2 * 8 * stages<BN, R>(); }
+__host__ __device__ constexpr int q_offset() { return stages<BN, R>() * stage_bytes<BN, R>() + 1024; } // 1024-aligned
+template <int BN, int R, bool BT>
+__host__ __device__ constexpr bool early_q() { return q_offset<BN, R>() + q_bytes<BN, R, BT>() + 2 * BN <= kSmemMax; }
+template <int BN, int R, bool BT>
+__host__ __device__ constexpr int smem_bytes() {
+    return early_q<BN, R, BT>() ? q_offset<BN, R>() + q_bytes<BN, R, BT>() + 2 * BN : stages<BN, R>() * stage_bytes<BN, R>() + 2 * 8 * stages<BN, R>();
+}
 
 // The kernel's product, in its own names: out [N][M] = a [N][K] B + bias + (us v) Q with
 // v = a P^T ([N][R], rounded to bf16 and written to `v` when not NULL). Forward (BT = 0): a = x,
@@ -366,7 +385,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // BT's B and the epilogue's Q in blocks of BC columns (mn_block_cols; SW: the descriptors'
     // swizzle, 1 = 128 bytes, 2 = 64); BB: a block's bytes per 64 rows of depth
     constexpr int BC = BT ? mn_block_cols(BN) : 64, SW = 64 / BC, BB = BC * 64 * 2;
-    static_assert(ST >= 3 && kRows * (BN + 8) * 2 <= ST * STAGE && (kRows + BN) * 128 <= ST * STAGE, "the epilogue reuses the stages' memory");
+    static_assert(ST >= 3 && kRows * 128 + (early_q<BN, R, BT>() ? 0 : q_bytes<BN, R, BT>()) + kRows * (BN + 8) * 2 <= ST * STAGE,
+                  "the epilogue's tV, tQ (unless early) and y's staging fit in the stages' memory");
     static_assert(!BT || (NS == 1 && BN % 32 == 0), "an MN-major B is whole 32- or 64-column blocks in one instruction");
     static_assert((!BT || BN % BC == 0) && (kRows + R) * 128 + (BT ? BN / BC * BB : BN * 128) == STAGE, "a stage's loads bring the bytes its barrier waits for");
     forge_cuda_prologue();
@@ -399,6 +419,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    constexpr bool EARLY = early_q<BN, R, BT>();
+    // tV: us v [128][R] as a K-major A; tQ: Q's tile, [BN][R] K-major (Bs's rows) or [BN / BC][R][BC] MN-major (Ac's rows)
+    __nv_bfloat16 *tV = (__nv_bfloat16 *)sm, *tQ = EARLY ? (__nv_bfloat16 *)(sm + q_offset<BN, R>()) : tV + kRows * 64;
+    __nv_bfloat16 *tB = EARLY ? tQ + q_bytes<BN, R, BT>() / 2 : nullptr; // the bias's BN elements (EARLY)
+    auto load_q = [&] { // by the 256 consumer threads, one cp.async group
+        for (int e = tid; e < BN * (R / 8); e += 256) {
+            if constexpr (BT) {
+                const int r = e / (BN / 8), c = e % (BN / 8);
+                const bool ok = m0 + c * 8 < g.M;
+                cp_async16(tQ + (SW == 2 ? sw64<R>(r, c * 8) : sw128<R>(r, c * 8)), ok ? g.q + r * g.ldq + m0 + c * 8 : g.q, ok ? 16 : 0);
+            } else {
+                const int r = e / (R / 8), c = e % (R / 8);
+                const bool ok = m0 + r < g.M;
+                cp_async16(tQ + sw128<BN>(r, c * 8), ok ? g.q + (int64_t)(m0 + r) * g.ldq + c * 8 : g.q, ok ? 16 : 0);
+            }
+        }
+        if (EARLY && g.bias)
+            for (int c = 2 * tid; c < BN; c += 512) cp_async4(tB + c, m0 + c < g.M ? g.bias + m0 + c : g.bias, m0 + c < g.M ? 4 : 0);
+        cp_async_commit();
+    };
+    if constexpr (EARLY) load_q();
     float acc[NS][BI / 8][4], accv[R / 8][4];
     for (int kt = 0; kt < KT; kt++) {
         const int s = kt % ST;
@@ -424,21 +465,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_pin<R / 8>(accv);
     consumers_sync(); // every stage is consumed: the epilogue reuses their memory
     const int rl = wg * 64 + warp * 16 + (lane >> 2), cl = (lane & 3) * 2; // rows rl, rl + 8; columns 8 i + cl + {0, 1}
-    // tV: us v [128][R] as a K-major A; tQ: Q's tile, [BN][R] K-major (Bs's rows) or [BN / BC][R][BC] MN-major (Ac's rows)
-    __nv_bfloat16 *tV = (__nv_bfloat16 *)sm, *tQ = tV + kRows * 64;
     const uint32_t sV = forge_cuda_smem_addr(tV), sQ = forge_cuda_smem_addr(tQ);
-    for (int e = tid; e < BN * (R / 8); e += 256) {
-        if constexpr (BT) {
-            const int r = e / (BN / 8), c = e % (BN / 8);
-            const bool ok = m0 + c * 8 < g.M;
-            cp_async16(tQ + (SW == 2 ? sw64<R>(r, c * 8) : sw128<R>(r, c * 8)), ok ? g.q + r * g.ldq + m0 + c * 8 : g.q, ok ? 16 : 0);
-        } else {
-            const int r = e / (R / 8), c = e % (R / 8);
-            const bool ok = m0 + r < g.M;
-            cp_async16(tQ + sw128<BN>(r, c * 8), ok ? g.q + (int64_t)(m0 + r) * g.ldq + c * 8 : g.q, ok ? 16 : 0);
-        }
-    }
-    cp_async_commit();
+    if constexpr (!EARLY) load_q();
 #pragma unroll
     for (int i = 0; i < R / 8; i++)
 #pragma unroll
@@ -465,8 +493,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < NS; j++) wg_pin<BI / 8>(acc[j]);
-    consumers_sync();
-    __nv_bfloat16 *stg = (__nv_bfloat16 *)sm; // [128][BN + 8]
+    // y's staging [128][BN + 8], past tV and tQ: each warp stages and then stores its own 16 rows,
+    // so no block barrier is needed from here on
+    __nv_bfloat16 *stg = tV + kRows * 64 + (EARLY ? 0 : q_bytes<BN, R, BT>() / 2);
     constexpr int SL = BN + 8;
 #pragma unroll
     for (int j = 0; j < NS; j++)
@@ -474,13 +503,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < BI / 8; i++) {
             const int c = j * BI + i * 8 + cl;
             float b0 = 0.0f, b1 = 0.0f;
-            if (g.bias && m0 + c < g.M) b0 = __bfloat162float(g.bias[m0 + c]), b1 = __bfloat162float(g.bias[m0 + c + 1]);
+            if (EARLY && g.bias) b0 = __bfloat162float(tB[c]), b1 = __bfloat162float(tB[c + 1]); // zero past M
+            else if (g.bias && m0 + c < g.M) b0 = __bfloat162float(g.bias[m0 + c]), b1 = __bfloat162float(g.bias[m0 + c + 1]);
 #pragma unroll
             for (int h = 0; h < 2; h++) *(__nv_bfloat162 *)(stg + (rl + 8 * h) * SL + c) = __floats2bfloat162_rn(acc[j][i][2 * h] + b0, acc[j][i][2 * h + 1] + b1);
         }
-    consumers_sync();
-    for (int e = tid; e < kRows * (BN / 8); e += 256) {
-        const int r = e / (BN / 8), c = e % (BN / 8);
+    __syncwarp();
+    for (int e = lane; e < 16 * (BN / 8); e += 32) {
+        const int r = wg * 64 + warp * 16 + e / (BN / 8), c = e % (BN / 8);
         if (n0 + r < g.N && m0 + c * 8 < g.M) *(uint4 *)(g.y + (int64_t)(n0 + r) * g.M + m0 + c * 8) = *(const uint4 *)(stg + r * SL + c * 8);
     }
 #else
@@ -528,8 +558,8 @@ int pick_width(int sms, bool back, int64_t N, int64_t M, int64_t K, int64_t R) {
 template <int BN, int R, bool BT>
 void launch(const forge_cuda_params *p, const CUtensorMap &ta, const CUtensorMap &tw, const CUtensorMap &tp, const args &g) {
     auto k = kernel<BN, (BN > 256 ? 2 : 1), R, BT>;
-    FORGE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN, R>()));
-    forge_cuda_launch_kernel(k, dim3((g.M + BN - 1) / BN, (g.N + kRows - 1) / kRows), kThreads, smem_bytes<BN, R>(), p->stream, ta, tw, tp, g);
+    FORGE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN, R, BT>()));
+    forge_cuda_launch_kernel(k, dim3((g.M + BN - 1) / BN, (g.N + kRows - 1) / kRows), kThreads, smem_bytes<BN, R, BT>(), p->stream, ta, tw, tp, g);
 }
 template <int R, bool BT>
 void launch_r(const forge_cuda_params *p, int bn, const CUtensorMap &ta, const CUtensorMap &tw, const CUtensorMap &tp, const args &g) {
@@ -557,7 +587,7 @@ void launch_bt(const forge_cuda_params *p, int bn, int R, const CUtensorMap &ta,
 // when it does not take the node: it needs sm_90a (built for and run on), BF16 throughout (x, W,
 // dy, the output `out` - y or dX -, u if saved; the bias arrives in the output's type), R = 16, 32
 // or 48, M and K multiples of 8, and a shape where it was measured faster (tc::pick_width). The
-// operands must also be readable by TMA and 16-byte loads (tc_readable).
+// operands must also be readable by TMA and 16-byte loads (tc_readable), the bias by 4-byte ones.
 int tc_width(int sms, const lora_dims &d, bool back, const forge_tensor *out, const forge_tensor *u) {
     const forge_type bf = FORGE_TYPE_BF16;
     const bool fits = forge_cuda_wgmma_device() && d.T == bf && d.x->type == bf && d.w->type == bf && out && out->type == bf &&
@@ -651,7 +681,7 @@ void lora_forward_folded(forge_tensor *node, const forge_cuda_params *p, const l
     void *y = ct == node->type ? node->data : take(&scratch, (size_t)(d.N * d.M) * sizeof(float));
     const void *bias = forge_cuda_gemm_bias(p, bias_t, ct, &scratch);
     const char *sbd = (const char *)d.w->data + d.K * type_size(T); // scale Bd, in W's spare columns
-    if (const int bn = tc_width(p->sm_count, d, false, node, output(node, 1)); bn && tc_readable({x, d.w->data, ac, sbd}, {ldx, ldw}))
+    if (const int bn = tc_width(p->sm_count, d, false, node, output(node, 1)); bn && tc_readable({x, d.w->data, ac, sbd}, {ldx, ldw}) && (uintptr_t)bias % 4 == 0)
         return tc_run(p, d, false, bn, node->data, data_of(output(node, 1)), x, ldx, d.w->data, ldw, ac, sbd, ldw, 1.0f, bias);
     const void *u = forward_u(node, p, d, x, ldx, ac, &scratch); // x's type = T: u itself, ld R
     char *xp = take(&scratch, (size_t)(d.N * KR * type_size(T)));
@@ -678,7 +708,7 @@ void lora_forward_rows(forge_tensor *node, const forge_cuda_params *p, const lor
     const void *x = forge_cuda_gemm_rows(p, d.x, T, &ldx, &scratch);
     const prepped pr = prep(node, p, d, false, &scratch);
     const void *bias = forge_cuda_gemm_bias(p, bias_t, T, &scratch);
-    if (const int bn = tc_width(p->sm_count, d, false, node, output(node, 1)); bn && tc_readable({x, d.w->data, pr.ac, pr.bd}, {ldx}))
+    if (const int bn = tc_width(p->sm_count, d, false, node, output(node, 1)); bn && tc_readable({x, d.w->data, pr.ac, pr.bd}, {ldx}) && (uintptr_t)bias % 4 == 0)
         return tc_run(p, d, false, bn, node->data, data_of(output(node, 1)), x, ldx, d.w->data, d.K, pr.ac, pr.bd, d.R, d.scale, bias);
     char *yu = take(&scratch, (size_t)(d.N * MR * ts));
     forge_cuda_gemm(p, d.N, MR, d.K, x, ldx, 0, d.w->data, d.K, 1, T, yu, MR, T, 1.0f, 0.0f, nullptr, T); // [x W^T | u]
