@@ -43,8 +43,10 @@
 // from w and dw. The caller must only call it for an ADD that comes right after back in node
 // order (nothing in between reads s's memory or writes dy, x, g), as forge_cuda_launch_nodes does.
 //
-// One kernel, rmsnorm_kernel<V, MODE, OVF, BF> (MODE: forward, fused add + forward, backward,
-// backward with the weight gradient, either backward + add; BF: every row and the weight BF16,
+// The models' forward (BF16 rows and weight, rows of up to 1024, alone or with the add) runs on
+// rmsnorm_fwd_kernel (below); everything else on one kernel, rmsnorm_kernel<V, MODE, OVF, BF>
+// (MODE: forward, fused add + forward, backward, backward with the weight gradient, either
+// backward + add; BF: every row and the weight BF16,
 // types known at compile time, where the general kernel branches on them chunk by chunk - half
 // the instructions, 5-25% faster), rows held in registers. A row is cut into chunks of 16
 // bytes - V = 8 elements of BF16/F16 or 4 of F32 - when all its tensors are dense, 16-byte aligned
@@ -394,6 +396,90 @@ template <int V, int MODE, bool OVF, bool BF> __global__ void __launch_bounds__(
         }
 }
 
+// The models' forward, alone or with the residual add (fwd_kernel_takes says when): every row and
+// the weight BF16 in 16-byte chunks, at most 32 * FWD_NV chunks a row (Qwen2.5-0.5B's 896 and
+// Qwen3-0.6B's 1024; Gemma2-2B's 2304 measured no faster at 4096 rows), rows a constant stride
+// apart. A warp per row, four rows a 128-thread block, a flat grid: lane l owns chunks l, l + 32,
+// ... and issues the loads of all of them (a and b, or x, and w) first. The add is one bf16x2 add
+// a pair, correctly rounded, so h is bit for bit the fp32 sum rounded to bf16 that the elementwise
+// ADD stores (24 >= 2 * 8 + 2 bits: rounding twice cannot differ from rounding once). The sum of
+// squares of h as rounded is a fp32 chain per lane and a butterfly over the warp (the same bits in
+// every lane), r = rsqrt(mean + eps) in double as above, and the output pass is the general
+// kernel's (x r, rounded first with the cast before the weight, times w + offset). The general
+// kernel's strided 64-bit row walk, per-chunk predicates of its group layout, double chunk sums
+// and unpacked add are what this path leaves out: a third of its instructions a row.
+constexpr int FWD_NV = 4, FWD_ROWS = 4; // chunks a lane at most (a bf16 row of 1024), rows a block
+struct fwd_args {
+    const uint4 *x, *b; // x (or the add's a) and the add's b; rows ldx, ldb chunks apart
+    uint4 *h, *y;       // contiguous rows of nch chunks
+    const uint4 *w;
+    int64_t ldx, ldb, rows;
+    int nch;
+    float eps, offset;
+    double inv_C;
+    bool cast_before;
+};
+__device__ inline uint4 add_bf16x8(uint4 a, uint4 b) {
+    auto add = [](uint32_t p, uint32_t q) {
+        const __nv_bfloat162 r = __hadd2(*(const __nv_bfloat162 *)&p, *(const __nv_bfloat162 *)&q);
+        return *(const uint32_t *)&r;
+    };
+    return make_uint4(add(a.x, b.x), add(a.y, b.y), add(a.z, b.z), add(a.w, b.w));
+}
+__device__ inline void unpack8(const uint4 &c, float *v) {
+    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    forge_cuda_unpack16<4>(FORGE_TYPE_BF16, w, v);
+}
+template <bool ADD> __global__ void __launch_bounds__(32 * FWD_ROWS) rmsnorm_fwd_kernel(const fwd_args a) {
+    constexpr int NV = FWD_NV;
+    forge_cuda_prologue();
+    const int lane = threadIdx.x % 32;
+    const int64_t r = (int64_t)blockIdx.x * FWD_ROWS + threadIdx.x / 32;
+    if (r >= a.rows) return;
+    uint4 xv[NV], bv[ADD ? NV : 1], wv[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int k = lane + 32 * i;
+        if (k >= a.nch) continue;
+        xv[i] = a.x[r * a.ldx + k];
+        if constexpr (ADD) bv[i] = a.b[r * a.ldb + k];
+        wv[i] = a.w[k];
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int k = lane + 32 * i;
+        if (k >= a.nch) continue;
+        if constexpr (ADD) { // (every load above is in flight before the first store: h may be a or b)
+            xv[i] = add_bf16x8(xv[i], bv[i]);
+            a.h[r * a.nch + k] = xv[i];
+        }
+        float v[8];
+        unpack8(xv[i], v);
+#pragma unroll
+        for (int e = 0; e < 8; e++) ss = fmaf(v[e], v[e], ss);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float rs = (float)rsqrt((double)ss * a.inv_C + (double)a.eps);
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int k = lane + 32 * i;
+        if (k >= a.nch) continue;
+        float v[8], w[8];
+        unpack8(xv[i], v);
+        unpack8(wv[i], w);
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] *= rs;
+        if (a.cast_before) forge_cuda_round<8>(FORGE_TYPE_BF16, v);
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] *= w[e] + a.offset;
+        uint32_t o[4];
+        forge_cuda_pack16<4>(FORGE_TYPE_BF16, v, o);
+        a.y[r * a.nch + k] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
 // dw[c] = sum over the n_slot partials, in order: 32 columns x 32 slot lanes per block, each lane
 // sums every 32nd slot, the lanes are added in order.
 __global__ void __launch_bounds__(1024) dw_reduce_kernel(const double *part, int64_t n_slot, int64_t C, float *dw) {
@@ -486,6 +572,23 @@ int width_of(const forge_tensor *node, const forge_tensor *add) {
     return common_width({node->src[0], node});
 }
 
+// Whether t's rows (dims 1..3) are a constant stride apart.
+bool uniform_rows(const forge_tensor *t) {
+    for (int i = 2; i < 4; i++)
+        if (t->ne[i] > 1 && t->nb[i] != t->nb[i - 1] * (size_t)t->ne[i - 1]) return false;
+    return true;
+}
+// Whether a forward (with add: the fused pair) runs on rmsnorm_fwd_kernel (see there).
+bool fwd_kernel_takes(const forge_tensor *norm, const forge_tensor *add) {
+    const forge_tensor *w = norm->src[1];
+    if (norm->op != FORGE_OP_RMSNORM || width_of(norm, add) != 8 || norm->ne[0] > 8 * 32 * FWD_NV) return false;
+    if (w->type != FORGE_TYPE_BF16 || w->nb[0] != 2 || (uintptr_t)w->data % 16) return false;
+    const forge_tensor *rows[4] = {add ? add->src[0] : norm->src[0], add ? add->src[1] : nullptr, add, norm};
+    for (const forge_tensor *t : rows)
+        if (t && (t->type != FORGE_TYPE_BF16 || !uniform_rows(t))) return false;
+    return true;
+}
+
 // Runs an RMSNORM or RMSNORM_BACK node; add: for a forward, the ADD node in front to fuse (its
 // sources are read instead of node->src[0], and its result is written too); for a backward, the
 // ADD of dx and g after it (g is read, dx + g written besides dx).
@@ -495,6 +598,15 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
     const int mode = mode_of(node, add), V = width_of(node, add);
     const int64_t C = x->ne[0], rows = x->ne[1] * x->ne[2] * x->ne[3];
     if (C == 0 || rows == 0) return;
+    if (!back && fwd_kernel_takes(node, add)) {
+        const forge_tensor *xs = add ? add->src[0] : x, *bs = add ? add->src[1] : nullptr;
+        fwd_args f{(const uint4 *)xs->data, bs ? (const uint4 *)bs->data : nullptr, add ? (uint4 *)add->data : nullptr, (uint4 *)node->data,
+                   (const uint4 *)w->data, (int64_t)xs->nb[1] / 16, bs ? (int64_t)bs->nb[1] / 16 : 0, rows, (int)(C / 8), node->op_f[0],
+                   node->op_f[1], 1.0 / (double)C, node->op_i[0] == FORGE_NORM_CAST_BEFORE_WEIGHT};
+        const unsigned grid = (unsigned)((rows + FWD_ROWS - 1) / FWD_ROWS);
+        forge_cuda_launch_kernel(add ? rmsnorm_fwd_kernel<true> : rmsnorm_fwd_kernel<false>, grid, 32 * FWD_ROWS, 0, p->stream, f);
+        return;
+    }
     const rms_plan pl = plan_of(V, C, rows, mode);
     rms_args a;
     a.x = rows_of(x);
@@ -573,6 +685,7 @@ bool fusable(const forge_tensor *add, const forge_tensor *norm) {
     for (int i = 0; i < 4; i++)
         if (a->ne[i] != add->ne[i] || b->ne[i] != add->ne[i]) return false;
     if (width_of(norm, add) != width_of(norm, nullptr)) return false; // the norm alone would cut rows differently
+    if (fwd_kernel_takes(norm, add) != fwd_kernel_takes(norm, nullptr)) return false; // ... or run on the other kernel
     for (const forge_tensor *s : {a, b}) {
         const bool in_place = s->data == add->data && s->type == add->type && contiguous(s);
         if (!(in_place || forge_cuda_disjoint(s, add)) || !(forge_cuda_disjoint(s, norm) || same_memory(s, norm))) return false;

@@ -25,6 +25,7 @@ struct forge_cuda_params;
 const forge_cuda_params *forge_cuda_backend_params(forge_backend *be);
 void forge_cuda_launch_node(forge_tensor *node, const forge_cuda_params *p);
 bool forge_cuda_rmsnorm_back_add(forge_tensor *back, forge_tensor *add, const forge_cuda_params *p);
+bool forge_cuda_add_rmsnorm(forge_tensor *add_node, forge_tensor *norm_node, const forge_cuda_params *p);
 
 namespace {
 
@@ -148,6 +149,53 @@ void direct_check(const char *name, forge_type t, int64_t C, int64_t N, bool tra
     forge_ctx_free(ctx);
 }
 
+// Calls forge_cuda_add_rmsnorm on h = x + r, y = rmsnorm(h, w) (weight and rows of type t) and
+// compares h and y bit for bit with the ADD and RMSNORM nodes launched one by one.
+void direct_fwd_check(const char *name, forge_type t, int64_t C, int64_t N, float offset, forge_norm_cast cast) {
+    const int failures = g_failures;
+    forge_ctx *ctx = forge_ctx_new();
+    forge_backend *be = forge_backend_cuda_new(0);
+    const forge_cuda_params *p = forge_cuda_backend_params(be);
+    forge_tensor *x = forge_tensor_set_flags(forge_tensor_new_2d(ctx, t, C, N), FORGE_FLAG_INPUT);
+    forge_tensor *r = forge_tensor_set_flags(forge_tensor_new_2d(ctx, t, C, N), FORGE_FLAG_INPUT);
+    forge_tensor *w = forge_tensor_set_flags(forge_tensor_new_1d(ctx, t, C), FORGE_FLAG_INPUT);
+    forge_tensor *h = forge_tensor_set_flags(forge_add(ctx, x, r), FORGE_FLAG_OUTPUT);
+    forge_tensor *y = forge_tensor_set_flags(forge_rmsnorm(ctx, h, w, 1e-6f, offset, cast), FORGE_FLAG_OUTPUT);
+    forge_graph *g = forge_graph_new(ctx);
+    if (!p || forge_graph_build_forward(g, y) != FORGE_OK) {
+        CHECK(false, "%s: no graph (%s)", name, forge_ctx_error(ctx));
+        forge_backend_free(be);
+        forge_ctx_free(ctx);
+        return;
+    }
+    REQUIRE_OK(forge_backend_alloc_graph(be, g));
+    int k = 0;
+    for (forge_tensor *q : {x, r, w}) {
+        Rng rng(777 + (uint64_t)k++);
+        fill_random(q, rng);
+    }
+    auto run = [&](bool fused, std::vector<float> &hv, std::vector<float> &yv) {
+        forge_tensor_fill(h, 1234.5f);
+        forge_tensor_fill(y, -777.0f);
+        if (fused) {
+            CHECK(forge_cuda_add_rmsnorm(h, y, p), "%s: forge_cuda_add_rmsnorm refused the pair", name);
+        } else {
+            forge_cuda_launch_node(h, p);
+            forge_cuda_launch_node(y, p);
+        }
+        hv = tensor_f32(h);
+        yv = tensor_f32(y);
+    };
+    std::vector<float> h0, y0, h1, y1;
+    run(false, h0, y0);
+    run(true, h1, y1);
+    CHECK(same_bits(h0, h1), "%s: h differs from the unfused ADD", name);
+    CHECK(same_bits(y0, y1), "%s: y differs from the unfused RMSNORM", name);
+    std::printf("%-8s %s\n", g_failures == failures ? "ok" : "FAIL", name);
+    forge_backend_free(be);
+    forge_ctx_free(ctx);
+}
+
 } // namespace
 
 int main() {
@@ -161,6 +209,11 @@ int main() {
     norm_case("rmsnorm f32 gemma2 [2304, 128], offset 1, cast after", F32, F32, {2304, 128}, 1e-6f, 1.0f, AFTER);
     norm_case("rmsnorm bf16 [896, 3000] (several tiles per block)", BF16, F32, {896, 3000}, 1e-5f, 0.0f, BEFORE);
     norm_case("rmsnorm bf16 [1024, 256], frozen weight", BF16, BF16, {1024, 256}, 1e-6f, 0.0f, BEFORE, false);
+    // rmsnorm_fwd_kernel (BF16 rows and weight, rows up to 1024): rows not a multiple of a block's
+    // 4, a 3-d input, two chunks a row; 2048 with offset 1 and the cast before on the general kernel
+    norm_case("rmsnorm bf16 qwen3 [1024, 193, 2], bf16 w", BF16, BF16, {1024, 193, 2}, 1e-6f, 0.0f, BEFORE);
+    norm_case("rmsnorm bf16 [2048, 131], bf16 w, offset 1", BF16, BF16, {2048, 131}, 1e-6f, 1.0f, BEFORE);
+    norm_case("rmsnorm bf16 [64, 7], bf16 w (two chunks a row)", BF16, BF16, {64, 7}, 1e-6f, 0.0f, BEFORE);
 
     // Qwen3's per-head norm on q and k slices of a fused q/k/v [128, 16 + 8 + 8, T]
     for (forge_type t : {BF16, F32}) {
@@ -199,6 +252,25 @@ int main() {
                         return c;
                     });
     }
+    // the same in BF16 throughout (rmsnorm_fwd_kernel, fused and alone), and bit for bit against the two nodes
+    for (int64_t C : {896, 2304}) {
+        const bool gemma = C == 2304;
+        const int64_t N = gemma ? 130 : 387;
+        conformance(gemma ? "residual add + rmsnorm bf16 [2304, 130], bf16 w, offset 1, cast after" : "residual add + rmsnorm bf16 [896, 387], bf16 w",
+                    [=](forge_ctx *ctx) {
+                        ConfCase c;
+                        forge_tensor *x = forge_tensor_new_2d(ctx, BF16, C, N), *r = forge_tensor_new_2d(ctx, BF16, C, N);
+                        forge_tensor *w = forge_tensor_new_1d(ctx, BF16, C);
+                        forge_tensor *h = forge_add(ctx, x, r);
+                        c.y = forge_mul(ctx, forge_rmsnorm(ctx, h, w, 1e-6f, gemma ? 1.0f : 0.0f, gemma ? AFTER : BEFORE), h);
+                        c.params = {x, r, w};
+                        return c;
+                    });
+    }
+    direct_fwd_check("add_rmsnorm direct bf16 [896, 387]", BF16, 896, 387, 0.0f, BEFORE);
+    direct_fwd_check("add_rmsnorm direct bf16 [1024, 512]", BF16, 1024, 512, 0.0f, BEFORE);
+    direct_fwd_check("add_rmsnorm direct bf16 [2304, 130], offset 1, cast after", BF16, 2304, 130, 1.0f, AFTER);
+    direct_fwd_check("add_rmsnorm direct f32 [896, 64] (the general kernel)", F32, 896, 64, 0.0f, BEFORE);
     // x f32 + r bf16: [896, 64] has a and h of 4-byte elements, b of 2, so the chunk widths differ
     // and the pair runs unfused; [37, 9] takes the element path
     const struct { const char *name; int64_t C, T; } mixed[] = {{"residual add + rmsnorm f32 + bf16 [896, 64] (not fused)", 896, 64},
