@@ -428,24 +428,20 @@ __device__ inline uint4 add_bf16x8(uint4 a, uint4 b) {
     };
     return make_uint4(add(a.x, b.x), add(a.y, b.y), add(a.z, b.z), add(a.w, b.w));
 }
-__device__ inline void unpack8(const uint4 &c, float *v) {
-    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-    forge_cuda_unpack16<4>(FORGE_TYPE_BF16, w, v);
-}
 template <bool ADD> __global__ void __launch_bounds__(32 * FWD_ROWS) rmsnorm_fwd_kernel(const fwd_args a) {
     constexpr int NV = FWD_NV;
     forge_cuda_prologue();
     const int lane = threadIdx.x % 32;
     const int64_t r = (int64_t)blockIdx.x * FWD_ROWS + threadIdx.x / 32;
     if (r >= a.rows) return;
-    uint4 xv[NV], bv[ADD ? NV : 1], wv[NV];
+    chunk<8> xv[NV], bv[ADD ? NV : 1], wv[NV];
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int k = lane + 32 * i;
         if (k >= a.nch) continue;
-        xv[i] = a.x[r * a.ldx + k];
-        if constexpr (ADD) bv[i] = a.b[r * a.ldb + k];
-        wv[i] = a.w[k];
+        xv[i].u = a.x[r * a.ldx + k];
+        if constexpr (ADD) bv[i].u = a.b[r * a.ldb + k];
+        wv[i].u = a.w[k];
     }
     float ss = 0.0f;
 #pragma unroll
@@ -453,11 +449,11 @@ template <bool ADD> __global__ void __launch_bounds__(32 * FWD_ROWS) rmsnorm_fwd
         const int k = lane + 32 * i;
         if (k >= a.nch) continue;
         if constexpr (ADD) { // (every load above is in flight before the first store: h may be a or b)
-            xv[i] = add_bf16x8(xv[i], bv[i]);
-            a.h[r * a.nch + k] = xv[i];
+            xv[i].u = add_bf16x8(xv[i].u, bv[i].u);
+            a.h[r * a.nch + k] = xv[i].u;
         }
         float v[8];
-        unpack8(xv[i], v);
+        unpack<8>(FORGE_TYPE_BF16, xv[i], v);
 #pragma unroll
         for (int e = 0; e < 8; e++) ss = fmaf(v[e], v[e], ss);
     }
@@ -469,16 +465,14 @@ template <bool ADD> __global__ void __launch_bounds__(32 * FWD_ROWS) rmsnorm_fwd
         const int k = lane + 32 * i;
         if (k >= a.nch) continue;
         float v[8], w[8];
-        unpack8(xv[i], v);
-        unpack8(wv[i], w);
+        unpack<8>(FORGE_TYPE_BF16, xv[i], v);
+        unpack<8>(FORGE_TYPE_BF16, wv[i], w);
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] *= rs;
         if (a.cast_before) forge_cuda_round<8>(FORGE_TYPE_BF16, v);
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] *= w[e] + a.offset;
-        uint32_t o[4];
-        forge_cuda_pack16<4>(FORGE_TYPE_BF16, v, o);
-        a.y[r * a.nch + k] = make_uint4(o[0], o[1], o[2], o[3]);
+        a.y[r * a.nch + k] = pack<8>(FORGE_TYPE_BF16, v).u;
     }
 }
 
