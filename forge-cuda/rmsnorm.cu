@@ -43,8 +43,8 @@
 // from w and dw. The caller must only call it for an ADD that comes right after back in node
 // order (nothing in between reads s's memory or writes dy, x, g), as forge_cuda_launch_nodes does.
 //
-// The models' forward (BF16 rows and weight, rows of up to 1024, alone or with the add) runs on
-// rmsnorm_fwd_kernel (below); everything else on one kernel, rmsnorm_kernel<V, MODE, OVF, BF>
+// The models' rows (BF16 rows and weight, rows of up to 1024, no dw; forward or backward, alone or
+// with the add) run on rmsnorm_warp_kernel (below); everything else on one kernel, rmsnorm_kernel<V, MODE, OVF, BF>
 // (MODE: forward, fused add + forward, backward, backward with the weight gradient, either
 // backward + add; BF: every row and the weight BF16,
 // types known at compile time, where the general kernel branches on them chunk by chunk - half
@@ -396,30 +396,34 @@ template <int V, int MODE, bool OVF, bool BF> __global__ void __launch_bounds__(
         }
 }
 
-// The models' forward, alone or with the residual add (fwd_kernel_takes says when): every row and
-// the weight BF16 in 16-byte chunks, at most 32 * FWD_NV chunks a row (Qwen2.5-0.5B's 896 and
-// Qwen3-0.6B's 1024; Gemma2-2B's 2304 measured no faster at 4096 rows), rows a constant stride
-// apart. A warp per row, four rows a 128-thread block, a flat grid: lane l owns chunks l, l + 32,
-// ... and issues the loads of all of them (a and b, or x, and w) first. The add is one bf16x2 add
-// a pair, correctly rounded, so h is bit for bit the fp32 sum rounded to bf16 that the elementwise
-// ADD stores (24 >= 2 * 8 + 2 bits: rounding twice cannot differ from rounding once). The sum of
-// squares of h as rounded is a fp32 chain per lane and a butterfly over the warp (the same bits in
-// every lane), r = rsqrt(mean + eps) in double as above, and the output pass is the general
-// kernel's (x r, rounded first with the cast before the weight, times w + offset). The general
-// kernel's strided 64-bit row walk, per-chunk predicates of its group layout, double chunk sums
-// and unpacked add are what this path leaves out (counted from the operations a chunk takes, about
-// a third of the instructions a row; not profiled). Measured against the general kernel
-// (bench/results/rmsnorm-fwd-kernel-h200-20261203/): add + norm 0.82-0.91x, the norm 0.89-0.95x.
-constexpr int FWD_NV = 4, FWD_ROWS = 4; // chunks a lane at most (a bf16 row of 1024), rows a block
-struct fwd_args {
-    const uint4 *x, *b; // x (or the add's a) and the add's b; rows ldx, ldb chunks apart
-    uint4 *h, *y;       // contiguous rows of nch chunks
+// The models' rows (warp_kernel_takes says when): every row and the weight BF16 in 16-byte chunks,
+// at most 32 * WARP_NV chunks a row (Qwen2.5-0.5B's 896 and Qwen3-0.6B's 1024; Gemma2-2B's 2304
+// measured no faster forward at 4096 rows), rows a constant stride apart, no dw (the weight
+// frozen, as in a LoRA step). A warp per row, four rows a 128-thread block, a flat grid: lane l
+// owns chunks l, l + 32, ... and issues the loads of all of them (x or the add's a and b; dy, x
+// and g backward; w) first. The forward's add is one bf16x2 add a pair, correctly rounded, so h is
+// bit for bit the fp32 sum rounded to bf16 that the elementwise ADD stores (24 >= 2 * 8 + 2 bits:
+// rounding twice cannot differ from rounding once); the backward's sum s = dx + g is the same add
+// on dx as rounded. The sums (of x^2, and of dy w' x backward) are fp32 chains per lane and a
+// butterfly over the warp (the same bits in every lane), r = rsqrt(mean + eps) in double as above,
+// and the output pass is the general kernel's arithmetic (forward: x r, rounded first with the
+// cast before the weight, times w'; backward: r (dy w' - x r m)). The general kernel's strided
+// 64-bit row walk, per-chunk predicates of its group layout, double chunk sums and unpacked add are
+// what this path leaves out (counted from the operations a chunk takes, about a third of the
+// instructions a row forward; not profiled). Measured against the general kernel: forward
+// (bench/results/rmsnorm-fwd-kernel-h200-20261203/) add + norm 0.82-0.91x, the norm 0.89-0.95x;
+// backward (bench/results/rmsnorm-warp-back-h200-20261203/) 0.82-0.87x, with the add 0.88x.
+constexpr int WARP_NV = 4, WARP_ROWS = 4; // chunks a lane at most (a bf16 row of 1024), rows a block
+struct warp_args {
+    const uint4 *x, *b, *dy; // x (forward + add: the add's a), the add's b (backward: g), dy
+    uint4 *h, *y;            // the add's result (backward: s = dx + g), y (backward: dx); contiguous rows of nch chunks
     const uint4 *w;
-    int64_t ldx, ldb, rows;
+    int64_t ldx, ldb, lddy, rows; // row strides in chunks
     int nch;
     float eps, offset;
     double inv_C;
     bool cast_before;
+    bool y_store; // backward + add: false when dx is dead (only s is stored)
 };
 __device__ inline uint4 add_bf16x8(uint4 a, uint4 b) {
     auto add = [](uint32_t p, uint32_t q) {
@@ -428,51 +432,68 @@ __device__ inline uint4 add_bf16x8(uint4 a, uint4 b) {
     };
     return make_uint4(add(a.x, b.x), add(a.y, b.y), add(a.z, b.z), add(a.w, b.w));
 }
-template <bool ADD> __global__ void __launch_bounds__(32 * FWD_ROWS) rmsnorm_fwd_kernel(const fwd_args a) {
-    constexpr int NV = FWD_NV;
+template <int MODE> __global__ void __launch_bounds__(32 * WARP_ROWS) rmsnorm_warp_kernel(const warp_args a) {
+    static_assert(!is_dw(MODE), "dw runs on the general kernel");
+    constexpr int NV = WARP_NV;
+    constexpr bool BACK = is_back(MODE), ADD = MODE == RMS_ADD_FWD || MODE == RMS_BACK_ADD;
     forge_cuda_prologue();
     const int lane = threadIdx.x % 32;
-    const int64_t r = (int64_t)blockIdx.x * FWD_ROWS + threadIdx.x / 32;
+    const int64_t r = (int64_t)blockIdx.x * WARP_ROWS + threadIdx.x / 32;
     if (r >= a.rows) return;
-    chunk<8> xv[NV], bv[ADD ? NV : 1], wv[NV];
+    chunk<8> xv[NV], bv[ADD ? NV : 1], dv[BACK ? NV : 1], wv[NV];
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int k = lane + 32 * i;
         if (k >= a.nch) continue;
         xv[i].u = a.x[r * a.ldx + k];
         if constexpr (ADD) bv[i].u = a.b[r * a.ldb + k];
+        if constexpr (BACK) dv[i].u = a.dy[r * a.lddy + k];
         wv[i].u = a.w[k];
     }
-    float ss = 0.0f;
+    float ss = 0.0f, sg = 0.0f; // sum x^2, sum dy w' x
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int k = lane + 32 * i;
         if (k >= a.nch) continue;
-        if constexpr (ADD) { // (every load above is in flight before the first store: h may be a or b)
+        if constexpr (ADD && !BACK) { // (every load above is in flight before the first store: h may be a or b)
             xv[i].u = add_bf16x8(xv[i].u, bv[i].u);
             a.h[r * a.nch + k] = xv[i].u;
         }
-        float v[8];
+        float v[8], d[8], w[8];
         unpack<8>(FORGE_TYPE_BF16, xv[i], v);
+        if constexpr (BACK) {
+            unpack<8>(FORGE_TYPE_BF16, dv[i], d);
+            unpack<8>(FORGE_TYPE_BF16, wv[i], w);
+        }
 #pragma unroll
-        for (int e = 0; e < 8; e++) ss = fmaf(v[e], v[e], ss);
+        for (int e = 0; e < 8; e++) {
+            ss = fmaf(v[e], v[e], ss);
+            if constexpr (BACK) sg = fmaf(d[e] * (w[e] + a.offset), v[e], sg);
+        }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    for (int o = 16; o > 0; o >>= 1) {
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if constexpr (BACK) sg += __shfl_xor_sync(0xffffffffu, sg, o);
+    }
     const float rs = (float)rsqrt((double)ss * a.inv_C + (double)a.eps);
+    const float m = BACK ? (float)((double)rs * (double)sg * a.inv_C) : 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int k = lane + 32 * i;
         if (k >= a.nch) continue;
-        float v[8], w[8];
+        float v[8], w[8], d[8];
         unpack<8>(FORGE_TYPE_BF16, xv[i], v);
         unpack<8>(FORGE_TYPE_BF16, wv[i], w);
+        if constexpr (BACK) unpack<8>(FORGE_TYPE_BF16, dv[i], d);
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] *= rs;
-        if (a.cast_before) forge_cuda_round<8>(FORGE_TYPE_BF16, v);
+        if (!BACK && a.cast_before) forge_cuda_round<8>(FORGE_TYPE_BF16, v);
 #pragma unroll
-        for (int e = 0; e < 8; e++) v[e] *= w[e] + a.offset;
-        a.y[r * a.nch + k] = pack<8>(FORGE_TYPE_BF16, v).u;
+        for (int e = 0; e < 8; e++) v[e] = BACK ? rs * (d[e] * (w[e] + a.offset) - v[e] * m) : v[e] * (w[e] + a.offset);
+        const uint4 o = pack<8>(FORGE_TYPE_BF16, v).u;
+        if (!BACK || a.y_store) a.y[r * a.nch + k] = o;
+        if constexpr (BACK && ADD) a.h[r * a.nch + k] = add_bf16x8(o, bv[i].u);
     }
 }
 
@@ -574,12 +595,14 @@ bool uniform_rows(const forge_tensor *t) {
         if (t->ne[i] > 1 && t->nb[i] != t->nb[i - 1] * (size_t)t->ne[i - 1]) return false;
     return true;
 }
-// Whether a forward (with add: the fused pair) runs on rmsnorm_fwd_kernel (see there).
-bool fwd_kernel_takes(const forge_tensor *norm, const forge_tensor *add) {
-    const forge_tensor *w = norm->src[1];
-    if (norm->op != FORGE_OP_RMSNORM || width_of(norm, add) != 8 || norm->ne[0] > 8 * 32 * FWD_NV) return false;
+// Whether a node (with add: the fused pair) runs on rmsnorm_warp_kernel (see there).
+bool warp_kernel_takes(const forge_tensor *node, const forge_tensor *add) {
+    const bool back = node->op == FORGE_OP_RMSNORM_BACK;
+    const forge_tensor *w = node->src[back ? 2 : 1];
+    if ((back && node->res[1]) || width_of(node, add) != 8 || node->ne[0] > 8 * 32 * WARP_NV) return false;
     if (w->type != FORGE_TYPE_BF16 || w->nb[0] != 2 || (uintptr_t)w->data % 16) return false;
-    const forge_tensor *rows[4] = {add ? add->src[0] : norm->src[0], add ? add->src[1] : nullptr, add, norm};
+    const forge_tensor *rows[5] = {node, add, back ? node->src[0] : nullptr, back ? node->src[1] : (add ? add->src[0] : node->src[0]),
+                                   add ? (back ? other_src(add, node) : add->src[1]) : nullptr};
     for (const forge_tensor *t : rows)
         if (t && (t->type != FORGE_TYPE_BF16 || !uniform_rows(t))) return false;
     return true;
@@ -594,13 +617,20 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
     const int mode = mode_of(node, add), V = width_of(node, add);
     const int64_t C = x->ne[0], rows = x->ne[1] * x->ne[2] * x->ne[3];
     if (C == 0 || rows == 0) return;
-    if (!back && fwd_kernel_takes(node, add)) {
-        const forge_tensor *xs = add ? add->src[0] : x, *bs = add ? add->src[1] : nullptr;
-        fwd_args f{(const uint4 *)xs->data, bs ? (const uint4 *)bs->data : nullptr, add ? (uint4 *)add->data : nullptr, (uint4 *)node->data,
-                   (const uint4 *)w->data, (int64_t)xs->nb[1] / 16, bs ? (int64_t)bs->nb[1] / 16 : 0, rows, (int)(C / 8), node->op_f[0],
-                   node->op_f[1], 1.0 / (double)C, node->op_i[0] == FORGE_NORM_CAST_BEFORE_WEIGHT};
-        const unsigned grid = (unsigned)((rows + FWD_ROWS - 1) / FWD_ROWS);
-        forge_cuda_launch_kernel(add ? rmsnorm_fwd_kernel<true> : rmsnorm_fwd_kernel<false>, grid, 32 * FWD_ROWS, 0, p->stream, f);
+    // dx dead: s in place over it, or the ADD its only reader (only the sum is stored)
+    const bool dst_store = !(add && back && (add->data == node->data || (p->fusions && p->fusions->dead_dx.count(node))));
+    if (warp_kernel_takes(node, add)) {
+        const forge_tensor *xs = add && !back ? add->src[0] : x, *bs = add ? (back ? other_src(add, node) : add->src[1]) : nullptr;
+        const forge_tensor *dy = back ? node->src[0] : nullptr;
+        auto ld = [](const forge_tensor *t) { return t ? (int64_t)t->nb[1] / 16 : 0; };
+        const warp_args f{(const uint4 *)xs->data, bs ? (const uint4 *)bs->data : nullptr, dy ? (const uint4 *)dy->data : nullptr,
+                          add ? (uint4 *)add->data : nullptr, (uint4 *)node->data, (const uint4 *)w->data, ld(xs), ld(bs), ld(dy), rows,
+                          (int)(C / 8), node->op_f[0], node->op_f[1], 1.0 / (double)C, node->op_i[0] == FORGE_NORM_CAST_BEFORE_WEIGHT,
+                          dst_store};
+        const unsigned grid = (unsigned)((rows + WARP_ROWS - 1) / WARP_ROWS);
+        auto kernel = mode == RMS_FWD ? rmsnorm_warp_kernel<RMS_FWD> : mode == RMS_ADD_FWD ? rmsnorm_warp_kernel<RMS_ADD_FWD>
+                    : mode == RMS_BACK ? rmsnorm_warp_kernel<RMS_BACK> : rmsnorm_warp_kernel<RMS_BACK_ADD>;
+        forge_cuda_launch_kernel(kernel, grid, 32 * WARP_ROWS, 0, p->stream, f);
         return;
     }
     const rms_plan pl = plan_of(V, C, rows, mode);
@@ -611,8 +641,7 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
     a.b = rows_of(add ? (back ? other_src(add, node) : add->src[1]) : nullptr);
     a.dst = rows_of(node);
     a.h = rows_of(add);
-    // dx dead: s in place over it, or the ADD its only reader (only the sum is stored)
-    a.dst_store = !(add && back && (add->data == node->data || (p->fusions && p->fusions->dead_dx.count(node))));
+    a.dst_store = dst_store;
     a.w = (const char *)w->data;
     a.wtype = w->type;
     a.w_nb = (int64_t)w->nb[0];
@@ -681,7 +710,7 @@ bool fusable(const forge_tensor *add, const forge_tensor *norm) {
     for (int i = 0; i < 4; i++)
         if (a->ne[i] != add->ne[i] || b->ne[i] != add->ne[i]) return false;
     if (width_of(norm, add) != width_of(norm, nullptr)) return false; // the norm alone would cut rows differently
-    if (fwd_kernel_takes(norm, add) != fwd_kernel_takes(norm, nullptr)) return false; // ... or run on the other kernel
+    if (warp_kernel_takes(norm, add) != warp_kernel_takes(norm, nullptr)) return false; // ... or run on the other kernel
     for (const forge_tensor *s : {a, b}) {
         const bool in_place = s->data == add->data && s->type == add->type && contiguous(s);
         if (!(in_place || forge_cuda_disjoint(s, add)) || !(forge_cuda_disjoint(s, norm) || same_memory(s, norm))) return false;
@@ -699,6 +728,7 @@ bool back_fusable(const forge_tensor *back, const forge_tensor *add) {
     for (int i = 0; i < 4; i++)
         if (g->ne[i] != back->ne[i] || add->ne[i] != back->ne[i] || x->ne[i] != back->ne[i] || dy->ne[i] != back->ne[i]) return false;
     if (width_of(back, add) != width_of(back, nullptr)) return false; // the backward alone would cut rows differently
+    if (warp_kernel_takes(back, add) != warp_kernel_takes(back, nullptr)) return false; // ... or run on the other kernel
     // dx (written) overlaps none of what the kernel reads
     for (const forge_tensor *t : {g, dy, x, w})
         if (!forge_cuda_disjoint(back, t)) return false;

@@ -14,8 +14,8 @@
 // RMSNORM_BACK then ADD(g, dx), which a backend fuses into forge_cuda_rmsnorm_back_add) at
 // Qwen2.5 (896) and Gemma2 (2304) in BF16 and F32 through the harness, and forge_cuda_rmsnorm_back_add
 // called directly: dx, dx + g and dw bit for bit those of the two nodes launched one by one
-// (vector and element paths, rows past the registers, the sum in place over g and over dx), and
-// false for pairs that do not match.
+// (vector and element paths, rows past the registers, the sum in place over g and over dx, BF16
+// rows and weight on the warp kernel), and false for pairs that do not match.
 #include "cuda-util.h"
 
 #include <cstring>
@@ -50,8 +50,8 @@ void norm_case(const char *name, forge_type xt, forge_type wt, std::vector<int64
 // must not be a PARAM, whose gradient contributions go to ACCs, not ADDs). Its backward has
 // RMSNORM_BACK(g_n, h, w) followed by ADD(g_h2, dx) (dw's RESULT node between when w trains).
 forge_tensor *residual_norm(forge_ctx *ctx, forge_type t, int64_t C, int64_t N, float offset, forge_norm_cast cast, bool train_w, bool h_is_add,
-                            std::vector<forge_tensor *> &params) {
-    forge_tensor *x = forge_tensor_new_2d(ctx, t, C, N), *w = forge_tensor_new_1d(ctx, F32, C), *s = forge_tensor_new_2d(ctx, t, C, N);
+                            std::vector<forge_tensor *> &params, forge_type wt = F32) {
+    forge_tensor *x = forge_tensor_new_2d(ctx, t, C, N), *w = forge_tensor_new_1d(ctx, wt, C), *s = forge_tensor_new_2d(ctx, t, C, N);
     params = {x, s};
     if (train_w) params.push_back(w);
     forge_tensor *h;
@@ -73,14 +73,15 @@ enum alias_kind { ALIAS_NONE, ALIAS_G, ALIAS_DX };
 
 // Calls forge_cuda_rmsnorm_back_add on the RMSNORM_BACK + ADD pair of residual_norm's backward and
 // compares dx, dx + g and dw bit for bit with the two nodes launched one by one; alias: the sum's
-// memory pointed at g's or dx's (the ADD in place).
-void direct_check(const char *name, forge_type t, int64_t C, int64_t N, bool train_w, alias_kind alias = ALIAS_NONE) {
+// memory pointed at g's or dx's (the ADD in place); wt: the weight's type (BF16 rows and weight
+// without dw run on rmsnorm_warp_kernel).
+void direct_check(const char *name, forge_type t, int64_t C, int64_t N, bool train_w, alias_kind alias = ALIAS_NONE, forge_type wt = F32) {
     const int failures = g_failures;
     forge_ctx *ctx = forge_ctx_new();
     forge_backend *be = forge_backend_cuda_new(0);
     const forge_cuda_params *p = forge_cuda_backend_params(be);
     std::vector<forge_tensor *> params;
-    forge_tensor *y = residual_norm(ctx, t, C, N, 0.0f, BEFORE, train_w, false, params);
+    forge_tensor *y = residual_norm(ctx, t, C, N, 0.0f, BEFORE, train_w, false, params, wt);
     forge_tensor *r = forge_tensor_set_flags(forge_tensor_new_2d(ctx, t, C, N), FORGE_FLAG_INPUT);
     forge_tensor *loss = forge_sum(ctx, forge_mul(ctx, y, r));
     for (forge_tensor *q : params) forge_tensor_set_flags(q, FORGE_FLAG_PARAM);
@@ -209,11 +210,15 @@ int main() {
     norm_case("rmsnorm f32 gemma2 [2304, 128], offset 1, cast after", F32, F32, {2304, 128}, 1e-6f, 1.0f, AFTER);
     norm_case("rmsnorm bf16 [896, 3000] (several tiles per block)", BF16, F32, {896, 3000}, 1e-5f, 0.0f, BEFORE);
     norm_case("rmsnorm bf16 [1024, 256], frozen weight", BF16, BF16, {1024, 256}, 1e-6f, 0.0f, BEFORE, false);
-    // rmsnorm_fwd_kernel (BF16 rows and weight, rows up to 1024): rows not a multiple of a block's
-    // 4, a 3-d input, two chunks a row; 2048 with offset 1 and the cast before on the general kernel
+    // rmsnorm_warp_kernel (BF16 rows and weight, rows up to 1024; the backward with the weight
+    // frozen): rows not a multiple of a block's 4, a 3-d input, two chunks a row; 2048 with offset 1
+    // and the cast before on the general kernel
     norm_case("rmsnorm bf16 qwen3 [1024, 193, 2], bf16 w", BF16, BF16, {1024, 193, 2}, 1e-6f, 0.0f, BEFORE);
     norm_case("rmsnorm bf16 [2048, 131], bf16 w, offset 1", BF16, BF16, {2048, 131}, 1e-6f, 1.0f, BEFORE);
     norm_case("rmsnorm bf16 [64, 7], bf16 w (two chunks a row)", BF16, BF16, {64, 7}, 1e-6f, 0.0f, BEFORE);
+    norm_case("rmsnorm bf16 qwen2.5 [896, 387], frozen bf16 w, offset 1, cast after", BF16, BF16, {896, 387}, 1e-6f, 1.0f, AFTER, false);
+    norm_case("rmsnorm bf16 [1024, 61, 3], frozen bf16 w", BF16, BF16, {1024, 61, 3}, 1e-6f, 0.0f, BEFORE, false);
+    norm_case("rmsnorm bf16 [64, 7], frozen bf16 w (two chunks a row)", BF16, BF16, {64, 7}, 1e-6f, 0.0f, BEFORE, false);
 
     // Qwen3's per-head norm on q and k slices of a fused q/k/v [128, 16 + 8 + 8, T]
     for (forge_type t : {BF16, F32}) {
@@ -252,7 +257,7 @@ int main() {
                         return c;
                     });
     }
-    // the same in BF16 throughout (rmsnorm_fwd_kernel, fused and alone), and bit for bit against the two nodes
+    // the same in BF16 throughout (rmsnorm_warp_kernel, fused and alone), and bit for bit against the two nodes
     for (int64_t C : {896, 2304}) {
         const bool gemma = C == 2304;
         const int64_t N = gemma ? 130 : 387;
@@ -303,14 +308,17 @@ int main() {
         float offset;
         forge_norm_cast cast;
         bool train_w, h_is_add;
+        forge_type wt;
     };
-    for (const BackAdd &b : {BackAdd{"rmsnorm back + residual grad add bf16 qwen2.5 [896, 512]", BF16, 896, 512, 0.0f, BEFORE, false, false},
-                             BackAdd{"rmsnorm back + residual grad add f32 qwen2.5 [896, 512], dw", F32, 896, 512, 0.0f, BEFORE, true, false},
-                             BackAdd{"rmsnorm back + residual grad add bf16 gemma2 [2304, 512], dw", BF16, 2304, 512, 1.0f, AFTER, true, true},
-                             BackAdd{"rmsnorm back + residual grad add f32 gemma2 [2304, 256]", F32, 2304, 256, 1.0f, AFTER, false, true}}) {
+    for (const BackAdd &b : {BackAdd{"rmsnorm back + residual grad add bf16 qwen2.5 [896, 512]", BF16, 896, 512, 0.0f, BEFORE, false, false, F32},
+                             BackAdd{"rmsnorm back + residual grad add bf16 qwen2.5 [896, 387], frozen bf16 w", BF16, 896, 387, 0.0f, BEFORE, false, false, BF16},
+                             BackAdd{"rmsnorm back + residual grad add bf16 qwen3 [1024, 258], frozen bf16 w, offset 1", BF16, 1024, 258, 1.0f, AFTER, false, true, BF16},
+                             BackAdd{"rmsnorm back + residual grad add f32 qwen2.5 [896, 512], dw", F32, 896, 512, 0.0f, BEFORE, true, false, F32},
+                             BackAdd{"rmsnorm back + residual grad add bf16 gemma2 [2304, 512], dw", BF16, 2304, 512, 1.0f, AFTER, true, true, F32},
+                             BackAdd{"rmsnorm back + residual grad add f32 gemma2 [2304, 256]", F32, 2304, 256, 1.0f, AFTER, false, true, F32}}) {
         conformance(b.name, [=](forge_ctx *ctx) {
             ConfCase c;
-            c.y = residual_norm(ctx, b.t, b.C, b.N, b.offset, b.cast, b.train_w, b.h_is_add, c.params);
+            c.y = residual_norm(ctx, b.t, b.C, b.N, b.offset, b.cast, b.train_w, b.h_is_add, c.params, b.wt);
             return c;
         });
     }
@@ -324,6 +332,10 @@ int main() {
     direct_check("rmsnorm_back_add direct f32 [20000, 3] (rows past the registers)", F32, 20000, 3, false);
     direct_check("rmsnorm_back_add direct bf16 [896, 64], sum in place over g", BF16, 896, 64, true, ALIAS_G);
     direct_check("rmsnorm_back_add direct f32 [896, 64], sum in place over dx", F32, 896, 64, false, ALIAS_DX);
+    direct_check("rmsnorm_back_add direct bf16 [896, 387], bf16 w", BF16, 896, 387, false, ALIAS_NONE, BF16);
+    direct_check("rmsnorm_back_add direct bf16 [1024, 64], bf16 w, sum in place over g", BF16, 1024, 64, false, ALIAS_G, BF16);
+    direct_check("rmsnorm_back_add direct bf16 [896, 64], bf16 w, sum in place over dx", BF16, 896, 64, false, ALIAS_DX, BF16);
+    direct_check("rmsnorm_back_add direct bf16 [2304, 64], bf16 w (the general kernel)", BF16, 2304, 64, false, ALIAS_NONE, BF16);
 
     // awkward shapes
     norm_case("rmsnorm f32 [37, 15] (element path)", F32, F32, {37, 15}, 1e-5f, 0.0f, BEFORE, true, 3.0f);
