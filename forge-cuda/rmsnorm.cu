@@ -412,7 +412,9 @@ template <int V, int MODE, bool OVF, bool BF> __global__ void __launch_bounds__(
 // what this path leaves out (counted from the operations a chunk takes, about a third of the
 // instructions a row forward; not profiled). Measured against the general kernel: forward
 // (bench/results/rmsnorm-fwd-kernel-h200-20261203/) add + norm 0.82-0.91x, the norm 0.89-0.95x;
-// backward (bench/results/rmsnorm-warp-back-h200-20261203/) 0.82-0.87x, with the add 0.88x.
+// backward (bench/results/rmsnorm-warp-back-h200-20261203/, two A/Bs multiplied) 0.81-0.87x, with
+// the add 0.86x; the opaque chunks alone took its registers from 116 / 128 to 64 / 80 (alone /
+// with the add) and the backward 0.94x at Qwen2.5-0.5B's 16384 rows.
 constexpr int WARP_NV = 4, WARP_ROWS = 4; // chunks a lane at most (a bf16 row of 1024), rows a block
 struct warp_args {
     const uint4 *x, *b, *dy; // x (forward + add: the add's a), the add's b (backward: g), dy
@@ -469,6 +471,14 @@ template <int MODE> __global__ void __launch_bounds__(32 * WARP_ROWS) rmsnorm_wa
         for (int e = 0; e < 8; e++) {
             ss = fmaf(v[e], v[e], ss);
             if constexpr (BACK) sg = fmaf(d[e] * (w[e] + a.offset), v[e], sg);
+        }
+    }
+    if constexpr (BACK) { // the output pass unpacks the chunks again (fewer registers across the sums)
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            opaque(xv[i]);
+            opaque(dv[i]);
+            opaque(wv[i]);
         }
     }
 #pragma unroll
