@@ -71,8 +71,10 @@
 // per SM, well above what the H200's bandwidth-latency product asks (~30 KB per SM). What bounds
 // them is instructions: at 16384 x 896 the general forward issued on two cycles of three (ncu,
 // ~750 warp instructions a row, 1120 backward); fetching the next row ahead (twice the registers)
-// was slower. Blocks are one wave of resident blocks walking equal numbers of row tiles (not with
-// dw: see plan_of).
+// was slower. Without dw a block takes one row tile (a flat grid); with dw a fixed grid walks them
+// (see plan_of). The flat grid against one wave of resident blocks walking equal numbers of tiles
+// (bench/results/rmsnorm-flat-grid-h200-20261203/): Liger's 4096 x 4096 forward 0.94x and backward
+// 0.95x, Gemma2-2B's add + norm at 16384 rows 0.95x, its backward at 4096 rows 0.94x.
 //
 // Backward: g = dy * w', x_hat = x * r, dx = r * (g - x_hat * m) with m = mean(g * x_hat), taken
 // as r * sum(g * x) / C from the same pass as sum(x^2). When the weight trains (res[1] != NULL),
@@ -526,8 +528,7 @@ __global__ void __launch_bounds__(1024) dw_reduce_kernel(const double *part, int
 }
 
 // The launch shape: a function of V, the shape and the mode only (so the dw partition is fixed,
-// and a fused add + norm splits rows exactly like the norm alone). Without dw, run() then cuts
-// the grid to one wave of resident blocks (rows are independent there).
+// and a fused add + norm splits rows exactly like the norm alone). Without dw, one block a tile.
 struct rms_plan {
     int T, R, threads, grid;
     int64_t slots; // dw partials
@@ -680,12 +681,7 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
                                    : (ovf ? rmsnorm_kernel<8, M, true, false> : rmsnorm_kernel<8, M, false, false>))
                     : V == 4 ? (ovf ? rmsnorm_kernel<4, M, true, false> : rmsnorm_kernel<4, M, false, false>)
                              : (ovf ? rmsnorm_kernel<1, M, true, false> : rmsnorm_kernel<1, M, false, false>);
-        int grid = pl.grid;
-        if (!is_dw(M)) { // one wave of resident blocks, each walking the same number of tiles
-            const int64_t cap = (int64_t)forge_cuda_blocks_per_sm(kernel, pl.threads) * p->sm_count, per = (grid + cap - 1) / cap;
-            grid = (int)((grid + per - 1) / per);
-        }
-        forge_cuda_launch_kernel(kernel, grid, pl.threads, 0, p->stream, a);
+        forge_cuda_launch_kernel(kernel, pl.grid, pl.threads, 0, p->stream, a);
     };
     switch (mode) {
     case RMS_FWD: launch(std::integral_constant<int, RMS_FWD>()); break;
