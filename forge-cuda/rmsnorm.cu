@@ -44,11 +44,11 @@
 // order (nothing in between reads s's memory or writes dy, x, g), as forge_cuda_launch_nodes does.
 //
 // The models' rows (BF16 rows and weight, rows of up to 1024, no dw; forward or backward, alone or
-// with the add) run on rmsnorm_warp_kernel (below); everything else on one kernel, rmsnorm_kernel<V, MODE, OVF, BF>
-// (MODE: forward, fused add + forward, backward, backward with the weight gradient, either
-// backward + add; BF: every row and the weight BF16,
-// types known at compile time, where the general kernel branches on them chunk by chunk - half
-// the instructions, 5-25% faster), rows held in registers. A row is cut into chunks of 16
+// with the add) run on rmsnorm_warp_kernel (below); everything else on one kernel,
+// rmsnorm_kernel<V, MODE, OVF, BF> (MODE: forward, fused add + forward, backward, backward with
+// the weight gradient, either backward + add; BF: every row and the weight BF16, types known at
+// compile time, where the general kernel branches on them chunk by chunk - half the
+// instructions, 5-25% faster), rows held in registers. A row is cut into chunks of 16
 // bytes - V = 8 elements of BF16/F16 or 4 of F32 - when all its tensors are dense, 16-byte aligned
 // and of one element size (else V = 1, one element of any type per chunk), and belongs to a
 // group of T threads: T a power of two up to 32 (sub-warps or one warp; 128-thread blocks hold
