@@ -5,52 +5,58 @@
 // The work is cut into tiles of 4096 elements of one tensor (a tensor's last tile may be short;
 // tiles never straddle tensors). A 256-thread block takes a tile whole, each thread four groups
 // of four consecutive elements: a float4 of each array per group when the tensor's arrays are
-// 16-byte aligned, one load per element otherwise and for a short group at a tensor's end. A
-// launch's blocks, one wave of them, walk its tiles grid-stride (no partial second wave of
-// blocks), each looking up its next tile's tensor (a binary search of the tile prefix) while
-// the current tile's loads are in flight. Two launches, with no finalize between them:
-//   1. sumsq    512 blocks (a constant: the norm's order of summation depends only on the
-//               shapes; the kernel fits 8 blocks per SM, so they are one wave on an A100 or an
-//               H100/H200). Each thread issues its tile's four float4 loads of g, then adds their
-//               squares in double; each block reduces its sum with warp shuffles and shared
-//               memory in a fixed order into one double partial in scratch. Tiles are walked from
-//               the last, so the g the update needs first is the g read last, the likeliest to be
-//               in L2.
-//   2. update   2 blocks per SM (128 registers: 64 bytes of each of p, g, m, v per thread in
-//               flight). When hyper[7] (apply) is 0 it returns at once, but for block 0 of the
-//               first launch, which writes dst = {norm, coef}. Else each block issues its first
-//               tile's loads, then sums all the partials itself in a fixed order (every block
-//               gets the same norm and coef, bit for bit: no counter, no float atomics, no serial
-//               kernel in between; block 0 of the first launch writes dst) and computes the bias
-//               corrections 1 - beta^step (in double, like the CPU), and each element does
-//               g' = coef g; m, v moments; p -= lr (mh / (sqrt(vh) + eps) + wd p); g = 0.
+// 16-byte aligned, one load per element otherwise and for a short group at a tensor's end. Block
+// b of a grid of G walks the tiles b, b + G, b + 2G, ... (tile_at finds a tile's tensor by a
+// binary search of the tile prefix, while the previous tile's loads are in flight).
+//
+// One launch, cooperative (every block resident at once: 2 per SM, 128 registers a thread):
+//   1. sumsq    Each block reads the g of its own tiles, last tile first, one tile's loads ahead,
+//               and writes each tile's sum of squares to its slot in scratch (per thread in double
+//               over its 16 elements, then warp shuffles, then the block's 8 warps in order: one
+//               fixed order per tile, whatever the grid, so the norm's bits depend only on the
+//               shapes). The g of the block's first tiles (read last) stays in shared memory,
+//               up to 6 tiles of 16 KB a block (~70% of Qwen2.5-0.5B's 8.8M LoRA parameters
+//               on an H200).
+//   2. grid sync (cooperative_groups). Before it, each block issues the p, m, v loads of its
+//               first tile, which need no norm.
+//   3. update   Each block sums every tile's partial in a fixed order (every block gets the same
+//               norm and coef, bit for bit; block 0 writes dst = {norm, coef}) and computes the
+//               bias corrections 1 - beta^step (in double, like the CPU). When hyper[7] (apply)
+//               is 0 it stops there. Else each element does g' = coef g; m, v moments;
+//               p -= lr (mh / (sqrt(vh) + eps) + wd p); g = 0, its tiles in order, g from shared
+//               memory where it was kept.
 // The update's arithmetic is written with round-to-nearest intrinsics (no FMA contraction) in the
 // CPU reference's order, so p, m and v match it bit for bit given the same coef.
-// Memory traffic per parameter: g read twice, p/m/v read and written once, g written once: 36
-// bytes from HBM at most, 32 when the update's read of g hits in L2. The update's loads and
-// stores are evict-first (ld/st.global.cs), so that its streams do not push out the g that sumsq
-// left in L2 (~8.8M LoRA parameters of Qwen2.5-0.5B: 35 MB of g, 280-320 MB in all). The partials
-// (at most 512 doubles per launch) are read from L2 by every update block.
+// Memory traffic per parameter: g read once (twice for the tiles past the shared-memory stash,
+// the second time mostly from L2), p/m/v read and written once, g written once: 32 bytes, the
+// least the step can move. The update's loads and stores are evict-first (ld/st.global.cs) so
+// that its streams do not push out the g it still reads back. Against the two launches this
+// replaced (a sumsq kernel, then the update reading all of g again): measured in docs/performance.md.
 //
-// The tensor list reaches the kernels as a by-value kernel parameter struct (pointers, sizes
-// and the tile prefix of up to 512 tensors, ~22 KB: CUDA 12.1+ allows 32 KB of kernel parameters
-// on Volta and later). It is rebuilt on the host at every enqueue from node->src, which costs
-// nothing next to a launch, needs no device descriptor array, no host buffer that must outlive
-// the launch and no memcpy - and a CUDA graph captures parameters by value, so replays need
-// nothing from the host. More than 512 tensors take several launches of each pass (their
-// partials go to consecutive slots, and every update block sums all of them).
+// The tensor list reaches the kernel as a by-value kernel parameter struct (pointers, sizes and
+// the tile prefix of up to 512 tensors, ~22 KB: CUDA 12.1+ allows 32 KB of kernel parameters on
+// Volta and later). It is rebuilt on the host at every enqueue from node->src, which costs nothing
+// next to a launch, needs no device descriptor array and no memcpy - and a CUDA graph captures
+// parameters by value, so replays need nothing from the host. More than 512 tensors take several
+// batches: the sumsq pass of batches 1.. runs first (the same kernel, sumsq only), then batch 0's
+// cooperative launch (its norm sums the partials of all), then the update of batches 1.. .
 #include "cuda.cuh"
 
 #include <algorithm>
+#include <cooperative_groups.h>
 
 namespace {
 
 constexpr int kMaxTensors = 512; // tensors per launch
-constexpr int kThreads = 256;
+constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kGroups = 4;                      // groups of 4 elements per thread and tile
 constexpr int kTile = kThreads * kGroups * 4;   // elements per tile
-// sumsq's grid, and the occupancy its kernel is built for; the update's blocks per SM
-constexpr int kSumsqGrid = 512, kSumsqBlocksPerSM = 8, kUpdateBlocksPerSM = 2;
+constexpr int kBlocksPerSM = 2;                 // 64 bytes of each of p, g, m, v per thread in flight
+constexpr int kMaxStash = 6;                    // g tiles kept in shared memory per block, at most
+constexpr int kRing = 16;                       // tiles whose warp sums wait in shared memory
+
+// What a launch of the kernel does.
+enum class mode { sumsq, fused, update };
 
 size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
 
@@ -108,38 +114,19 @@ __device__ inline void store_group(float *x, int e, int len, bool vec, float4 q)
 // The first element of group u of this thread in a tile.
 __device__ inline int group_elem(int u) { return 4 * (u * kThreads + (int)threadIdx.x); }
 
-// Sum over the block in a fixed order; the result is valid in thread 0.
-__device__ inline double block_sum(double s) {
-    __shared__ double warp_sums[kThreads / 32];
+__device__ inline double warp_sum(double s) {
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        s = threadIdx.x < kThreads / 32 ? warp_sums[threadIdx.x] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    }
     return s;
 }
 
-// partials: this launch's slots, one per block.
-__global__ void __launch_bounds__(kThreads, kSumsqBlocksPerSM) adamw_sumsq_kernel(const adamw_tensors T, double *partials) {
-    forge_cuda_prologue();
-    const int n_tiles = T.tile0[T.n];
-    double s = 0.0;
-    tile c = tile_at(T, n_tiles - 1 - (int)blockIdx.x);
-    for (int j = blockIdx.x; j < n_tiles; j += gridDim.x) {
-        const float *g = T.g[c.t] + c.off;
-        const bool vec = ((uintptr_t)g & 15) == 0;
-        float4 G[kGroups];
-#pragma unroll
-        for (int u = 0; u < kGroups; u++) G[u] = load_group<false>(g, group_elem(u), c.len, vec);
-        if (j + (int)gridDim.x < n_tiles) c = tile_at(T, n_tiles - 1 - (j + (int)gridDim.x));
-#pragma unroll
-        for (int u = 0; u < kGroups; u++)
-            s += (double)G[u].x * G[u].x + (double)G[u].y * G[u].y + (double)G[u].z * G[u].z + (double)G[u].w * G[u].w;
-    }
-    s = block_sum(s);
-    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+// Sum over the block in a fixed order; the result is valid in thread 0.
+__device__ inline double block_sum(double s) {
+    __shared__ double warp_sums[kWarps];
+    s = warp_sum(s);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) s = warp_sum(threadIdx.x < kWarps ? warp_sums[threadIdx.x] : 0.0);
+    return s;
 }
 
 struct adam_hyper {
@@ -147,8 +134,8 @@ struct adam_hyper {
 };
 
 // The step's constants in every thread of the block: the hyperparameters; the clip coefficient
-// from the n partials of all sumsq blocks, summed in a fixed order (every block gets the same);
-// the bias corrections 1 - beta^step (in double, like the CPU, by a thread of warp 1 while warp 0
+// from the n per-tile partials, summed in a fixed order (every block gets the same); the bias
+// corrections 1 - beta^step (in double, like the CPU, by a thread of warp 1 while warp 0
 // finishes the sum). out: NULL, or where to write {norm, coef}.
 __device__ inline adam_hyper step_hyper(const double *partials, int n, const float *hyper, float *out) {
     __shared__ adam_hyper h;
@@ -188,43 +175,98 @@ __device__ inline void adam_step(const adam_hyper &h, float &p, float &g, float 
     g = 0.0f;
 }
 
-// partials: all n_partials of the sumsq launches; out: dst for the first launch (its block 0
-// writes it), else NULL. The grid is at most the launch's tile count.
-__global__ void __launch_bounds__(kThreads, kUpdateBlocksPerSM)
-    adamw_update_kernel(const adamw_tensors T, const double *partials, int n_partials, const float *hyper, float *out) {
-    forge_cuda_prologue();
-    if (blockIdx.x != 0) out = nullptr;
-    if (hyper[7] == 0.0f) {
-        if (out) step_hyper(partials, n_partials, hyper, out);
-        return;
+// The arguments of one launch. partials: every tile's slot, over all batches (n_partials); this
+// launch's tiles own [first, first + its tile count). stash: g tiles kept per block (fused only).
+struct adamw_args {
+    double *partials;
+    int n_partials, first, stash;
+    const float *hyper;
+    float *out; // dst {norm, coef}: the fused launch writes it, from block 0
+};
+
+// Pass 1 over this block's tiles (the sumsq and fused modes): each tile's sum of squares to its
+// partial, the g of its first `stash` tiles to shared memory.
+__device__ void sumsq_pass(const adamw_tensors &T, const adamw_args &a, float4 *stash) {
+    __shared__ double ring[kRing][kWarps];
+    const int G = gridDim.x, b = blockIdx.x, n_tiles = T.tile0[T.n];
+    const int n_b = (n_tiles - b + G - 1) / G; // this block's tiles: b + i G, i < n_b
+    float4 cur[kGroups], next[kGroups];
+    auto load = [&](int i, float4 (&R)[kGroups]) {
+        const tile c = tile_at(T, b + i * G);
+        const float *g = T.g[c.t] + c.off;
+        const bool vec = ((uintptr_t)g & 15) == 0;
+#pragma unroll
+        for (int u = 0; u < kGroups; u++) R[u] = load_group<false>(g, group_elem(u), c.len, vec);
+    };
+    if (n_b > 0) load(n_b - 1, cur);
+    for (int k = 0; k < n_b; k++) { // k-th tile walked: i = n_b - 1 - k
+        const int i = n_b - 1 - k, slot = k % kRing;
+        if (i > 0) load(i - 1, next);
+        double s = 0.0;
+#pragma unroll
+        for (int u = 0; u < kGroups; u++) {
+            s += (double)cur[u].x * cur[u].x + (double)cur[u].y * cur[u].y + (double)cur[u].z * cur[u].z + (double)cur[u].w * cur[u].w;
+            if (i < a.stash) stash[i * (kTile / 4) + group_elem(u) / 4] = cur[u];
+        }
+        s = warp_sum(s);
+        if (threadIdx.x % 32 == 0) ring[slot][threadIdx.x / 32] = s;
+        if (slot == kRing - 1 || i == 0) { // the ring's tiles to their partials, warps summed in order
+            __syncthreads();
+            if ((int)threadIdx.x <= slot) {
+                double t = 0.0;
+#pragma unroll
+                for (int w = 0; w < kWarps; w++) t += ring[threadIdx.x][w];
+                a.partials[a.first + b + (n_b - 1 - (k - slot + (int)threadIdx.x)) * G] = t;
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int u = 0; u < kGroups; u++) cur[u] = next[u];
     }
-    adam_hyper h{};
-    const int n_tiles = T.tile0[T.n];
-    tile c = tile_at(T, blockIdx.x);
-    for (int j = blockIdx.x; j < n_tiles; j += gridDim.x) {
+}
+
+template <mode Mode>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM) adamw_kernel(const adamw_tensors T, const adamw_args a) {
+    forge_cuda_prologue();
+    extern __shared__ float4 stash[];
+    if constexpr (Mode != mode::update) sumsq_pass(T, a, stash);
+    if constexpr (Mode == mode::sumsq) return;
+    const int G = gridDim.x, b = blockIdx.x, n_tiles = T.tile0[T.n];
+    const int n_b = (n_tiles - b + G - 1) / G;
+    const bool apply = a.hyper[7] != 0.0f;
+    tile c = tile_at(T, b);
+    float4 P[kGroups], Gr[kGroups], M[kGroups], V[kGroups];
+    auto load = [&](int i) {
+        const float *p = T.p[c.t] + c.off, *g = T.g[c.t] + c.off, *m = T.m[c.t] + c.off, *v = T.v[c.t] + c.off;
+        const bool vec = vec_ok(p, g, m, v);
+#pragma unroll
+        for (int u = 0; u < kGroups; u++) {
+            const int e = group_elem(u);
+            P[u] = load_group<true>(p, e, c.len, vec);
+            Gr[u] = i < a.stash ? stash[i * (kTile / 4) + e / 4] : load_group<true>(g, e, c.len, vec);
+            M[u] = load_group<true>(m, e, c.len, vec);
+            V[u] = load_group<true>(v, e, c.len, vec);
+        }
+    };
+    if (apply && n_b > 0) load(0); // needs no norm: in flight across the grid sync
+    if constexpr (Mode == mode::fused) cooperative_groups::this_grid().sync();
+    const adam_hyper h = step_hyper(a.partials, a.n_partials, a.hyper, b == 0 ? a.out : nullptr);
+    if (!apply) return;
+    for (int i = 0; i < n_b; i++) {
+        if (i > 0) load(i);
         float *p = T.p[c.t] + c.off, *g = T.g[c.t] + c.off, *m = T.m[c.t] + c.off, *v = T.v[c.t] + c.off;
         const int len = c.len;
         const bool vec = vec_ok(p, g, m, v);
-        float4 P[kGroups], G[kGroups], M[kGroups], V[kGroups];
+        if (i + 1 < n_b) c = tile_at(T, b + (i + 1) * G);
 #pragma unroll
         for (int u = 0; u < kGroups; u++) {
-            const int e = group_elem(u);
-            P[u] = load_group<true>(p, e, len, vec);
-            G[u] = load_group<true>(g, e, len, vec);
-            M[u] = load_group<true>(m, e, len, vec);
-            V[u] = load_group<true>(v, e, len, vec);
-        }
-        if (j + (int)gridDim.x < n_tiles) c = tile_at(T, j + gridDim.x);
-        if (j == (int)blockIdx.x) h = step_hyper(partials, n_partials, hyper, out); // behind the first loads
-#pragma unroll
-        for (int u = 0; u < kGroups; u++) {
-            adam_step(h, P[u].x, G[u].x, M[u].x, V[u].x);
-            adam_step(h, P[u].y, G[u].y, M[u].y, V[u].y);
-            adam_step(h, P[u].z, G[u].z, M[u].z, V[u].z);
-            adam_step(h, P[u].w, G[u].w, M[u].w, V[u].w);
+            adam_step(h, P[u].x, Gr[u].x, M[u].x, V[u].x);
+            adam_step(h, P[u].y, Gr[u].y, M[u].y, V[u].y);
+            adam_step(h, P[u].z, Gr[u].z, M[u].z, V[u].z);
+            adam_step(h, P[u].w, Gr[u].w, M[u].w, V[u].w);
             const int e = group_elem(u);
             store_group(p, e, len, vec, P[u]);
-            store_group(g, e, len, vec, G[u]);
+            store_group(g, e, len, vec, Gr[u]);
             store_group(m, e, len, vec, M[u]);
             store_group(v, e, len, vec, V[u]);
         }
@@ -239,12 +281,12 @@ int64_t total_tiles(const forge_tensor *node) {
     return n;
 }
 
-// Calls launch(T) for each batch of up to kMaxTensors tensors of the node, in order. T lives on
-// the host stack: a launch copies it by value.
-template <typename F>
-void for_each_batch(const forge_tensor *node, F launch) {
-    adamw_tensors T{};
-    for (int first = 0; first < n_tensors_of(node); first += T.n) {
+// The node's batches of up to kMaxTensors tensors, in order. A batch is copied by value into
+// each launch.
+std::vector<adamw_tensors> batches_of(const forge_tensor *node) {
+    std::vector<adamw_tensors> r;
+    for (int first = 0; first < n_tensors_of(node); first += r.back().n) {
+        adamw_tensors &T = r.emplace_back();
         T.n = std::min(kMaxTensors, n_tensors_of(node) - first);
         T.tile0[0] = 0;
         for (int i = 0; i < T.n; i++) {
@@ -256,29 +298,67 @@ void for_each_batch(const forge_tensor *node, F launch) {
             T.size[i] = forge_tensor_nelements(node->src[s]);
             T.tile0[i + 1] = T.tile0[i] + tiles_of(T.size[i]);
         }
-        launch(T);
+    }
+    return r;
+}
+
+// The fused launch's shape on this device: the g tiles a block keeps (as many as kBlocksPerSM
+// blocks' shared memory holds, at most kMaxStash and the block's tile count) and its grid (the
+// blocks resident at once, at most one per tile). It also allows the kernel that memory.
+void fused_shape(int n_tiles, int sms, int *stash, int *grid) {
+    auto k = adamw_kernel<mode::fused>;
+    int dev = 0, per_sm = 0, reserved = 0;
+    FORGE_CUDA_CHECK(cudaGetDevice(&dev));
+    FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+    cudaFuncAttributes fa{};
+    FORGE_CUDA_CHECK(cudaFuncGetAttributes(&fa, k));
+    const int fit = (per_sm / kBlocksPerSM - reserved - (int)fa.sharedSizeBytes) / (int)(kTile * sizeof(float));
+    *grid = std::min(kBlocksPerSM * sms, n_tiles);
+    *stash = std::clamp(std::min(fit, (n_tiles + *grid - 1) / *grid), 0, kMaxStash);
+    const int smem = *stash * kTile * (int)sizeof(float);
+    FORGE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int resident = 0;
+    FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, k, kThreads, smem));
+    if (resident * sms < *grid) { // a device that holds fewer blocks: still one wave
+        *grid = std::max(resident, 1) * sms;
+        *stash = 0;
     }
 }
 
 } // namespace
 
-// The partials: one per sumsq block, at most one per tile.
+// The partials: one per tile.
 size_t forge_cuda_adamw_work(const forge_tensor *node) { return align_up((size_t)total_tiles(node) * sizeof(double)); }
 
 void forge_cuda_adamw(forge_tensor *node, const forge_cuda_params *p) {
-    double *partials = (double *)p->work;
-    const float *hyper = (const float *)node->src[0]->data;
+    const std::vector<adamw_tensors> B = batches_of(node);
     const int sms = std::max(p->sm_count, 1);
-    int n_partials = 0; // every tensor has at least one element, so every launch at least one tile
-    for_each_batch(node, [&](const adamw_tensors &T) {
-        const int grid = std::min(kSumsqGrid, T.tile0[T.n]);
-        forge_cuda_launch_kernel(adamw_sumsq_kernel, grid, kThreads, 0, p->stream, T, partials + n_partials);
-        n_partials += grid;
-    });
-    float *out = (float *)node->data;
-    for_each_batch(node, [&](const adamw_tensors &T) {
-        forge_cuda_launch_kernel(adamw_update_kernel, std::min(kUpdateBlocksPerSM * sms, T.tile0[T.n]), kThreads, 0, p->stream, T,
-                                 (const double *)partials, n_partials, hyper, out);
-        out = nullptr;
-    });
+    std::vector<int> first(B.size() + 1, 0); // each batch's first partial
+    for (size_t i = 0; i < B.size(); i++) first[i + 1] = first[i] + B[i].tile0[B[i].n];
+    adamw_args a{(double *)p->work, first.back(), 0, 0, (const float *)node->src[0]->data, nullptr};
+    auto grid_of = [&](const adamw_tensors &T) { return std::min(kBlocksPerSM * sms, T.tile0[T.n]); };
+    for (size_t i = 1; i < B.size(); i++) {
+        a.first = first[i];
+        forge_cuda_launch_kernel(adamw_kernel<mode::sumsq>, grid_of(B[i]), kThreads, 0, p->stream, B[i], a);
+    }
+    int stash = 0, grid = 0;
+    fused_shape(B[0].tile0[B[0].n], sms, &stash, &grid);
+    a.first = 0, a.stash = stash, a.out = (float *)node->data;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeCooperative; // every block resident: the grid sync between the passes
+    attr.val.cooperative = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = kThreads;
+    cfg.dynamicSmemBytes = (size_t)stash * kTile * sizeof(float);
+    cfg.stream = p->stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    FORGE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, adamw_kernel<mode::fused>, B[0], a));
+    a.stash = 0, a.out = nullptr;
+    for (size_t i = 1; i < B.size(); i++) {
+        a.first = first[i];
+        forge_cuda_launch_kernel(adamw_kernel<mode::update>, grid_of(B[i]), kThreads, 0, p->stream, B[i], a);
+    }
 }

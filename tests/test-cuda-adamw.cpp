@@ -7,9 +7,10 @@
 // unchanged. After every run: {norm, coef}, every p, m, v and gradient, against the CPU (the
 // update is bit-exact up to the order of the norm's double sum) and between a node-by-node and
 // a captured CUDA run (bit for bit). Three sets of tensors: odd sizes around the 4096-element
-// tile and the float4 tails; 600 small tensors (more than one launch's 512); and LoRA-shaped
-// tensors of ~950 tiles, more than either pass has blocks on any current GPU, so that every
-// block walks several tiles.
+// tile and the float4 tails; 600 small tensors (more than one launch's 512: a sumsq-only and an
+// update-only launch beside the cooperative one); and Qwen2.5-0.5B's LoRA tensors, ~2300 tiles,
+// more than 6 a block for any current GPU's grid of 2 blocks an SM, so that every block walks
+// several tiles and some of them read their g back from memory past the shared-memory stash.
 #include "cuda-util.h"
 
 namespace {
@@ -122,14 +123,14 @@ int main() {
     std::vector<std::vector<int64_t>> many;
     for (int i = 0; i < 600; i++) many.push_back({1 + (i * 7) % 61});
     run_schedule("adamw 600 small tensors (two launches per pass)", many);
-    // Qwen2.5-0.5B's LoRA tensors at r = 16 (A: in x r, B: r x out), 10 of its 24 layers: 3.7M parameters
+    // Qwen2.5-0.5B's LoRA tensors at r = 16 (A: in x r, B: r x out), its 24 layers: 8.8M parameters
     const int64_t proj[7][2] = {{896, 896}, {896, 128}, {896, 128}, {896, 896}, {896, 4864}, {896, 4864}, {4864, 896}};
     std::vector<std::vector<int64_t>> lora;
-    for (int l = 0; l < 10; l++)
+    for (int l = 0; l < 24; l++)
         for (const auto &p : proj) {
             lora.push_back({p[0], 16});
             lora.push_back({16, p[1]});
         }
-    run_schedule("adamw LoRA r16 x 10 layers (several tiles per block)", lora);
+    run_schedule("adamw LoRA r16 x 24 layers (tiles past the stash)", lora);
     return test_finish("test-cuda-adamw");
 }
