@@ -43,7 +43,7 @@
 // from w and dw. The caller must only call it for an ADD that comes right after back in node
 // order (nothing in between reads s's memory or writes dy, x, g), as forge_cuda_launch_nodes does.
 //
-// The models' rows (BF16 rows and weight, rows of up to 1024, no dw; forward or backward, alone or
+// The models' rows (BF16 rows and weight, rows of up to 2304, no dw; forward or backward, alone or
 // with the add) run on rmsnorm_warp_kernel (below); everything else on one kernel,
 // rmsnorm_kernel<V, MODE, OVF, BF> (MODE: forward, fused add + forward, backward, backward with
 // the weight gradient, either backward + add; BF: every row and the weight BF16, types known at
@@ -399,9 +399,9 @@ template <int V, int MODE, bool OVF, bool BF> __global__ void __launch_bounds__(
 }
 
 // The models' rows (warp_kernel_takes says when): every row and the weight BF16 in 16-byte chunks,
-// at most 32 * WARP_NV chunks a row (Qwen2.5-0.5B's 896 and Qwen3-0.6B's 1024; Gemma2-2B's 2304
-// measured no faster forward at 4096 rows), rows a constant stride apart, no dw (the weight
-// frozen, as in a LoRA step). A warp per row, four rows a 128-thread block, a flat grid: lane l
+// at most 32 * NV chunks a row (NV = WARP_NV = 4 for rows of up to 1024: Qwen2.5-0.5B's 896,
+// Qwen3-0.6B's 1024; WARP_NV_WIDE = 9 up to 2304: Gemma2-2B), rows a constant stride apart, no dw
+// (the weight frozen, as in a LoRA step). A warp per row, four rows a 128-thread block, a flat grid: lane l
 // owns chunks l, l + 32, ... and issues the loads of all of them (x or the add's a and b; dy, x
 // and g backward; w) first. The forward's add is one bf16x2 add a pair, correctly rounded, so h is
 // bit for bit the fp32 sum rounded to bf16 that the elementwise ADD stores (24 >= 2 * 8 + 2 bits:
@@ -416,8 +416,13 @@ template <int V, int MODE, bool OVF, bool BF> __global__ void __launch_bounds__(
 // (bench/results/rmsnorm-fwd-kernel-h200-20261203/) add + norm 0.82-0.91x, the norm 0.89-0.95x;
 // backward (bench/results/rmsnorm-warp-back-h200-20261203/, two A/Bs multiplied) 0.81-0.87x, with
 // the add 0.86x; the opaque chunks alone took its registers from 116 / 128 to 64 / 80 (alone /
-// with the add) and the backward 0.94x at Qwen2.5-0.5B's 16384 rows.
+// with the add) and the backward 0.94x at Qwen2.5-0.5B's 16384 rows. Gemma2-2B's 2304 on NV = 9
+// (126-166 registers, 3-4 blocks an SM: 12-16 rows of ~9 KB in flight) against the general
+// kernel's 3-warp rows with their shared-memory sums, A/B in one call on an H100
+// (bench/results/rmsnorm-wide-adamw-coop-20261206/): backward 0.88x at 4096 rows and 0.93x at
+// 16384, forward 0.97x / 0.99x, add + norm 0.95x / 0.99x, the Gemma2-2B step 0.998.
 constexpr int WARP_NV = 4, WARP_ROWS = 4; // chunks a lane at most (a bf16 row of 1024), rows a block
+constexpr int WARP_NV_WIDE = 9;           // chunks a lane of the wider rows, up to 2304 (Gemma2-2B)
 struct warp_args {
     const uint4 *x, *b, *dy; // x (forward + add: the add's a), the add's b (backward: g), dy
     uint4 *h, *y;            // the add's result (backward: s = dx + g), y (backward: dx); contiguous rows of nch chunks
@@ -436,9 +441,8 @@ __device__ inline uint4 add_bf16x8(uint4 a, uint4 b) {
     };
     return make_uint4(add(a.x, b.x), add(a.y, b.y), add(a.z, b.z), add(a.w, b.w));
 }
-template <int MODE> __global__ void __launch_bounds__(32 * WARP_ROWS) rmsnorm_warp_kernel(const warp_args a) {
+template <int MODE, int NV> __global__ void __launch_bounds__(32 * WARP_ROWS) rmsnorm_warp_kernel(const warp_args a) {
     static_assert(!is_dw(MODE), "dw runs on the general kernel");
-    constexpr int NV = WARP_NV;
     constexpr bool BACK = is_back(MODE), ADD = MODE == RMS_ADD_FWD || MODE == RMS_BACK_ADD;
     forge_cuda_prologue();
     const int lane = threadIdx.x % 32;
@@ -610,7 +614,7 @@ bool uniform_rows(const forge_tensor *t) {
 bool warp_kernel_takes(const forge_tensor *node, const forge_tensor *add) {
     const bool back = node->op == FORGE_OP_RMSNORM_BACK;
     const forge_tensor *w = node->src[back ? 2 : 1];
-    if ((back && node->res[1]) || width_of(node, add) != 8 || node->ne[0] > 8 * 32 * WARP_NV) return false;
+    if ((back && node->res[1]) || width_of(node, add) != 8 || node->ne[0] > 8 * 32 * WARP_NV_WIDE) return false;
     if (w->type != FORGE_TYPE_BF16 || w->nb[0] != 2 || (uintptr_t)w->data % 16) return false;
     const forge_tensor *rows[5] = {node, add, back ? node->src[0] : nullptr, back ? node->src[1] : (add ? add->src[0] : node->src[0]),
                                    add ? (back ? other_src(add, node) : add->src[1]) : nullptr};
@@ -639,8 +643,12 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
                           (int)(C / 8), node->op_f[0], node->op_f[1], 1.0 / (double)C, node->op_i[0] == FORGE_NORM_CAST_BEFORE_WEIGHT,
                           dst_store};
         const unsigned grid = (unsigned)((rows + WARP_ROWS - 1) / WARP_ROWS);
-        auto kernel = mode == RMS_FWD ? rmsnorm_warp_kernel<RMS_FWD> : mode == RMS_ADD_FWD ? rmsnorm_warp_kernel<RMS_ADD_FWD>
-                    : mode == RMS_BACK ? rmsnorm_warp_kernel<RMS_BACK> : rmsnorm_warp_kernel<RMS_BACK_ADD>;
+        auto pick = [mode](auto nv) {
+            constexpr int NV = decltype(nv)::value;
+            return mode == RMS_FWD ? rmsnorm_warp_kernel<RMS_FWD, NV> : mode == RMS_ADD_FWD ? rmsnorm_warp_kernel<RMS_ADD_FWD, NV>
+                 : mode == RMS_BACK ? rmsnorm_warp_kernel<RMS_BACK, NV> : rmsnorm_warp_kernel<RMS_BACK_ADD, NV>;
+        };
+        auto kernel = C <= 8 * 32 * WARP_NV ? pick(std::integral_constant<int, WARP_NV>{}) : pick(std::integral_constant<int, WARP_NV_WIDE>{});
         forge_cuda_launch_kernel(kernel, grid, 32 * WARP_ROWS, 0, p->stream, f);
         return;
     }

@@ -15,7 +15,8 @@
 // Qwen2.5 (896) and Gemma2 (2304) in BF16 and F32 through the harness, and forge_cuda_rmsnorm_back_add
 // called directly: dx, dx + g and dw bit for bit those of the two nodes launched one by one
 // (vector and element paths, rows past the registers, the sum in place over g and over dx, BF16
-// rows and weight on the warp kernel), and false for pairs that do not match.
+// rows and weight on the warp kernel, its wide rows and the general kernel), and false for pairs
+// that do not match.
 #include "cuda-util.h"
 
 #include <cstring>
@@ -210,15 +211,18 @@ int main() {
     norm_case("rmsnorm f32 gemma2 [2304, 128], offset 1, cast after", F32, F32, {2304, 128}, 1e-6f, 1.0f, AFTER);
     norm_case("rmsnorm bf16 [896, 3000] (several tiles per block)", BF16, F32, {896, 3000}, 1e-5f, 0.0f, BEFORE);
     norm_case("rmsnorm bf16 [1024, 256], frozen weight", BF16, BF16, {1024, 256}, 1e-6f, 0.0f, BEFORE, false);
-    // rmsnorm_warp_kernel (BF16 rows and weight, rows up to 1024; the backward with the weight
-    // frozen): rows not a multiple of a block's 4, a 3-d input, two chunks a row; 2048 with offset 1
-    // and the cast before on the general kernel
+    // rmsnorm_warp_kernel (BF16 rows and weight, rows up to 2304; the backward with the weight
+    // frozen): rows not a multiple of a block's 4, a 3-d input, two chunks a row, Gemma2's 2304 and
+    // 1536 (lanes past the row) on its wide form; 2048 with offset 1 and the cast before on the
+    // general kernel
     norm_case("rmsnorm bf16 qwen3 [1024, 193, 2], bf16 w", BF16, BF16, {1024, 193, 2}, 1e-6f, 0.0f, BEFORE);
     norm_case("rmsnorm bf16 [2048, 131], bf16 w, offset 1", BF16, BF16, {2048, 131}, 1e-6f, 1.0f, BEFORE);
     norm_case("rmsnorm bf16 [64, 7], bf16 w (two chunks a row)", BF16, BF16, {64, 7}, 1e-6f, 0.0f, BEFORE);
     norm_case("rmsnorm bf16 qwen2.5 [896, 387], frozen bf16 w, offset 1, cast after", BF16, BF16, {896, 387}, 1e-6f, 1.0f, AFTER, false);
     norm_case("rmsnorm bf16 [1024, 61, 3], frozen bf16 w", BF16, BF16, {1024, 61, 3}, 1e-6f, 0.0f, BEFORE, false);
     norm_case("rmsnorm bf16 [64, 7], frozen bf16 w (two chunks a row)", BF16, BF16, {64, 7}, 1e-6f, 0.0f, BEFORE, false);
+    norm_case("rmsnorm bf16 gemma2 [2304, 133], frozen bf16 w, offset 1, cast after", BF16, BF16, {2304, 133}, 1e-6f, 1.0f, AFTER, false);
+    norm_case("rmsnorm bf16 [1536, 37, 2], frozen bf16 w", BF16, BF16, {1536, 37, 2}, 1e-6f, 0.0f, BEFORE, false);
 
     // Qwen3's per-head norm on q and k slices of a fused q/k/v [128, 16 + 8 + 8, T]
     for (forge_type t : {BF16, F32}) {
@@ -315,6 +319,7 @@ int main() {
                              BackAdd{"rmsnorm back + residual grad add bf16 qwen3 [1024, 258], frozen bf16 w, offset 1", BF16, 1024, 258, 1.0f, AFTER, false, true, BF16},
                              BackAdd{"rmsnorm back + residual grad add f32 qwen2.5 [896, 512], dw", F32, 896, 512, 0.0f, BEFORE, true, false, F32},
                              BackAdd{"rmsnorm back + residual grad add bf16 gemma2 [2304, 512], dw", BF16, 2304, 512, 1.0f, AFTER, true, true, F32},
+                             BackAdd{"rmsnorm back + residual grad add bf16 gemma2 [2304, 258], frozen bf16 w, offset 1", BF16, 2304, 258, 1.0f, AFTER, false, true, BF16},
                              BackAdd{"rmsnorm back + residual grad add f32 gemma2 [2304, 256]", F32, 2304, 256, 1.0f, AFTER, false, true, F32}}) {
         conformance(b.name, [=](forge_ctx *ctx) {
             ConfCase c;
@@ -335,7 +340,9 @@ int main() {
     direct_check("rmsnorm_back_add direct bf16 [896, 387], bf16 w", BF16, 896, 387, false, ALIAS_NONE, BF16);
     direct_check("rmsnorm_back_add direct bf16 [1024, 64], bf16 w, sum in place over g", BF16, 1024, 64, false, ALIAS_G, BF16);
     direct_check("rmsnorm_back_add direct bf16 [896, 64], bf16 w, sum in place over dx", BF16, 896, 64, false, ALIAS_DX, BF16);
-    direct_check("rmsnorm_back_add direct bf16 [2304, 64], bf16 w (the general kernel)", BF16, 2304, 64, false, ALIAS_NONE, BF16);
+    direct_check("rmsnorm_back_add direct bf16 [2304, 64], bf16 w (the warp kernel's wide rows)", BF16, 2304, 64, false, ALIAS_NONE, BF16);
+    direct_check("rmsnorm_back_add direct bf16 [1536, 33], bf16 w (wide rows, lanes past the row)", BF16, 1536, 33, false, ALIAS_G, BF16);
+    direct_check("rmsnorm_back_add direct bf16 [4096, 64], bf16 w (the general kernel)", BF16, 4096, 64, false, ALIAS_NONE, BF16);
 
     // awkward shapes
     norm_case("rmsnorm f32 [37, 15] (element path)", F32, F32, {37, 15}, 1e-5f, 0.0f, BEFORE, true, 3.0f);
