@@ -284,48 +284,39 @@ int64_t total_tiles(const forge_tensor *node) {
     return n;
 }
 
-// The node's batches of up to kMaxTensors tensors, in order. A batch is copied by value into
-// each launch.
-std::vector<adamw_tensors> batches_of(const forge_tensor *node) {
-    std::vector<adamw_tensors> r;
-    for (int first = 0; first < n_tensors_of(node); first += r.back().n) {
-        adamw_tensors &T = r.emplace_back();
-        T.n = std::min(kMaxTensors, n_tensors_of(node) - first);
-        T.tile0[0] = 0;
-        for (int i = 0; i < T.n; i++) {
-            const int s = 1 + 4 * (first + i);
-            T.p[i] = (float *)node->src[s]->data;
-            T.g[i] = (float *)node->src[s + 1]->data;
-            T.m[i] = (float *)node->src[s + 2]->data;
-            T.v[i] = (float *)node->src[s + 3]->data;
-            T.size[i] = forge_tensor_nelements(node->src[s]);
-            T.tile0[i + 1] = T.tile0[i] + tiles_of(T.size[i]);
-        }
+// Batch k of the node: its tensors [k kMaxTensors, (k + 1) kMaxTensors), into T (on the host
+// stack; a launch copies it by value).
+void fill_batch(const forge_tensor *node, int k, adamw_tensors &T) {
+    const int first = k * kMaxTensors;
+    T.n = std::min(kMaxTensors, n_tensors_of(node) - first);
+    T.tile0[0] = 0;
+    for (int i = 0; i < T.n; i++) {
+        const int s = 1 + 4 * (first + i);
+        T.p[i] = (float *)node->src[s]->data;
+        T.g[i] = (float *)node->src[s + 1]->data;
+        T.m[i] = (float *)node->src[s + 2]->data;
+        T.v[i] = (float *)node->src[s + 3]->data;
+        T.size[i] = forge_tensor_nelements(node->src[s]);
+        T.tile0[i + 1] = T.tile0[i] + tiles_of(T.size[i]);
     }
-    return r;
 }
 
-// The fused launch's shape on this device: the g tiles a block keeps (as many as kBlocksPerSM
-// blocks' shared memory holds, at most kMaxStash and the block's tile count) and its grid (the
-// blocks resident at once, at most one per tile). It also allows the kernel that memory.
+// The fused launch's shape: its grid (kBlocksPerSM blocks an SM, at most one per tile) and the g
+// tiles a block keeps (at most kMaxStash and the block's tile count, fewer where kBlocksPerSM
+// blocks of that much shared memory do not fit an SM; the grid shrinks to what is resident only
+// without a stash). It also allows the kernel that memory.
 void fused_shape(int n_tiles, int sms, int *stash, int *grid) {
     auto k = adamw_kernel<mode::fused>;
-    int dev = 0, per_sm = 0, reserved = 0;
-    FORGE_CUDA_CHECK(cudaGetDevice(&dev));
-    FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-    cudaFuncAttributes fa{};
-    FORGE_CUDA_CHECK(cudaFuncGetAttributes(&fa, k));
-    const int fit = (per_sm / kBlocksPerSM - reserved - (int)fa.sharedSizeBytes) / (int)(kTile * sizeof(float));
     *grid = std::min(kBlocksPerSM * sms, n_tiles);
-    *stash = std::clamp(std::min(fit, (n_tiles + *grid - 1) / *grid), 0, kMaxStash);
-    const int smem = *stash * kTile * (int)sizeof(float);
-    FORGE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int resident = 0;
-    FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, k, kThreads, smem));
-    if (resident * sms < *grid) { // a device that holds fewer blocks: still one wave
-        *grid = std::max(resident, 1) * sms;
-        *stash = 0;
+    for (*stash = std::min(kMaxStash, (n_tiles + *grid - 1) / *grid);; --*stash) {
+        const size_t smem = (size_t)*stash * kTile * sizeof(float);
+        FORGE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        const int resident = forge_cuda_blocks_per_sm(k, kThreads, smem);
+        if (resident >= kBlocksPerSM) return;
+        if (*stash == 0) { // a device that holds fewer blocks: still one wave
+            *grid = std::min(*grid, resident * sms);
+            return;
+        }
     }
 }
 
@@ -335,18 +326,21 @@ void fused_shape(int n_tiles, int sms, int *stash, int *grid) {
 size_t forge_cuda_adamw_work(const forge_tensor *node) { return align_up((size_t)total_tiles(node) * sizeof(double)); }
 
 void forge_cuda_adamw(forge_tensor *node, const forge_cuda_params *p) {
-    const std::vector<adamw_tensors> B = batches_of(node);
-    const int sms = std::max(p->sm_count, 1);
-    std::vector<int> first(B.size() + 1, 0); // each batch's first partial
-    for (size_t i = 0; i < B.size(); i++) first[i + 1] = first[i] + B[i].tile0[B[i].n];
-    adamw_args a{(double *)p->work, first.back(), 0, 0, (const float *)node->src[0]->data, nullptr};
-    auto grid_of = [&](const adamw_tensors &T) { return std::min(kBlocksPerSM * sms, T.tile0[T.n]); };
-    for (size_t i = 1; i < B.size(); i++) {
-        a.first = first[i];
-        forge_cuda_launch_kernel(adamw_kernel<mode::sumsq>, grid_of(B[i]), kThreads, 0, p->stream, B[i], a);
-    }
+    const int sms = std::max(p->sm_count, 1), n_batches = (n_tensors_of(node) + kMaxTensors - 1) / kMaxTensors;
+    adamw_tensors T;
+    adamw_args a{(double *)p->work, (int)total_tiles(node), 0, 0, (const float *)node->src[0]->data, nullptr};
+    // Batches 1.. through one pass (sumsq or update), each with its partials after those before it.
+    auto extra_batches = [&](void (*kernel)(adamw_tensors, adamw_args)) {
+        for (int k = 0, first = 0; k < n_batches; first += T.tile0[T.n], k++) {
+            fill_batch(node, k, T);
+            a.first = first;
+            if (k > 0) forge_cuda_launch_kernel(kernel, std::min(kBlocksPerSM * sms, T.tile0[T.n]), kThreads, 0, p->stream, T, a);
+        }
+    };
+    extra_batches(adamw_kernel<mode::sumsq>);
+    fill_batch(node, 0, T);
     int stash = 0, grid = 0;
-    fused_shape(B[0].tile0[B[0].n], sms, &stash, &grid);
+    fused_shape(T.tile0[T.n], sms, &stash, &grid);
     a.first = 0, a.stash = stash, a.out = (float *)node->data;
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeCooperative; // every block resident: the grid sync between the passes
@@ -358,10 +352,7 @@ void forge_cuda_adamw(forge_tensor *node, const forge_cuda_params *p) {
     cfg.stream = p->stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    FORGE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, adamw_kernel<mode::fused>, B[0], a));
+    FORGE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, adamw_kernel<mode::fused>, T, a));
     a.stash = 0, a.out = nullptr;
-    for (size_t i = 1; i < B.size(); i++) {
-        a.first = first[i];
-        forge_cuda_launch_kernel(adamw_kernel<mode::update>, grid_of(B[i]), kThreads, 0, p->stream, B[i], a);
-    }
+    extra_batches(adamw_kernel<mode::update>);
 }

@@ -403,15 +403,15 @@ CUtensorMap forge_cuda_tma_map(const void *base, int rank, const uint64_t *dims,
     return m;
 }
 
-int forge_cuda_blocks_per_sm(const void *kernel, int threads) {
+int forge_cuda_blocks_per_sm(const void *kernel, int threads, size_t smem) {
     static std::mutex mu;
-    static std::map<std::tuple<const void *, int, int>, int> known; // (kernel, threads, device) -> blocks
+    static std::map<std::tuple<const void *, int, size_t, int>, int> known; // (kernel, threads, smem, device) -> blocks
     int dev = 0;
     FORGE_CUDA_CHECK(cudaGetDevice(&dev));
     std::lock_guard<std::mutex> lock(mu);
-    int &n = known[{kernel, threads, dev}];
+    int &n = known[{kernel, threads, smem, dev}];
     if (n == 0) {
-        FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
+        FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
         n = std::max(n, 1);
     }
     return n;

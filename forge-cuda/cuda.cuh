@@ -252,12 +252,13 @@ __device__ __forceinline__ void forge_cuda_prologue() {
 // (backend.cu); *replaced (when not NULL): how many. Run on the step's graph before it is
 // instantiated, and on the GEMM tuner's graphs, so that the tuner times what the step runs.
 cudaError_t forge_cuda_graph_memsets_as_kernels(cudaGraph_t graph, int *replaced);
-// Resident blocks per SM (at least 1) of a kernel launched with `threads` threads a block and no
-// dynamic shared memory, on the current device: asked of the runtime once per kernel, block size
-// and device, then remembered (backend.cu), so that a grid of one wave costs no query per launch.
-int forge_cuda_blocks_per_sm(const void *kernel, int threads);
-template <typename... P> int forge_cuda_blocks_per_sm(void (*kernel)(P...), int threads) {
-    return forge_cuda_blocks_per_sm((const void *)kernel, threads);
+// Resident blocks per SM (at least 1) of a kernel launched with `threads` threads a block and
+// `smem` bytes of dynamic shared memory (which the kernel must already be allowed), on the current
+// device: asked of the runtime once per kernel, block size, shared memory and device, then
+// remembered (backend.cu), so that a grid of one wave costs no query per launch.
+int forge_cuda_blocks_per_sm(const void *kernel, int threads, size_t smem = 0);
+template <typename... P> int forge_cuda_blocks_per_sm(void (*kernel)(P...), int threads, size_t smem = 0) {
+    return forge_cuda_blocks_per_sm((const void *)kernel, threads, smem);
 }
 
 template <typename... P, typename... A>

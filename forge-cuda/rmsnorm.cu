@@ -401,24 +401,24 @@ template <int V, int MODE, bool OVF, bool BF> __global__ void __launch_bounds__(
 // The models' rows (warp_kernel_takes says when): every row and the weight BF16 in 16-byte chunks,
 // at most 32 * NV chunks a row (NV = WARP_NV = 4 for rows of up to 1024: Qwen2.5-0.5B's 896,
 // Qwen3-0.6B's 1024; WARP_NV_WIDE = 9 up to 2304: Gemma2-2B), rows a constant stride apart, no dw
-// (the weight frozen, as in a LoRA step). A warp per row, four rows a 128-thread block, a flat grid: lane l
-// owns chunks l, l + 32, ... and issues the loads of all of them (x or the add's a and b; dy, x
-// and g backward; w) first. The forward's add is one bf16x2 add a pair, correctly rounded, so h is
-// bit for bit the fp32 sum rounded to bf16 that the elementwise ADD stores (24 >= 2 * 8 + 2 bits:
-// rounding twice cannot differ from rounding once); the backward's sum s = dx + g is the same add
-// on dx as rounded. The sums (of x^2, and of dy w' x backward) are fp32 chains per lane and a
+// (the weight frozen, as in a LoRA step). A warp per row, four rows a 128-thread block, a flat
+// grid: lane l owns chunks l, l + 32, ... and issues the loads of all of them (x or the add's a and
+// b; dy, x and g backward; w) first. The forward's add is one bf16x2 add a pair, correctly rounded,
+// so h is bit for bit the fp32 sum rounded to bf16 that the elementwise ADD stores (24 >= 2 * 8 + 2
+// bits: rounding twice cannot differ from rounding once); the backward's sum s = dx + g is the same
+// add on dx as rounded. The sums (of x^2, and of dy w' x backward) are fp32 chains per lane and a
 // butterfly over the warp (the same bits in every lane), r = rsqrt(mean + eps) in double as above,
-// and the output pass is the general kernel's arithmetic (forward: x r, rounded first with the
-// cast before the weight, times w'; backward: r (dy w' - x r m)). The general kernel's strided
-// 64-bit row walk, per-chunk predicates of its group layout, double chunk sums and unpacked add are
-// what this path leaves out (counted from the operations a chunk takes, about a third of the
+// and the output pass is the general kernel's arithmetic (forward: x r, rounded first with the cast
+// before the weight, times w'; backward: r (dy w' - x r m)). The general kernel's strided 64-bit
+// row walk, per-chunk predicates of its group layout, double chunk sums and unpacked add are what
+// this path leaves out (counted from the operations a chunk takes, about a third of the
 // instructions a row forward; not profiled). Measured against the general kernel: forward
 // (bench/results/rmsnorm-fwd-kernel-h200-20261203/) add + norm 0.82-0.91x, the norm 0.89-0.95x;
 // backward (bench/results/rmsnorm-warp-back-h200-20261203/, two A/Bs multiplied) 0.81-0.87x, with
-// the add 0.86x; the opaque chunks alone took its registers from 116 / 128 to 64 / 80 (alone /
-// with the add) and the backward 0.94x at Qwen2.5-0.5B's 16384 rows. Gemma2-2B's 2304 on NV = 9
-// (126-166 registers, 3-4 blocks an SM: 12-16 rows of ~9 KB in flight) against the general
-// kernel's 3-warp rows with their shared-memory sums, A/B in one call on an H100
+// the add 0.86x; the opaque chunks alone took its registers from 116 / 128 to 64 / 80 (alone / with
+// the add) and the backward 0.94x at Qwen2.5-0.5B's 16384 rows. Gemma2-2B's 2304 on NV = 9 (126-166
+// registers, 3-4 blocks an SM: 12-16 rows of ~9 KB in flight) against the general kernel's 3-warp
+// rows with their shared-memory sums, A/B in one call on an H100
 // (bench/results/rmsnorm-wide-adamw-coop-20261206/): backward 0.88x at 4096 rows and 0.93x at
 // 16384, forward 0.97x / 0.99x, add + norm 0.95x / 0.99x, the Gemma2-2B step 0.998.
 constexpr int WARP_NV = 4, WARP_ROWS = 4; // chunks a lane at most (a bf16 row of 1024), rows a block
@@ -610,6 +610,12 @@ bool uniform_rows(const forge_tensor *t) {
         if (t->ne[i] > 1 && t->nb[i] != t->nb[i - 1] * (size_t)t->ne[i - 1]) return false;
     return true;
 }
+// rmsnorm_warp_kernel for a mode without dw, NV chunks a lane.
+template <int NV> void (*warp_kernel_of(int mode))(warp_args) {
+    return mode == RMS_FWD ? rmsnorm_warp_kernel<RMS_FWD, NV> : mode == RMS_ADD_FWD ? rmsnorm_warp_kernel<RMS_ADD_FWD, NV>
+         : mode == RMS_BACK ? rmsnorm_warp_kernel<RMS_BACK, NV> : rmsnorm_warp_kernel<RMS_BACK_ADD, NV>;
+}
+
 // Whether a node (with add: the fused pair) runs on rmsnorm_warp_kernel (see there).
 bool warp_kernel_takes(const forge_tensor *node, const forge_tensor *add) {
     const bool back = node->op == FORGE_OP_RMSNORM_BACK;
@@ -643,12 +649,7 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
                           (int)(C / 8), node->op_f[0], node->op_f[1], 1.0 / (double)C, node->op_i[0] == FORGE_NORM_CAST_BEFORE_WEIGHT,
                           dst_store};
         const unsigned grid = (unsigned)((rows + WARP_ROWS - 1) / WARP_ROWS);
-        auto pick = [mode](auto nv) {
-            constexpr int NV = decltype(nv)::value;
-            return mode == RMS_FWD ? rmsnorm_warp_kernel<RMS_FWD, NV> : mode == RMS_ADD_FWD ? rmsnorm_warp_kernel<RMS_ADD_FWD, NV>
-                 : mode == RMS_BACK ? rmsnorm_warp_kernel<RMS_BACK, NV> : rmsnorm_warp_kernel<RMS_BACK_ADD, NV>;
-        };
-        auto kernel = C <= 8 * 32 * WARP_NV ? pick(std::integral_constant<int, WARP_NV>{}) : pick(std::integral_constant<int, WARP_NV_WIDE>{});
+        auto kernel = C <= 8 * 32 * WARP_NV ? warp_kernel_of<WARP_NV>(mode) : warp_kernel_of<WARP_NV_WIDE>(mode);
         forge_cuda_launch_kernel(kernel, grid, 32 * WARP_ROWS, 0, p->stream, f);
         return;
     }

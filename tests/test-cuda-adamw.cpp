@@ -122,7 +122,7 @@ int main() {
                  {{1}, {3}, {7}, {1023}, {4095}, {4096}, {4097}, {8192}, {8193}, {65537}, {100003}, {77, 129}, {16, 4864}, {896, 48}});
     std::vector<std::vector<int64_t>> many;
     for (int i = 0; i < 600; i++) many.push_back({1 + (i * 7) % 61});
-    run_schedule("adamw 600 small tensors (two launches per pass)", many);
+    run_schedule("adamw 600 small tensors (two batches)", many);
     // Qwen2.5-0.5B's LoRA tensors at r = 16 (A: in x r, B: r x out), its 24 layers: 8.8M parameters
     const int64_t proj[7][2] = {{896, 896}, {896, 128}, {896, 128}, {896, 896}, {896, 4864}, {896, 4864}, {4864, 896}};
     std::vector<std::vector<int64_t>> lora;
