@@ -33,7 +33,8 @@
 // Bytes (memory-bound kernels; es = bytes per element, N tokens, each tensor read or written
 // once - the fewest bytes the op must move):
 //   add             3 N C es                       (a, b read; y written)
-//   rmsnorm         fwd 2 N C es + C es_w          bwd 3 N C es + C es_w   (w frozen: no dw)
+//   rmsnorm         fwd 2 N C es + C es_w          bwd 3 N C es + C es_w   (w frozen: no dw; F32 at the
+//                   models' shapes, as models/model.cpp loads norm weights; BF16 at Liger's)
 //   add_rmsnorm     4 N C es + C es_w              (x, r read; h, y written)
 //   rmsnorm_back_add fwd 7 N C es + C es_w         bwd 5 N C es + C es_w   (bwd: dy, x, g read;
 //                   dx, dx + g written; unfused: the same RMSNORM_BACK and ADD launched one by one)
@@ -232,21 +233,21 @@ static Case add_case(const std::string &shape, int64_t C, int64_t N) {
     return c;
 }
 
-static Case rmsnorm_case(const std::string &shape, int64_t C, int64_t N, float offset, forge_norm_cast cast) {
+static Case rmsnorm_case(const std::string &shape, int64_t C, int64_t N, float offset, forge_norm_cast cast, forge_type wt) {
     Case c{"rmsnorm", shape};
     c.grad = c.dirs3 = true;
-    c.fwd_cost = 2.0 * N * C * 2 + C * 2;
-    c.bwd_cost = 3.0 * N * C * 2 + C * 2;
-    c.build = [=](Bld &b) { b.ys = {forge_rmsnorm(b.ctx, b.train({C, N}), b.weight({C}), kEps, offset, cast)}; };
+    c.fwd_cost = 2.0 * N * C * 2 + C * forge_type_size(wt);
+    c.bwd_cost = 3.0 * N * C * 2 + C * forge_type_size(wt);
+    c.build = [=](Bld &b) { b.ys = {forge_rmsnorm(b.ctx, b.train({C, N}), b.weight({C}, wt), kEps, offset, cast)}; };
     return c;
 }
 
-static Case add_rmsnorm_case(const std::string &shape, int64_t C, int64_t N, float offset, forge_norm_cast cast) {
+static Case add_rmsnorm_case(const std::string &shape, int64_t C, int64_t N, float offset, forge_norm_cast cast, forge_type wt) {
     Case c{"add_rmsnorm", shape};
-    c.fwd_cost = 4.0 * N * C * 2 + C * 2;
+    c.fwd_cost = 4.0 * N * C * 2 + C * forge_type_size(wt);
     c.build = [=](Bld &b) {
         forge_tensor *h = forge_add(b.ctx, b.train({C, N}), b.train({C, N}));
-        b.ys = {h, forge_rmsnorm(b.ctx, h, b.weight({C}), kEps, offset, cast)};
+        b.ys = {h, forge_rmsnorm(b.ctx, h, b.weight({C}, wt), kEps, offset, cast)};
     };
     return c;
 }
@@ -257,14 +258,14 @@ static Case add_rmsnorm_case(const std::string &shape, int64_t C, int64_t N, flo
 // with dn and dh2 from the loss (not timed) and x's gradient cast + ACC (not timed): "bwd" is
 // exactly the pair (fused by forge_cuda_launch_nodes when the backend fuses it); "fwd" is the
 // fused add + norm and the add. Unfused: the same nodes launched one by one.
-static Case rmsnorm_back_add_case(const std::string &shape, int64_t C, int64_t N, float offset, forge_norm_cast cast) {
+static Case rmsnorm_back_add_case(const std::string &shape, int64_t C, int64_t N, float offset, forge_norm_cast cast, forge_type wt) {
     Case c{"rmsnorm_back_add", shape};
     c.grad = c.dirs3 = c.split = true;
-    c.fwd_cost = 7.0 * N * C * 2 + C * 2;
-    c.bwd_cost = 5.0 * N * C * 2 + C * 2;
+    c.fwd_cost = 7.0 * N * C * 2 + C * forge_type_size(wt);
+    c.bwd_cost = 5.0 * N * C * 2 + C * forge_type_size(wt);
     c.build = [=](Bld &b) {
         forge_tensor *h = forge_add(b.ctx, b.train({C, N}), b.weight({C, N}));
-        forge_tensor *n = forge_rmsnorm(b.ctx, h, b.weight({C}), kEps, offset, cast);
+        forge_tensor *n = forge_rmsnorm(b.ctx, h, b.weight({C}, wt), kEps, offset, cast);
         b.ys = {n, forge_add(b.ctx, h, b.weight({C, N}))};
     };
     return c;
@@ -498,15 +499,16 @@ static std::vector<Case> make_cases() {
             for (int64_t N : kTokens) f(m, N);
     };
     auto norm_cast = [](const Model &m) { return m.gemma ? FORGE_NORM_CAST_AFTER_WEIGHT : FORGE_NORM_CAST_BEFORE_WEIGHT; };
+    const forge_type norm_w = FORGE_TYPE_F32; // the models' norm weights (models/model.cpp loads them as F32)
     each_model([&](const Model &m, int64_t N) { cs.push_back(add_case(fmt("%s %lldx%lld", m.name, (long long)N, (long long)m.H), m.H, N)); });
     each_model([&](const Model &m, int64_t N) {
-        cs.push_back(rmsnorm_case(fmt("%s %lldx%lld", m.name, (long long)N, (long long)m.H), m.H, N, m.gemma ? 1.0f : 0.0f, norm_cast(m)));
+        cs.push_back(rmsnorm_case(fmt("%s %lldx%lld", m.name, (long long)N, (long long)m.H), m.H, N, m.gemma ? 1.0f : 0.0f, norm_cast(m), norm_w));
     });
-    cs.push_back(rmsnorm_case("liger 2x2048x4096 offset1", 4096, 4096, 1.0f, FORGE_NORM_CAST_AFTER_WEIGHT));
+    cs.push_back(rmsnorm_case("liger 2x2048x4096 offset1", 4096, 4096, 1.0f, FORGE_NORM_CAST_AFTER_WEIGHT, FORGE_TYPE_BF16));
     each_model([&](const Model &m, int64_t N) {
-        cs.push_back(add_rmsnorm_case(fmt("%s %lldx%lld", m.name, (long long)N, (long long)m.H), m.H, N, m.gemma ? 1.0f : 0.0f, norm_cast(m)));
+        cs.push_back(add_rmsnorm_case(fmt("%s %lldx%lld", m.name, (long long)N, (long long)m.H), m.H, N, m.gemma ? 1.0f : 0.0f, norm_cast(m), norm_w));
     });
-    cs.push_back(rmsnorm_back_add_case(fmt("%s 16384x%lld", kModels[0].name, (long long)kModels[0].H), kModels[0].H, 16384, 0.0f, norm_cast(kModels[0])));
+    cs.push_back(rmsnorm_back_add_case(fmt("%s 16384x%lld", kModels[0].name, (long long)kModels[0].H), kModels[0].H, 16384, 0.0f, norm_cast(kModels[0]), norm_w));
     each_model([&](const Model &m, int64_t N) {
         cs.push_back(rope_case(fmt("%s %lldx%lld/%lldx%lld", m.name, (long long)N, (long long)m.Hq, (long long)m.Hkv, (long long)m.D), m.D, m.Hq,
                                m.Hkv, N, 1, m.gemma ? 1e4f : 1e6f));

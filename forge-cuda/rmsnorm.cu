@@ -43,8 +43,8 @@
 // from w and dw. The caller must only call it for an ADD that comes right after back in node
 // order (nothing in between reads s's memory or writes dy, x, g), as forge_cuda_launch_nodes does.
 //
-// The models' rows (BF16 rows and weight, rows of up to 2304, no dw; forward or backward, alone or
-// with the add) run on rmsnorm_warp_kernel (below); everything else on one kernel,
+// The models' rows (BF16 rows of up to 2304, a BF16 or F32 weight, no dw; forward or backward,
+// alone or with the add) run on rmsnorm_warp_kernel (below); everything else on one kernel,
 // rmsnorm_kernel<V, MODE, OVF, BF> (MODE: forward, fused add + forward, backward, backward with
 // the weight gradient, either backward + add; BF: every row and the weight BF16, types known at
 // compile time, where the general kernel branches on them chunk by chunk - half the
@@ -398,10 +398,12 @@ template <int V, int MODE, bool OVF, bool BF> __global__ void __launch_bounds__(
         }
 }
 
-// The models' rows (warp_kernel_takes says when): every row and the weight BF16 in 16-byte chunks,
-// at most 32 * NV chunks a row (NV = WARP_NV = 4 for rows of up to 1024: Qwen2.5-0.5B's 896,
-// Qwen3-0.6B's 1024; WARP_NV_WIDE = 9 up to 2304: Gemma2-2B), rows a constant stride apart, no dw
-// (the weight frozen, as in a LoRA step). A warp per row, four rows a 128-thread block, a flat
+// The models' rows (warp_kernel_takes says when): every row BF16 in 16-byte chunks, at most 32 * NV
+// chunks a row (NV = WARP_NV = 4 for rows of up to 1024: Qwen2.5-0.5B's 896, Qwen3-0.6B's 1024;
+// WARP_NV_WIDE = 9 up to 2304: Gemma2-2B), rows a constant stride apart, no dw (the weight frozen,
+// as in a LoRA step). The weight is BF16 (held in registers like the rows) or F32 (WF: the models'
+// case, models/model.cpp loads every norm weight as F32; its 32 bytes a chunk are read from L1
+// where used, in both passes backward, so that the registers stay those of the BF16 form). A warp per row, four rows a 128-thread block, a flat
 // grid: lane l owns chunks l, l + 32, ... and issues the loads of all of them (x or the add's a and
 // b; dy, x and g backward; w) first. The forward's add is one bf16x2 add a pair, correctly rounded,
 // so h is bit for bit the fp32 sum rounded to bf16 that the elementwise ADD stores (24 >= 2 * 8 + 2
@@ -420,7 +422,11 @@ template <int V, int MODE, bool OVF, bool BF> __global__ void __launch_bounds__(
 // registers, 3-4 blocks an SM: 12-16 rows of ~9 KB in flight) against the general kernel's 3-warp
 // rows with their shared-memory sums, A/B in one call on an H100
 // (bench/results/rmsnorm-wide-adamw-coop-20261206/): backward 0.88x at 4096 rows and 0.93x at
-// 16384, forward 0.97x / 0.99x, add + norm 0.95x / 0.99x, the Gemma2-2B step 0.998.
+// 16384, forward 0.97x / 0.99x, add + norm 0.95x / 0.99x, the Gemma2-2B step 0.998. Until
+// the F32 weight came here the models' norms (F32 weights) all ran on the general kernel's
+// type-branching form; A/B on an H100 (bench/results/rmsnorm-f32-weight-h100-20261206/): the
+// norms at Qwen2.5-0.5B's 4096 rows 0.74x backward, 0.78x add + norm, Gemma2-2B's backward 0.90x
+// (its forward alone 1.01-1.03x), the steps 0.980 (Qwen2.5-0.5B), 0.984 (Qwen3-0.6B), 0.986 (Gemma2-2B).
 constexpr int WARP_NV = 4, WARP_ROWS = 4; // chunks a lane at most (a bf16 row of 1024), rows a block
 constexpr int WARP_NV_WIDE = 9;           // chunks a lane of the wider rows, up to 2304 (Gemma2-2B)
 struct warp_args {
@@ -441,14 +447,22 @@ __device__ inline uint4 add_bf16x8(uint4 a, uint4 b) {
     };
     return make_uint4(add(a.x, b.x), add(a.y, b.y), add(a.z, b.z), add(a.w, b.w));
 }
-template <int MODE, int NV> __global__ void __launch_bounds__(32 * WARP_ROWS) rmsnorm_warp_kernel(const warp_args a) {
+template <int MODE, int NV, bool WF> __global__ void __launch_bounds__(32 * WARP_ROWS) rmsnorm_warp_kernel(const warp_args a) {
     static_assert(!is_dw(MODE), "dw runs on the general kernel");
     constexpr bool BACK = is_back(MODE), ADD = MODE == RMS_ADD_FWD || MODE == RMS_BACK_ADD;
     forge_cuda_prologue();
     const int lane = threadIdx.x % 32;
     const int64_t r = (int64_t)blockIdx.x * WARP_ROWS + threadIdx.x / 32;
     if (r >= a.rows) return;
-    chunk<8> xv[NV], bv[ADD ? NV : 1], dv[BACK ? NV : 1], wv[NV];
+    chunk<8> xv[NV], bv[ADD ? NV : 1], dv[BACK ? NV : 1], wv[WF ? 1 : NV];
+    auto weight = [&](int i, int k, float (&w)[8]) { // w's chunk k: a BF16 one as loaded, F32 from L1 where used
+        if constexpr (WF) {
+            const float4 lo = ((const float4 *)a.w)[2 * k], hi = ((const float4 *)a.w)[2 * k + 1];
+            w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+        } else {
+            unpack<8>(FORGE_TYPE_BF16, wv[i], w);
+        }
+    };
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int k = lane + 32 * i;
@@ -456,7 +470,7 @@ template <int MODE, int NV> __global__ void __launch_bounds__(32 * WARP_ROWS) rm
         xv[i].u = a.x[r * a.ldx + k];
         if constexpr (ADD) bv[i].u = a.b[r * a.ldb + k];
         if constexpr (BACK) dv[i].u = a.dy[r * a.lddy + k];
-        wv[i].u = a.w[k];
+        if constexpr (!WF) wv[i].u = a.w[k];
     }
     float ss = 0.0f, sg = 0.0f; // sum x^2, sum dy w' x
 #pragma unroll
@@ -471,7 +485,7 @@ template <int MODE, int NV> __global__ void __launch_bounds__(32 * WARP_ROWS) rm
         unpack<8>(FORGE_TYPE_BF16, xv[i], v);
         if constexpr (BACK) {
             unpack<8>(FORGE_TYPE_BF16, dv[i], d);
-            unpack<8>(FORGE_TYPE_BF16, wv[i], w);
+            weight(i, k, w);
         }
 #pragma unroll
         for (int e = 0; e < 8; e++) {
@@ -484,7 +498,7 @@ template <int MODE, int NV> __global__ void __launch_bounds__(32 * WARP_ROWS) rm
         for (int i = 0; i < NV; i++) {
             opaque(xv[i]);
             opaque(dv[i]);
-            opaque(wv[i]);
+            if constexpr (!WF) opaque(wv[i]);
         }
     }
 #pragma unroll
@@ -500,7 +514,7 @@ template <int MODE, int NV> __global__ void __launch_bounds__(32 * WARP_ROWS) rm
         if (k >= a.nch) continue;
         float v[8], w[8], d[8];
         unpack<8>(FORGE_TYPE_BF16, xv[i], v);
-        unpack<8>(FORGE_TYPE_BF16, wv[i], w);
+        weight(i, k, w);
         if constexpr (BACK) unpack<8>(FORGE_TYPE_BF16, dv[i], d);
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] *= rs;
@@ -610,10 +624,10 @@ bool uniform_rows(const forge_tensor *t) {
         if (t->ne[i] > 1 && t->nb[i] != t->nb[i - 1] * (size_t)t->ne[i - 1]) return false;
     return true;
 }
-// rmsnorm_warp_kernel for a mode without dw, NV chunks a lane.
-template <int NV> void (*warp_kernel_of(int mode))(warp_args) {
-    return mode == RMS_FWD ? rmsnorm_warp_kernel<RMS_FWD, NV> : mode == RMS_ADD_FWD ? rmsnorm_warp_kernel<RMS_ADD_FWD, NV>
-         : mode == RMS_BACK ? rmsnorm_warp_kernel<RMS_BACK, NV> : rmsnorm_warp_kernel<RMS_BACK_ADD, NV>;
+// rmsnorm_warp_kernel for a mode without dw, NV chunks a lane, a BF16 or (WF) F32 weight.
+template <int NV, bool WF> void (*warp_kernel_of(int mode))(warp_args) {
+    return mode == RMS_FWD ? rmsnorm_warp_kernel<RMS_FWD, NV, WF> : mode == RMS_ADD_FWD ? rmsnorm_warp_kernel<RMS_ADD_FWD, NV, WF>
+         : mode == RMS_BACK ? rmsnorm_warp_kernel<RMS_BACK, NV, WF> : rmsnorm_warp_kernel<RMS_BACK_ADD, NV, WF>;
 }
 
 // Whether a node (with add: the fused pair) runs on rmsnorm_warp_kernel (see there).
@@ -621,7 +635,7 @@ bool warp_kernel_takes(const forge_tensor *node, const forge_tensor *add) {
     const bool back = node->op == FORGE_OP_RMSNORM_BACK;
     const forge_tensor *w = node->src[back ? 2 : 1];
     if ((back && node->res[1]) || width_of(node, add) != 8 || node->ne[0] > 8 * 32 * WARP_NV_WIDE) return false;
-    if (w->type != FORGE_TYPE_BF16 || w->nb[0] != 2 || (uintptr_t)w->data % 16) return false;
+    if ((w->type != FORGE_TYPE_BF16 && w->type != FORGE_TYPE_F32) || w->nb[0] != forge_type_size(w->type) || (uintptr_t)w->data % 16) return false;
     const forge_tensor *rows[5] = {node, add, back ? node->src[0] : nullptr, back ? node->src[1] : (add ? add->src[0] : node->src[0]),
                                    add ? (back ? other_src(add, node) : add->src[1]) : nullptr};
     for (const forge_tensor *t : rows)
@@ -649,7 +663,9 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
                           (int)(C / 8), node->op_f[0], node->op_f[1], 1.0 / (double)C, node->op_i[0] == FORGE_NORM_CAST_BEFORE_WEIGHT,
                           dst_store};
         const unsigned grid = (unsigned)((rows + WARP_ROWS - 1) / WARP_ROWS);
-        auto kernel = C <= 8 * 32 * WARP_NV ? warp_kernel_of<WARP_NV>(mode) : warp_kernel_of<WARP_NV_WIDE>(mode);
+        const bool wf = w->type == FORGE_TYPE_F32;
+        auto kernel = C <= 8 * 32 * WARP_NV ? (wf ? warp_kernel_of<WARP_NV, true>(mode) : warp_kernel_of<WARP_NV, false>(mode))
+                                            : (wf ? warp_kernel_of<WARP_NV_WIDE, true>(mode) : warp_kernel_of<WARP_NV_WIDE, false>(mode));
         forge_cuda_launch_kernel(kernel, grid, 32 * WARP_ROWS, 0, p->stream, f);
         return;
     }

@@ -15,8 +15,8 @@
 // Qwen2.5 (896) and Gemma2 (2304) in BF16 and F32 through the harness, and forge_cuda_rmsnorm_back_add
 // called directly: dx, dx + g and dw bit for bit those of the two nodes launched one by one
 // (vector and element paths, rows past the registers, the sum in place over g and over dx, BF16
-// rows and weight on the warp kernel, its wide rows and the general kernel), and false for pairs
-// that do not match.
+// rows with a BF16 or the models' F32 weight on the warp kernel, its wide rows and the general
+// kernel), and false for pairs that do not match.
 #include "cuda-util.h"
 
 #include <cstring>
@@ -153,14 +153,14 @@ void direct_check(const char *name, forge_type t, int64_t C, int64_t N, bool tra
 
 // Calls forge_cuda_add_rmsnorm on h = x + r, y = rmsnorm(h, w) (weight and rows of type t) and
 // compares h and y bit for bit with the ADD and RMSNORM nodes launched one by one.
-void direct_fwd_check(const char *name, forge_type t, int64_t C, int64_t N, float offset, forge_norm_cast cast) {
+void direct_fwd_check(const char *name, forge_type t, int64_t C, int64_t N, float offset, forge_norm_cast cast, forge_type wt) {
     const int failures = g_failures;
     forge_ctx *ctx = forge_ctx_new();
     forge_backend *be = forge_backend_cuda_new(0);
     const forge_cuda_params *p = forge_cuda_backend_params(be);
     forge_tensor *x = forge_tensor_set_flags(forge_tensor_new_2d(ctx, t, C, N), FORGE_FLAG_INPUT);
     forge_tensor *r = forge_tensor_set_flags(forge_tensor_new_2d(ctx, t, C, N), FORGE_FLAG_INPUT);
-    forge_tensor *w = forge_tensor_set_flags(forge_tensor_new_1d(ctx, t, C), FORGE_FLAG_INPUT);
+    forge_tensor *w = forge_tensor_set_flags(forge_tensor_new_1d(ctx, wt, C), FORGE_FLAG_INPUT);
     forge_tensor *h = forge_tensor_set_flags(forge_add(ctx, x, r), FORGE_FLAG_OUTPUT);
     forge_tensor *y = forge_tensor_set_flags(forge_rmsnorm(ctx, h, w, 1e-6f, offset, cast), FORGE_FLAG_OUTPUT);
     forge_graph *g = forge_graph_new(ctx);
@@ -223,6 +223,11 @@ int main() {
     norm_case("rmsnorm bf16 [64, 7], frozen bf16 w (two chunks a row)", BF16, BF16, {64, 7}, 1e-6f, 0.0f, BEFORE, false);
     norm_case("rmsnorm bf16 gemma2 [2304, 133], frozen bf16 w, offset 1, cast after", BF16, BF16, {2304, 133}, 1e-6f, 1.0f, AFTER, false);
     norm_case("rmsnorm bf16 [1536, 37, 2], frozen bf16 w", BF16, BF16, {1536, 37, 2}, 1e-6f, 0.0f, BEFORE, false);
+    // the same kernel with the models' F32 weight (read from L1 where used, not held in registers)
+    norm_case("rmsnorm bf16 qwen2.5 [896, 387], frozen f32 w", BF16, F32, {896, 387}, 1e-6f, 0.0f, BEFORE, false);
+    norm_case("rmsnorm bf16 [64, 7], frozen f32 w (two chunks a row)", BF16, F32, {64, 7}, 1e-6f, 0.0f, BEFORE, false);
+    norm_case("rmsnorm bf16 gemma2 [2304, 133], frozen f32 w, offset 1, cast after", BF16, F32, {2304, 133}, 1e-6f, 1.0f, AFTER, false);
+    norm_case("rmsnorm bf16 [1536, 37, 2], frozen f32 w", BF16, F32, {1536, 37, 2}, 1e-6f, 0.0f, BEFORE, false);
 
     // Qwen3's per-head norm on q and k slices of a fused q/k/v [128, 16 + 8 + 8, T]
     for (forge_type t : {BF16, F32}) {
@@ -276,10 +281,13 @@ int main() {
                         return c;
                     });
     }
-    direct_fwd_check("add_rmsnorm direct bf16 [896, 387]", BF16, 896, 387, 0.0f, BEFORE);
-    direct_fwd_check("add_rmsnorm direct bf16 [1024, 512]", BF16, 1024, 512, 0.0f, BEFORE);
-    direct_fwd_check("add_rmsnorm direct bf16 [2304, 130], offset 1, cast after", BF16, 2304, 130, 1.0f, AFTER);
-    direct_fwd_check("add_rmsnorm direct f32 [896, 64] (the general kernel)", F32, 896, 64, 0.0f, BEFORE);
+    direct_fwd_check("add_rmsnorm direct bf16 [896, 387]", BF16, 896, 387, 0.0f, BEFORE, BF16);
+    direct_fwd_check("add_rmsnorm direct bf16 [1024, 512]", BF16, 1024, 512, 0.0f, BEFORE, BF16);
+    direct_fwd_check("add_rmsnorm direct bf16 [2304, 130], offset 1, cast after", BF16, 2304, 130, 1.0f, AFTER, BF16);
+    direct_fwd_check("add_rmsnorm direct f32 [896, 64] (the general kernel)", F32, 896, 64, 0.0f, BEFORE, F32);
+    // the models' F32 norm weight on the warp kernel (models/model.cpp loads norms as F32)
+    direct_fwd_check("add_rmsnorm direct bf16 [896, 387], f32 w", BF16, 896, 387, 0.0f, BEFORE, F32);
+    direct_fwd_check("add_rmsnorm direct bf16 [2304, 130], f32 w, offset 1, cast after", BF16, 2304, 130, 1.0f, AFTER, F32);
     // x f32 + r bf16: [896, 64] has a and h of 4-byte elements, b of 2, so the chunk widths differ
     // and the pair runs unfused; [37, 9] takes the element path
     const struct { const char *name; int64_t C, T; } mixed[] = {{"residual add + rmsnorm f32 + bf16 [896, 64] (not fused)", 896, 64},
@@ -343,6 +351,10 @@ int main() {
     direct_check("rmsnorm_back_add direct bf16 [2304, 64], bf16 w (the warp kernel's wide rows)", BF16, 2304, 64, false, ALIAS_NONE, BF16);
     direct_check("rmsnorm_back_add direct bf16 [1536, 33], bf16 w (wide rows, lanes past the row)", BF16, 1536, 33, false, ALIAS_G, BF16);
     direct_check("rmsnorm_back_add direct bf16 [4096, 64], bf16 w (the general kernel)", BF16, 4096, 64, false, ALIAS_NONE, BF16);
+    direct_check("rmsnorm_back_add direct bf16 [896, 387], f32 w (the warp kernel)", BF16, 896, 387, false, ALIAS_NONE, F32);
+    direct_check("rmsnorm_back_add direct bf16 [896, 64], f32 w, sum in place over dx", BF16, 896, 64, false, ALIAS_DX, F32);
+    direct_check("rmsnorm_back_add direct bf16 [2304, 64], f32 w (wide rows)", BF16, 2304, 64, false, ALIAS_NONE, F32);
+    direct_check("rmsnorm_back_add direct bf16 [1536, 33], f32 w (wide rows, lanes past the row)", BF16, 1536, 33, false, ALIAS_G, F32);
 
     // awkward shapes
     norm_case("rmsnorm f32 [37, 15] (element path)", F32, F32, {37, 15}, 1e-5f, 0.0f, BEFORE, true, 3.0f);
