@@ -46,9 +46,11 @@
 // The models' rows (BF16 rows of up to 2304, a BF16 or F32 weight, no dw; forward or backward,
 // alone or with the add) run on rmsnorm_warp_kernel (below); everything else on one kernel,
 // rmsnorm_kernel<V, MODE, OVF, BF> (MODE: forward, fused add + forward, backward, backward with
-// the weight gradient, either backward + add; BF: every row and the weight BF16, types known at
-// compile time, where the general kernel branches on them chunk by chunk - half the
-// instructions, 5-25% faster), rows held in registers. A row is cut into chunks of 16
+// the weight gradient, either backward + add; BF: every row BF16, known at compile time, and a
+// dense BF16 or F32 weight, where the general kernel branches on the types chunk by chunk - half
+// the instructions, 5-25% faster; with the models' F32 weights, the Gemma3-4B step (hidden 2560,
+// past the warp kernel) 0.997 on an H100, bench/results/rmsnorm-f32-weight-h100-20261206/bf-f32w/),
+// rows held in registers. A row is cut into chunks of 16
 // bytes - V = 8 elements of BF16/F16 or 4 of F32 - when all its tensors are dense, 16-byte aligned
 // and of one element size (else V = 1, one element of any type per chunk), and belongs to a
 // group of T threads: T a power of two up to 32 (sub-warps or one warp; 128-thread blocks hold
@@ -184,13 +186,19 @@ struct rms_args {
     double *part;       // backward with dw: [gridDim.x * R][C] fp64 partials
 };
 
-// w + offset for chunk k (w: a.w, see the output pass). BF: w is BF16, dense and 16-byte aligned.
+// w + offset for chunk k (w: a.w, see the output pass). BF: w is BF16 or F32 (one branch the whole
+// grid takes alike), dense and 16-byte aligned.
 template <int V, bool BF> __device__ inline void weight(const rms_args &a, const char *w, int64_t k, float *v) {
     const char *p = w + k * V * a.w_nb;
     if constexpr (BF) {
-        const uint4 q = *(const uint4 *)p;
-        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
-        forge_cuda_unpack16<4>(FORGE_TYPE_BF16, u, v);
+        if (a.wtype == FORGE_TYPE_F32) {
+            const float4 lo = *(const float4 *)p, hi = *(const float4 *)(p + 16);
+            v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+        } else {
+            const uint4 q = *(const uint4 *)p;
+            const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+            forge_cuda_unpack16<4>(FORGE_TYPE_BF16, u, v);
+        }
     } else if constexpr (V > 1) {
         if (a.w_vec && a.wtype == FORGE_TYPE_F32) {
 #pragma unroll
@@ -695,9 +703,9 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
     a.cast_before = node->op_i[0] == FORGE_NORM_CAST_BEFORE_WEIGHT;
     a.part = is_dw(mode) ? (double *)p->work : nullptr;
     const bool ovf = a.nch > (int64_t)pl.T * nv_of(V, mode);
-    // the kernel for BF16 rows and weight (the models' case) knows its types at compile time: no
-    // type branches in its chunk loops
-    bool bf = V == 8 && a.wtype == FORGE_TYPE_BF16 && a.w_vec;
+    // the kernel for BF16 rows (the models' case: rows past the warp kernel's 2304, or dw) knows
+    // their type at compile time and takes a BF16 or F32 weight: no type branches in its chunk loops
+    bool bf = V == 8 && (a.wtype == FORGE_TYPE_BF16 || a.wtype == FORGE_TYPE_F32) && a.w_vec;
     for (const rows_t *r : {&a.x, &a.dy, &a.a, &a.b, &a.dst, &a.h})
         if (r->data) bf = bf && r->type == FORGE_TYPE_BF16;
     auto launch = [&](auto m) {
