@@ -7,7 +7,9 @@ way Hugging Face / PEFT models write it:
   add           a + b
   rmsnorm       Llama/Qwen: w * (x.float() * rsqrt(mean(x^2) + eps)).to(bf16);
                 Gemma (offset 1): (x_hat * (1 + w.float())).to(bf16)
-  add_rmsnorm   h = x + r, rmsnorm(h) (both returned)
+  add_rmsnorm   h = x + r, rmsnorm(h) (both returned); w in bf16, as an HF model loaded in bf16
+                holds it (forge's models hold norm weights in F32, which bench-kernels' model
+                cases time)
   rope          HF apply_rotary_pos_emb on q and k, strided [B, H, T, D] views of one qkv
                 tensor; cos/sin precomputed outside the timed region (as Liger's benchmark does)
   swiglu/geglu  act(gate) * up with gate and up separate tensors (HF's gate_proj / up_proj)
