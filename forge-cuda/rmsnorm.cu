@@ -45,12 +45,12 @@
 //
 // The models' rows (BF16 rows of up to 2304, a BF16 or F32 weight, no dw; forward or backward,
 // alone or with the add) run on rmsnorm_warp_kernel (below); everything else on one kernel,
-// rmsnorm_kernel<V, MODE, OVF, BF> (MODE: forward, fused add + forward, backward, backward with
-// the weight gradient, either backward + add; BF: every row BF16, known at compile time, and a
-// dense BF16 or F32 weight, where the general kernel branches on the types chunk by chunk - half
-// the instructions, 5-25% faster; with the models' F32 weights, the Gemma3-4B step (hidden 2560,
-// past the warp kernel) 0.997 on an H100, bench/results/rmsnorm-f32-weight-h100-20261206/bf-f32w/),
-// rows held in registers. A row is cut into chunks of 16
+// rmsnorm_kernel<V, MODE, OVF, BF> (MODE: forward, fused add + forward, backward, backward with the
+// weight gradient, either backward + add; BF: every row BF16, known at compile time, and a dense
+// BF16 or F32 weight, where the general kernel branches on the types chunk by chunk - half the
+// instructions, 5-25% faster; with the models' F32 weights, the Gemma3-4B step (hidden 2560, past
+// the warp kernel) 0.997 on an H100, bench/results/rmsnorm-f32-weight-h100-20261206/bf-f32w/), rows
+// held in registers. A row is cut into chunks of 16
 // bytes - V = 8 elements of BF16/F16 or 4 of F32 - when all its tensors are dense, 16-byte aligned
 // and of one element size (else V = 1, one element of any type per chunk), and belongs to a
 // group of T threads: T a power of two up to 32 (sub-warps or one warp; 128-thread blocks hold
@@ -411,30 +411,31 @@ template <int V, int MODE, bool OVF, bool BF> __global__ void __launch_bounds__(
 // WARP_NV_WIDE = 9 up to 2304: Gemma2-2B), rows a constant stride apart, no dw (the weight frozen,
 // as in a LoRA step). The weight is BF16 (held in registers like the rows) or F32 (WF: the models'
 // case, models/model.cpp loads every norm weight as F32; its 32 bytes a chunk are read from L1
-// where used, in both passes backward, so that the registers stay those of the BF16 form). A warp per row, four rows a 128-thread block, a flat
-// grid: lane l owns chunks l, l + 32, ... and issues the loads of all of them (x or the add's a and
-// b; dy, x and g backward; w) first. The forward's add is one bf16x2 add a pair, correctly rounded,
-// so h is bit for bit the fp32 sum rounded to bf16 that the elementwise ADD stores (24 >= 2 * 8 + 2
-// bits: rounding twice cannot differ from rounding once); the backward's sum s = dx + g is the same
-// add on dx as rounded. The sums (of x^2, and of dy w' x backward) are fp32 chains per lane and a
-// butterfly over the warp (the same bits in every lane), r = rsqrt(mean + eps) in double as above,
-// and the output pass is the general kernel's arithmetic (forward: x r, rounded first with the cast
-// before the weight, times w'; backward: r (dy w' - x r m)). The general kernel's strided 64-bit
-// row walk, per-chunk predicates of its group layout, double chunk sums and unpacked add are what
-// this path leaves out (counted from the operations a chunk takes, about a third of the
-// instructions a row forward; not profiled). Measured against the general kernel: forward
-// (bench/results/rmsnorm-fwd-kernel-h200-20261203/) add + norm 0.82-0.91x, the norm 0.89-0.95x;
-// backward (bench/results/rmsnorm-warp-back-h200-20261203/, two A/Bs multiplied) 0.81-0.87x, with
-// the add 0.86x; the opaque chunks alone took its registers from 116 / 128 to 64 / 80 (alone / with
-// the add) and the backward 0.94x at Qwen2.5-0.5B's 16384 rows. Gemma2-2B's 2304 on NV = 9 (126-166
+// where used, in both passes backward, so that the registers stay those of the BF16 form). A warp
+// per row, four rows a 128-thread block, a flat grid: lane l owns chunks l, l + 32, ... and issues
+// the loads of all of them (x or the add's a and b; dy, x and g backward; w) first. The forward's
+// add is one bf16x2 add a pair, correctly rounded, so h is bit for bit the fp32 sum rounded to bf16
+// that the elementwise ADD stores (24 >= 2 * 8 + 2 bits: rounding twice cannot differ from rounding
+// once); the backward's sum s = dx + g is the same add on dx as rounded. The sums (of x^2, and of
+// dy w' x backward) are fp32 chains per lane and a butterfly over the warp (the same bits in every
+// lane), r = rsqrt(mean + eps) in double as above, and the output pass is the general kernel's
+// arithmetic (forward: x r, rounded first with the cast before the weight, times w'; backward: r
+// (dy w' - x r m)). The general kernel's strided 64-bit row walk, per-chunk predicates of its group
+// layout, double chunk sums and unpacked add are what this path leaves out (counted from the
+// operations a chunk takes, about a third of the instructions a row forward; not profiled).
+// Measured against the general kernel: forward (bench/results/rmsnorm-fwd-kernel-h200-20261203/)
+// add + norm 0.82-0.91x, the norm 0.89-0.95x; backward
+// (bench/results/rmsnorm-warp-back-h200-20261203/, two A/Bs multiplied) 0.81-0.87x, with the add
+// 0.86x; the opaque chunks alone took its registers from 116 / 128 to 64 / 80 (alone / with the
+// add) and the backward 0.94x at Qwen2.5-0.5B's 16384 rows. Gemma2-2B's 2304 on NV = 9 (126-166
 // registers, 3-4 blocks an SM: 12-16 rows of ~9 KB in flight) against the general kernel's 3-warp
 // rows with their shared-memory sums, A/B in one call on an H100
 // (bench/results/rmsnorm-wide-adamw-coop-20261206/): backward 0.88x at 4096 rows and 0.93x at
-// 16384, forward 0.97x / 0.99x, add + norm 0.95x / 0.99x, the Gemma2-2B step 0.998. Until
-// the F32 weight came here the models' norms (F32 weights) all ran on the general kernel's
-// type-branching form; A/B on an H100 (bench/results/rmsnorm-f32-weight-h100-20261206/): the
-// norms at Qwen2.5-0.5B's 4096 rows 0.74x backward, 0.78x add + norm, Gemma2-2B's backward 0.90x
-// (its forward alone 1.01-1.03x), the steps 0.980 (Qwen2.5-0.5B), 0.984 (Qwen3-0.6B), 0.986 (Gemma2-2B).
+// 16384, forward 0.97x / 0.99x, add + norm 0.95x / 0.99x, the Gemma2-2B step 0.998. Until the F32
+// weight came here the models' norms (F32 weights) all ran on the general kernel's type-branching
+// form; A/B on an H100 (bench/results/rmsnorm-f32-weight-h100-20261206/): the norms at
+// Qwen2.5-0.5B's 4096 rows 0.74x backward, 0.78x add + norm, Gemma2-2B's backward 0.90x (its
+// forward alone 1.01-1.03x), the steps 0.980 (Qwen2.5-0.5B), 0.984 (Qwen3-0.6B), 0.986 (Gemma2-2B).
 constexpr int WARP_NV = 4, WARP_ROWS = 4; // chunks a lane at most (a bf16 row of 1024), rows a block
 constexpr int WARP_NV_WIDE = 9;           // chunks a lane of the wider rows, up to 2304 (Gemma2-2B)
 struct warp_args {
