@@ -342,17 +342,10 @@ void forge_cuda_adamw(forge_tensor *node, const forge_cuda_params *p) {
     int stash = 0, grid = 0;
     fused_shape(T.tile0[T.n], sms, &stash, &grid);
     a.first = 0, a.stash = stash, a.out = (float *)node->data;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeCooperative; // every block resident: the grid sync between the passes
-    attr.val.cooperative = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = kThreads;
-    cfg.dynamicSmemBytes = (size_t)stash * kTile * sizeof(float);
-    cfg.stream = p->stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    FORGE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, adamw_kernel<mode::fused>, T, a));
+    cudaLaunchAttribute coop{};
+    coop.id = cudaLaunchAttributeCooperative; // every block resident: the grid sync between the passes
+    coop.val.cooperative = 1;
+    forge_cuda_launch_with(coop, adamw_kernel<mode::fused>, grid, kThreads, (size_t)stash * kTile * sizeof(float), p->stream, T, a);
     a.stash = 0, a.out = nullptr;
     extra_batches(adamw_kernel<mode::update>);
 }

@@ -261,11 +261,11 @@ template <typename... P> int forge_cuda_blocks_per_sm(void (*kernel)(P...), int 
     return forge_cuda_blocks_per_sm((const void *)kernel, threads, smem);
 }
 
+// A launch with one launch attribute: programmatic stream serialization (forge_cuda_launch_kernel,
+// every forge kernel but one) or cooperative (every block resident at once, for a grid-wide sync:
+// adamw.cu's fused launch).
 template <typename... P, typename... A>
-void forge_cuda_launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A &&...args) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
+void forge_cuda_launch_with(cudaLaunchAttribute attr, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A &&...args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -274,6 +274,13 @@ void forge_cuda_launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     FORGE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+}
+template <typename... P, typename... A>
+void forge_cuda_launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A &&...args) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    forge_cuda_launch_with(attr, kernel, grid, block, smem, stream, std::forward<A>(args)...);
 }
 
 // Side stream i (forge_cuda_params::side[i], i < FORGE_CUDA_SIDES), forked from p->stream: what

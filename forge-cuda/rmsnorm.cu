@@ -186,14 +186,19 @@ struct rms_args {
     double *part;       // backward with dw: [gridDim.x * R][C] fp64 partials
 };
 
+// 8 consecutive floats at p, 16-byte aligned: a chunk of an F32 weight (both kernels' BF16-row forms).
+__device__ inline void load_f32x8(const void *p, float *v) {
+    const float4 lo = ((const float4 *)p)[0], hi = ((const float4 *)p)[1];
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+}
+
 // w + offset for chunk k (w: a.w, see the output pass). BF: w is BF16 or F32 (one branch the whole
 // grid takes alike), dense and 16-byte aligned.
 template <int V, bool BF> __device__ inline void weight(const rms_args &a, const char *w, int64_t k, float *v) {
     const char *p = w + k * V * a.w_nb;
     if constexpr (BF) {
         if (a.wtype == FORGE_TYPE_F32) {
-            const float4 lo = *(const float4 *)p, hi = *(const float4 *)(p + 16);
-            v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+            load_f32x8(p, v);
         } else {
             const uint4 q = *(const uint4 *)p;
             const uint32_t u[4] = {q.x, q.y, q.z, q.w};
@@ -465,12 +470,8 @@ template <int MODE, int NV, bool WF> __global__ void __launch_bounds__(32 * WARP
     if (r >= a.rows) return;
     chunk<8> xv[NV], bv[ADD ? NV : 1], dv[BACK ? NV : 1], wv[WF ? 1 : NV];
     auto weight = [&](int i, int k, float (&w)[8]) { // w's chunk k: a BF16 one as loaded, F32 from L1 where used
-        if constexpr (WF) {
-            const float4 lo = ((const float4 *)a.w)[2 * k], hi = ((const float4 *)a.w)[2 * k + 1];
-            w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
-        } else {
-            unpack<8>(FORGE_TYPE_BF16, wv[i], w);
-        }
+        if constexpr (WF) load_f32x8(a.w + 2 * k, w); // a.w in 16-byte units: chunk k's 32 bytes
+        else unpack<8>(FORGE_TYPE_BF16, wv[i], w);
     };
 #pragma unroll
     for (int i = 0; i < NV; i++) {
@@ -638,6 +639,7 @@ template <int NV, bool WF> void (*warp_kernel_of(int mode))(warp_args) {
     return mode == RMS_FWD ? rmsnorm_warp_kernel<RMS_FWD, NV, WF> : mode == RMS_ADD_FWD ? rmsnorm_warp_kernel<RMS_ADD_FWD, NV, WF>
          : mode == RMS_BACK ? rmsnorm_warp_kernel<RMS_BACK, NV, WF> : rmsnorm_warp_kernel<RMS_BACK_ADD, NV, WF>;
 }
+template <int NV> void (*warp_kernel_of(int mode, bool wf))(warp_args) { return wf ? warp_kernel_of<NV, true>(mode) : warp_kernel_of<NV, false>(mode); }
 
 // Whether a node (with add: the fused pair) runs on rmsnorm_warp_kernel (see there).
 bool warp_kernel_takes(const forge_tensor *node, const forge_tensor *add) {
@@ -673,8 +675,7 @@ void run(forge_tensor *node, const forge_tensor *add, const forge_cuda_params *p
                           dst_store};
         const unsigned grid = (unsigned)((rows + WARP_ROWS - 1) / WARP_ROWS);
         const bool wf = w->type == FORGE_TYPE_F32;
-        auto kernel = C <= 8 * 32 * WARP_NV ? (wf ? warp_kernel_of<WARP_NV, true>(mode) : warp_kernel_of<WARP_NV, false>(mode))
-                                            : (wf ? warp_kernel_of<WARP_NV_WIDE, true>(mode) : warp_kernel_of<WARP_NV_WIDE, false>(mode));
+        auto kernel = C <= 8 * 32 * WARP_NV ? warp_kernel_of<WARP_NV>(mode, wf) : warp_kernel_of<WARP_NV_WIDE>(mode, wf);
         forge_cuda_launch_kernel(kernel, grid, 32 * WARP_ROWS, 0, p->stream, f);
         return;
     }
