@@ -20,6 +20,13 @@
 // logits move twice (the GEMM's write and the row's read + write), a slab at a time, so that
 // they are partly still in the L2 when the next kernel reads them; o is read and written once
 // per slab. p <= e^kRescale, so neither p nor l can overflow, and o's scale cancels in o / l.
+// Fused (sm_90a, bf16, FORGE_CE_FUSED not 0): every slab after the first runs steps 1 and 2 as one
+// wgmma kernel (slab_gemm::kernel below) whose epilogue writes p straight from the accumulators:
+// the logits never reach memory, and the row pass's read and write of them (4 bytes a logit) are
+// gone. Each row's reference is then fixed after the first slab (its max + kShift; ce_slab_rows
+// sets it), the row sums arrive per 128-word tile and ce_slab_finish adds them in order.
+// A/B on an H100 (bench/results/ce-fused-slabs-h100-20261206/): Qwen2.5-0.5B's 4096 tokens
+// fwd+bwd 4.39-4.40 -> 3.70-3.94 ms, Gemma2-2B's 17.5-17.6 -> 15.0 ms; the 4 x 1024 steps 2% faster.
 //
 // With a trainable lm_head (dW), or for the loss alone, the tokens are taken in chunks of
 // n = min(op_i[0], N) rows of the whole vocabulary (ignored tokens included: their rows of
@@ -51,8 +58,10 @@
 // gathered and converted to W's type (so a mixed-type h is rounded to W's type). W must have
 // contiguous rows (nb[0] = its element size), as on the CPU.
 #include "cuda.cuh"
+#include "wgmma.cuh"
 
 #include <climits>
+#include <cstdlib>
 
 namespace {
 
@@ -61,6 +70,12 @@ constexpr int kRowThreads = 1024;
 constexpr int kSlabThreads = 256, kSlabVecs = 4;
 // How far (in nats) a slab's max may pass the row's reference before the reference moves.
 constexpr float kRescale = 16.0f;
+// The fused form (slab_gemm::kernel) fixes each row's reference after the first slab at that slab's max
+// + kShift, and lets p = exp(z - m) reach e^kMaxExp: o's terms stay under e^70 |W| (fp32 holds
+// e^88), a logit more than kShift + kMaxExp = 120 above the first slab's max is a runtime error
+// (FORGE_CUDA_ERR_LOGIT_RANGE), and one more than 87 - kShift = 37 below it underflows to 0 (a
+// share of at most e^-37 of the max's term).
+[[maybe_unused]] constexpr float kShift = 50.0f, kMaxExp = 70.0f; // kMaxExp: device code of sm_90a only
 
 size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -251,16 +266,19 @@ __device__ __forceinline__ float slab_reduce(float x, bool max, float *red) {
 // once into registers and overwritten with p; m, l (the row's reference and sum), zl and dl (the
 // label's softcapped logit and softcap') are per row of the pass; o (NULL: no dH) is the pass's
 // [n, C] fp32 accumulator. Ignored rows are skipped: their z, o and statistics are never read.
+// With `lab` (the fused form: the first slab only), the first slab's reference is its max + kShift
+// and each row's label (-1: ignored) is written to lab for slab_gemm::kernel.
 template <typename T>
 __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ldz, int vs, int v0, int64_t V, forge_cuda_view labels, int64_t t0,
                                                              float cap, int ignore, float *m, float *l, float *zl, float *dl, float *o,
-                                                             int64_t C, int *error) {
+                                                             int64_t C, int *lab, int *error) {
     forge_cuda_prologue();
     constexpr int VEC = 16 / sizeof(T);
     __shared__ float red[kSlabThreads / 32];
     const int tid = threadIdx.x;
     const int64_t r = blockIdx.x;
     const int label = target_label(labels, t0 + r, V, ignore, v0 == 0 && tid == 0, error);
+    if (lab && tid == 0) lab[r] = label;
     if (label < 0) return;
     T *zr = z + r * ldz;
     if (tid == 0 && label >= v0 && label < v0 + vs) {
@@ -283,7 +301,7 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
     }
     mx = slab_reduce(mx, true, red);
     const float m_old = v0 == 0 ? -INFINITY : m[r];
-    const float m_new = mx > m_old + kRescale ? mx : m_old;
+    const float m_new = lab ? mx + kShift : mx > m_old + kRescale ? mx : m_old;
     float l_old = v0 == 0 ? 0.0f : l[r];
     if (m_new != m_old && v0 > 0) { // the row's sum and accumulator so far, to the new reference
         const float f = __expf(m_old - m_new);
@@ -309,18 +327,208 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
     if (tid == 0) m[r] = m_new, l[r] = l_old + s;
 }
 
+// slab_gemm::kernel: the slab form's steps 1 and 2 in one kernel for every slab after the first (sm_90a, bf16): the
+// logits z = h W_s^T never reach memory; the epilogue writes p = exp(softcap(z) - m) softcap'(z)
+// in bf16 (rows ldp apart), each row's sum of exp over the tile's 128 columns to lsum[row * ldl +
+// l0 + tile column] (no atomics: ce_slab_finish adds them in order), and the label's softcapped
+// logit and softcap' where the tile holds it. m is the reference ce_slab_rows fixed on the first
+// slab, lab each row's label (-1: ignored, p = 0).
+// Schedule: a persistent grid of one block per SM walks the 128 x 128 tiles (token blocks fastest,
+// so the blocks in flight share W's rows in L2). A producer warpgroup streams 64-deep slices of h's
+// 128 rows and W's 128 rows by TMA into a ring of stages (the LoRA kernel's ring: 128-byte swizzle,
+// full and empty mbarriers). The two consumer warpgroups take the block's tiles in turn, each a
+// whole tile (two m64n128 wgmma per 16-deep step, 128 fp32 accumulators a thread), and run their
+// main loops one after the other (named barriers 2 and 3), so one's epilogue - the exp, the
+// row sums, p staged per warp and stored in 16-byte rows - runs beside the other's main loop. The
+// order also keeps a consumer from waiting on a stage before the other has consumed the stage's
+// earlier fill. Traffic: h and W from L2 (both fit: 7 + 15 MB at Qwen2.5-0.5B's 4096 tokens), p
+// written once. The epilogue must stay shorter than a main loop (~7000 cycles at depth 896): a
+// first version with a branch per element (the label's store) executed 2.6x the main loop's
+// instructions and was 1.3x slower than the unfused slabs (ncu: 75% of the stall samples in the
+// epilogue, the tensor pipe 28% busy); softcap's two IEEE divisions per element kept Gemma2-2B
+// 1.46x slower after that. Now: selects instead of branches, one FFMA and one ex2 per logit
+// (with the softcap one more ex2 and a fast reciprocal).
+namespace slab_gemm {
+
+constexpr int kThreads = 384, kTile = 128, kStages = 5, kStageBytes = 2 * kTile * 128, kStg = kTile + 8;
+constexpr int kSmem = kStages * kStageBytes + 128 + 8 * 16 * kStg * 2; // stages, barriers, each consumer warp's 16 staged rows
+
+#ifdef FORGE_WGMMA_DEVICE
+__device__ __forceinline__ float ex2_approx(float x) { // 2^x (MUFU.EX2; 0 for -inf)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+#endif
+
+struct args {
+    __nv_bfloat16 *p;
+    int64_t ldp;
+    const float *m;
+    const int *lab;
+    float *lsum, *zl, *dl;
+    int64_t ldl;
+    int l0, n, vs, v0, K;
+    float cap;
+    int *error;
+};
+
+template <bool CAP>
+__global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CUtensorMap th, const __grid_constant__ CUtensorMap tw, const args g) {
+#ifdef FORGE_WGMMA_DEVICE
+    forge_cuda_prologue();
+    unsigned char *sm = wg_smem_base();
+    const uint32_t s0 = forge_cuda_smem_addr(sm), bars = s0 + kStages * kStageBytes; // full[kStages], then empty[kStages]
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int TM = (g.n + kTile - 1) / kTile, tiles = TM * ((g.vs + kTile - 1) / kTile), KT = (g.K + 63) / 64;
+    const int mine = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0; // this block's tiles
+    if (tid == 0) {
+        for (int s = 0; s < kStages; s++) mbar_init(bars + 8 * s, 1), mbar_init(bars + 8 * (kStages + s), 4);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (wg == 2) { // the producer warpgroup: one thread issues the loads, tile after tile
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 256)
+            for (int j = 0, q = 0; j < mine; j++) {
+                const int t = blockIdx.x + j * gridDim.x, tm = t % TM, tn = t / TM;
+                for (int kt = 0; kt < KT; kt++, q++) {
+                    const int s = q % kStages;
+                    if (q >= kStages) mbar_wait(bars + 8 * (kStages + s), (q / kStages - 1) & 1);
+                    const uint32_t full = bars + 8 * s, st = s0 + s * kStageBytes;
+                    mbar_expect_tx(full, kStageBytes);
+                    tma_load_2d(st, &th, kt * 64, tm * kTile, full);
+                    tma_load_2d(st + kTile * 128, &tw, kt * 64, tn * kTile, full);
+                }
+            }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    // main loops in turn: consumer c waits on barrier 2 + c, then lets the other go (2 + 1 - c)
+    auto order_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + wg) : "memory"); };
+    auto order_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - wg) : "memory"); };
+    if (wg == 1 && mine > 0) order_pass(); // consumer 0 takes the first tile
+    __nv_bfloat16 *stg = (__nv_bfloat16 *)(sm + kStages * kStageBytes + 128) + (wg * 4 + warp) * 16 * kStg;
+    const int rq = lane >> 2, cq = (lane & 3) * 2; // this thread's rows rq, rq + 8 of the warp's 16; columns 8 i + cq + {0, 1}
+    bool bad = false;
+    for (int j = wg; j < mine; j += 2) {
+        const int t = blockIdx.x + j * gridDim.x, tm = t % TM, tn = t / TM;
+        float acc[2][kTile / 8][4];
+        int label[2][2]; // rows h * 64 + warp * 16 + rq + 8 e, read before the main loop: the epilogue does not wait for them
+        float m[2][2];
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int row = tm * kTile + h * 64 + warp * 16 + rq + 8 * e;
+                label[h][e] = row < g.n ? g.lab[row] : -1;
+                m[h][e] = label[h][e] >= 0 ? g.m[row] : INFINITY;
+            }
+        order_wait();
+        for (int kt = 0; kt < KT; kt++) {
+            const int q = j * KT + kt, s = q % kStages;
+            mbar_wait(bars + 8 * s, (q / kStages) & 1);
+            const uint32_t sa = s0 + s * kStageBytes, sb = sa + kTile * 128;
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    wgmma_ss<kTile>(acc[h], wg_desc(sa + h * 64 * 128 + kk * 32, 16, 1024), wg_desc(sb + kk * 32, 16, 1024), kt | kk);
+            wg_commit();
+            wg_wait<1>(); // the step before has retired: its stage is free
+            if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (kStages + (q - 1) % kStages));
+        }
+        if (j + 1 < mine) order_pass();
+        wg_wait<0>();
+        if (lane == 0) mbar_arrive(bars + 8 * (kStages + (j * KT + KT - 1) % kStages));
+        wg_pin<kTile / 8>(acc[0]);
+        wg_pin<kTile / 8>(acc[1]);
+        // Per element: z rounded to bf16 (the logits of a bf16 lm_head, as the first slab's GEMM
+        // writes them), softcapped (CAP), p = 2^(x log2 e - m log2 e) by one FFMA and one ex2,
+        // masked past the slab; no branches (an ignored row's m is +inf: p = 0). The label's
+        // logit is picked by a select and stored once per row.
+        const int c0 = tn * kTile, cend = g.vs - c0; // columns from cend on are past the slab (W's zero-filled rows)
+        constexpr float kL2e = 1.4426950408889634f;
+        // softcap without divisions: c tanh(x / c) = c - 2 c / (1 + 2^(x 2 log2(e) / c)), its derivative 1 - (y / c)^2
+        const float inv_cap = CAP ? 1.0f / g.cap : 0.0f, k2 = 2.0f * kL2e * inv_cap, cap2 = 2.0f * g.cap;
+        auto capped = [&](float x) { return g.cap - __fdividef(cap2, 1.0f + ex2_approx(x * k2)); };
+        auto cap_grad = [&](float y) { return CAP ? 1.0f - (y * inv_cap) * (y * inv_cap) : 1.0f; };
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r0 = tm * kTile + h * 64 + warp * 16; // the warp's 16 rows
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int row = r0 + rq + 8 * e, lc = label[h][e] - g.v0 - c0; // the label's column in the tile
+                const float ml = m[h][e] * kL2e;
+                float sum = 0.0f, xmax = -INFINITY, xl = 0.0f;
+#pragma unroll
+                for (int i = 0; i < kTile / 8; i++) {
+                    float pv[2];
+#pragma unroll
+                    for (int b = 0; b < 2; b++) {
+                        const int c = i * 8 + cq + b;
+                        float x = __bfloat162float(__float2bfloat16_rn(acc[h][i][2 * e + b]));
+                        if constexpr (CAP) x = capped(x);
+                        float ex = ex2_approx(fminf(fmaf(x, kL2e, -ml), kMaxExp * kL2e));
+                        ex = c < cend ? ex : 0.0f;
+                        xmax = fmaxf(xmax, c < cend ? x : -INFINITY);
+                        sum += ex;
+                        pv[b] = ex * cap_grad(x);
+                        xl = c == lc ? x : xl;
+                    }
+                    *(__nv_bfloat162 *)(stg + (rq + 8 * e) * kStg + i * 8 + cq) = __floats2bfloat162_rn(pv[0], pv[1]);
+                }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                if ((lane & 3) == 0 && row < g.n) g.lsum[row * g.ldl + g.l0 + tn] = sum;
+                if (lc >= 0 && lc < cend && lc < kTile && ((lc & 7) >> 1) == (lane & 3)) g.zl[row] = xl, g.dl[row] = cap_grad(xl);
+                bad |= label[h][e] >= 0 && xmax - m[h][e] > kMaxExp;
+            }
+            __syncwarp();
+            for (int e = lane; e < 16 * (kTile / 8); e += 32) { // 16-byte pieces, two rows of 256 bytes per instruction
+                const int r = e / (kTile / 8), c = c0 + e % (kTile / 8) * 8;
+                if (r0 + r < g.n && c < g.vs) *(uint4 *)(g.p + (int64_t)(r0 + r) * g.ldp + c) = *(const uint4 *)(stg + r * kStg + c - c0);
+            }
+            __syncwarp();
+        }
+    }
+    if (bad) forge_cuda_fail(g.error, FORGE_CUDA_ERR_LOGIT_RANGE);
+#else
+    __trap(); // not built for sm_90a: fused_on keeps the host from launching it
+#endif
+}
+
+} // namespace slab_gemm
+
 // The end of a pass of n rows at t0 in the slab form: each row's loss term and dH (when o is not
 // NULL; W's rows ldw apart, dH through its view, zeros for ignored tokens).
+// In the fused form the row's sum is l[r] (the first slab) plus its nt tile sums from slab_gemm::kernel
+// (lsum[r * nt ...]), added in a fixed order.
 template <typename T>
-__global__ void ce_slab_finish(const float *m, const float *l, const float *zl, const float *dl, const float *o, int64_t C, const T *w, int64_t ldw,
-                               forge_cuda_view labels, int64_t t0, int64_t V, int ignore, const float *count, float *loss, forge_cuda_view dh) {
+__global__ void __launch_bounds__(256) ce_slab_finish(const float *m, const float *l, const float *lsum, int64_t nt, const float *zl, const float *dl,
+                                                      const float *o, int64_t C, const T *w, int64_t ldw, forge_cuda_view labels, int64_t t0, int64_t V,
+                                                      int ignore, const float *count, float *loss, forge_cuda_view dh) {
     forge_cuda_prologue();
+    __shared__ float red[256];
     const int64_t r = blockIdx.x, t = t0 + r;
     const int label = target_label(labels, t, V, ignore, false, nullptr);
-    if (threadIdx.x == 0) loss[t] = label < 0 ? 0.0f : m[r] + logf(l[r]) - zl[r];
+    float lr = label < 0 ? 1.0f : l[r];
+    if (lsum && label >= 0) {
+        float s = 0.0f;
+        for (int64_t j = threadIdx.x; j < nt; j += 256) s += lsum[r * nt + j];
+        red[threadIdx.x] = s;
+        __syncthreads();
+        for (int k = 128; k; k >>= 1) {
+            if ((int)threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
+            __syncthreads();
+        }
+        lr += red[0];
+    }
+    if (threadIdx.x == 0) loss[t] = label < 0 ? 0.0f : m[r] + logf(lr) - zl[r];
     if (!o) return;
     char *d = forge_cuda_ptr(dh, 0, t % dh.ne[1], t / dh.ne[1] % dh.ne[2], t / (dh.ne[1] * dh.ne[2]));
-    const float inv_l = label < 0 ? 0.0f : 1.0f / l[r], inv_count = 1.0f / *count, g = label < 0 ? 0.0f : dl[r];
+    const float inv_l = label < 0 ? 0.0f : 1.0f / lr, inv_count = 1.0f / *count, g = label < 0 ? 0.0f : dl[r];
     const T *wl = w + (label < 0 ? 0 : label) * ldw;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         const float x = label < 0 ? 0.0f : (o[r * C + c] * inv_l - g * to_f32(wl[c])) * inv_count;
@@ -418,6 +626,17 @@ __global__ void ce_sum(const float *loss, int64_t N, const float *count, float *
     if (threadIdx.x == 0) *dst = (float)(red[0] / *count);
 }
 
+// Whether the slab form may fuse (slab_gemm::kernel): built for sm_90a and run on a device of compute
+// capability 9.0, and not turned off by FORGE_CE_FUSED=0 (which runs the GEMM and the row kernel
+// for every slab, for comparison).
+bool fused_on() {
+    static const bool on = [] {
+        const char *e = std::getenv("FORGE_CE_FUSED");
+        return forge_cuda_wgmma_device() && !(e && std::atoi(e) == 0);
+    }();
+    return on;
+}
+
 // How a node runs: the form (vocabulary slabs, or token chunks), its rows at a time, whether h and
 // dH are used in place, and the scratch layout. Without an lm_head (logits: h holds z) there is no
 // GEMM: z is read in place when h_direct (in one chunk of all N rows), else gathered a chunk at a
@@ -427,8 +646,9 @@ struct ce_plan {
     forge_type ab;           // the GEMMs' input type (W's), or the logits' type
     bool logits, h_direct, dh_direct;
     bool slabs;              // the slab form: chunk token rows a pass, vocabulary slabs of vs (rows lds apart)
-    int64_t vs, lds;
-    size_t z_off, hc_off, dh_off, loss_off, o_off, st_off, bytes;
+    bool fused;              // slabs after the first by slab_gemm::kernel; nt: their 128-word tiles (lsum's row)
+    int64_t vs, lds, nt;
+    size_t z_off, hc_off, dh_off, loss_off, o_off, st_off, lsum_off, bytes;
 
     explicit ce_plan(const forge_tensor *node) {
         const forge_tensor *h = node->src[0], *w = node->src[1], *dH = node->op == FORGE_OP_CROSS_ENTROPY ? node->res[1] : nullptr;
@@ -448,13 +668,17 @@ struct ce_plan {
         // 5% slower than the chunks, at 2304 5-7% faster (docs/performance.md).
         const int64_t vmax = kSlabThreads * kSlabVecs * (int64_t)(16 / es);
         slabs = !logits && dH && !node->res[2] && 2 * C < vmax;
-        vs = lds = 0;
+        vs = lds = nt = 0;
+        // slab_gemm::kernel: bf16, sm_90a, more than one slab, TMA-readable rows of h and W (the
+        // pointers' 16-byte alignment is checked when the node runs)
+        fused = slabs && ab == FORGE_TYPE_BF16 && fused_on() && V > vmax && C % 8 == 0 && ldh % 8 == 0 && ldw % 8 == 0;
         if (slabs) { // the token chunk's bytes of logits, spent on more tokens by a slab of the vocabulary
             const int64_t vec = (int64_t)(16 / es);
             vs = std::min<int64_t>(V, vmax);
             lds = (vs + vec - 1) / vec * vec;
+            nt = fused ? (V - vs + slab_gemm::kTile - 1) / slab_gemm::kTile : 0;
             const int64_t budget = std::max<int64_t>(1, node->op_i[0]) * V * (int64_t)es;
-            const int64_t rows = std::max<int64_t>(1, budget / (lds * (int64_t)es + C * 4 + 16));
+            const int64_t rows = std::max<int64_t>(1, budget / (lds * (int64_t)es + C * 4 + 20 + nt * 4));
             const int64_t passes = (N + rows - 1) / rows;
             chunk = (N + passes - 1) / passes; // passes of equal size
         }
@@ -465,7 +689,8 @@ struct ce_plan {
         dh_off = dh_direct || slabs ? 0 : take((size_t)(chunk * C) * sizeof(float));
         loss_off = take((size_t)N * sizeof(float));
         o_off = slabs ? take((size_t)(chunk * C) * sizeof(float)) : 0;
-        st_off = slabs ? take((size_t)chunk * 4 * sizeof(float)) : 0;
+        st_off = slabs ? take((size_t)chunk * 5 * sizeof(float)) : 0; // m, l, zl, dl and the labels
+        lsum_off = fused ? take((size_t)(chunk * nt) * sizeof(float)) : 0;
     }
     size_t take(size_t n) {
         const size_t off = bytes;
@@ -511,6 +736,29 @@ void launch_rows(int64_t n, const T *z, int64_t ldz, T *dz, int64_t ldd, int64_t
     forge_cuda_launch_kernel(k, (unsigned)n, kRowThreads, 0, p->stream, z, ldz, dz, ldd, V, labels, t0, count, cap, ignore, loss, p->error);
 }
 
+// slab_gemm::kernel over the slab [v0, v0 + vs) of the n rows of hc (ldh apart; depth C): p into z
+// (rows ldz apart), the tile sums into lsum's columns l0 on (rows nt apart).
+void slab_gemm_launch(const forge_cuda_params *p, const void *hc, int64_t ldh, int64_t n, int64_t C, const __nv_bfloat16 *ws, int64_t ldw,
+                      int64_t vs, int v0, __nv_bfloat16 *z, int64_t ldz, const float *m, const int *lab, float *lsum, int64_t nt, int l0, float *zl,
+                      float *dl, float cap) {
+    static const bool attr = [] {
+        FORGE_CUDA_CHECK(cudaFuncSetAttribute(slab_gemm::kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, slab_gemm::kSmem));
+        FORGE_CUDA_CHECK(cudaFuncSetAttribute(slab_gemm::kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, slab_gemm::kSmem));
+        return true;
+    }();
+    (void)attr;
+    auto map = [&](const void *base, int64_t rows, int64_t ld) {
+        const uint64_t dims[2] = {(uint64_t)C, (uint64_t)rows}, strides[1] = {(uint64_t)ld * 2};
+        const uint32_t box[2] = {64, (uint32_t)slab_gemm::kTile};
+        return forge_cuda_tma_map(base, 2, dims, strides, box);
+    };
+    const slab_gemm::args g{z, ldz, m, lab, lsum, zl, dl, nt, l0, (int)n, (int)vs, v0, (int)C, cap, p->error};
+    const int64_t tiles = (n + slab_gemm::kTile - 1) / slab_gemm::kTile * ((vs + slab_gemm::kTile - 1) / slab_gemm::kTile);
+    const unsigned grid = (unsigned)std::min<int64_t>(tiles, std::max(p->sm_count, 1));
+    forge_cuda_launch_kernel(cap > 0.0f ? slab_gemm::kernel<true> : slab_gemm::kernel<false>, grid, slab_gemm::kThreads, slab_gemm::kSmem, p->stream,
+                             map(hc, n, ldh), map(ws, vs, ldw), g);
+}
+
 // The slab form's pass of n token rows at t0 (top of file) from hc (rows ldh apart): loss terms
 // into loss, dH when dH is not NULL.
 template <typename T>
@@ -520,18 +768,26 @@ void slab_pass(const ce_plan &pl, int64_t n, int64_t t0, const void *hc, const f
     T *z = (T *)(work + pl.z_off);
     float *o = dH ? (float *)(work + pl.o_off) : nullptr, *st = (float *)(work + pl.st_off);
     float *m = st, *l = st + pl.chunk, *zl = st + 2 * pl.chunk, *dl = st + 3 * pl.chunk;
+    int *lab = (int *)(st + 4 * pl.chunk);
+    float *lsum = (float *)(work + pl.lsum_off);
     const T *wt = (const T *)w->data;
+    const bool fused = pl.fused && (uintptr_t)hc % 16 == 0 && (uintptr_t)wt % 16 == 0;
     for (int64_t v0 = 0; v0 < pl.V; v0 += pl.vs) {
         const int64_t vs = std::min(pl.vs, pl.V - v0);
-        forge_cuda_gemm(p, n, vs, pl.C, hc, pl.ldh, 0, wt + v0 * pl.ldw, pl.ldw, 1, pl.ab, z, pl.lds, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
-        forge_cuda_launch_kernel(ce_slab_rows<T>, (unsigned)n, kSlabThreads, 0, p->stream, z, pl.lds, (int)vs, (int)v0, pl.V, labels, t0, cap, ignore,
-                                 m, l, zl, dl, o, pl.C, p->error);
+        if (fused && v0 > 0) {
+            slab_gemm_launch(p, hc, pl.ldh, n, pl.C, (const __nv_bfloat16 *)wt + v0 * pl.ldw, pl.ldw, vs, (int)v0, (__nv_bfloat16 *)z, pl.lds, m, lab, lsum,
+                             pl.nt, (int)((v0 - pl.vs) / slab_gemm::kTile), zl, dl, cap);
+        } else {
+            forge_cuda_gemm(p, n, vs, pl.C, hc, pl.ldh, 0, wt + v0 * pl.ldw, pl.ldw, 1, pl.ab, z, pl.lds, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
+            forge_cuda_launch_kernel(ce_slab_rows<T>, (unsigned)n, kSlabThreads, 0, p->stream, z, pl.lds, (int)vs, (int)v0, pl.V, labels, t0, cap,
+                                     ignore, m, l, zl, dl, o, pl.C, fused ? lab : nullptr, p->error);
+        }
         if (o)
             forge_cuda_gemm(p, n, pl.C, vs, z, pl.lds, 0, wt + v0 * pl.ldw, pl.ldw, 0, pl.ab, o, pl.C, FORGE_TYPE_F32, 1.0f, v0 == 0 ? 0.0f : 1.0f,
                             nullptr, FORGE_TYPE_F32);
     }
-    forge_cuda_launch_kernel(ce_slab_finish<T>, (unsigned)n, 256, 0, p->stream, m, l, zl, dl, o, pl.C, wt, pl.ldw, labels, t0, pl.V, ignore, count,
-                             loss, forge_cuda_view_of(dH));
+    forge_cuda_launch_kernel(ce_slab_finish<T>, (unsigned)n, 256, 0, p->stream, m, l, fused ? lsum : nullptr, pl.nt, zl, dl, o, pl.C, wt, pl.ldw, labels,
+                             t0, pl.V, ignore, count, loss, forge_cuda_view_of(dH));
 }
 
 } // namespace

@@ -49,7 +49,7 @@ struct forge_cuda_params {
 };
 
 // Codes a kernel writes into *p->error (the first one wins); the backend reports them by name.
-enum { FORGE_CUDA_ERR_NONE = 0, FORGE_CUDA_ERR_TOKEN_ID = 1, FORGE_CUDA_ERR_LABEL = 2 };
+enum { FORGE_CUDA_ERR_NONE = 0, FORGE_CUDA_ERR_TOKEN_ID = 1, FORGE_CUDA_ERR_LABEL = 2, FORGE_CUDA_ERR_LOGIT_RANGE = 3 };
 
 // Records a device-side error code (first one wins).
 __device__ inline void forge_cuda_fail(int *error, int code) { atomicCAS(error, 0, code); }

@@ -6,8 +6,15 @@
 // move their reference), forward only, BF16 and F32; CROSS_ENTROPY_EVAL's log-probabilities (and its top-1
 // hits in F32); plain cross-entropy without an lm_head (h holds the logits) in F32 and BF16, rows
 // longer than Gemma2's vocabulary, V odd (single-element loads), strided, forward only and eval;
-// and a label out of range is a runtime error.
+// a label out of range is a runtime error, and so is a logit out of the fused slabs' range. On
+// sm_90a the bf16 slabs after the first run fused (slab_gemm::kernel): CTest runs this file again
+// with FORGE_CE_FUSED=0 (test-cuda-cross-entropy-unfused) for the GEMM + row-kernel form.
 #include "cuda-util.h"
+
+#include <cmath>
+#include <cstdlib>
+
+bool forge_cuda_wgmma_device(); // forge-cuda/backend.cu: a build for sm_90a on a device of compute capability 9.0
 
 namespace {
 
@@ -95,6 +102,53 @@ void bad_label() {
     forge_ctx_free(ctx);
 }
 
+// The fused slabs hold each row's reference fixed after the first slab: a logit more than 120
+// above the first slab's max stops the step with FORGE_ERR_RUNTIME and a message about logits
+// (the unfused slabs move the reference and take it). Then a good batch runs on the same graph.
+void logit_out_of_range() {
+    const bool fused = forge_cuda_wgmma_device() && !(std::getenv("FORGE_CE_FUSED") && std::atoi(std::getenv("FORGE_CE_FUSED")) == 0);
+    const int failures = g_failures;
+    const int64_t C = 64, V = 8192 + 256, N = 4;
+    forge_ctx *ctx = forge_ctx_new();
+    forge_tensor *h = forge_tensor_set_flags(forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, C, N), FORGE_FLAG_PARAM); // dH wanted
+    forge_tensor *w = forge_tensor_set_flags(forge_tensor_new_2d(ctx, FORGE_TYPE_BF16, C, V), FORGE_FLAG_INPUT); // frozen: the slab form
+    forge_tensor *labels = forge_tensor_set_flags(forge_tensor_new_1d(ctx, FORGE_TYPE_I32, N), FORGE_FLAG_INPUT);
+    forge_tensor *count = forge_tensor_set_flags(forge_tensor_new_1d(ctx, FORGE_TYPE_F32, 1), FORGE_FLAG_INPUT);
+    forge_tensor *loss = forge_cross_entropy(ctx, h, w, labels, count, 0.0f, (int)N);
+    REQUIRE_T(ctx, loss);
+    forge_graph *g = forge_graph_new(ctx);
+    REQUIRE_OK(forge_graph_build_forward(g, loss));
+    REQUIRE_OK(forge_graph_build_backward(g, loss));
+    forge_backend *be = forge_backend_cuda_new(0);
+    REQUIRE_OK(forge_backend_alloc_graph(be, g));
+    set_f32(h, std::vector<float>((size_t)(C * N), 1.0f));
+    set_f32(count, {4.0f});
+    set_i32(labels, {1, 8300, 3, FORGE_IGNORE_INDEX});
+    // every logit of the first slab 0, word 8300's C (or 2 C: past 120) for every row
+    auto set_w = [&](float big) {
+        std::vector<float> wv((size_t)(C * V), 0.0f);
+        for (int64_t c = 0; c < C; c++) wv[(size_t)(8300 * C + c)] = big;
+        set_f32(w, wv);
+    };
+    set_w(2.0f);
+    const forge_status s = forge_backend_compute(be, g);
+    if (fused) {
+        CHECK(s == FORGE_ERR_RUNTIME, "a logit 128 above the first slab's max: %s", forge_status_name(s));
+        CHECK(std::strstr(forge_backend_error(be), "logit") != nullptr, "error message: '%s'", forge_backend_error(be));
+    } else {
+        CHECK(s == FORGE_OK, "unfused slabs: %s", forge_backend_error(be));
+    }
+    set_w(1.0f); // 64: within range
+    CHECK(forge_backend_compute(be, g) == FORGE_OK, "after a logit out of range: %s", forge_backend_error(be));
+    // loss = mean over the 3 targets of logsumexp - z[label]: (8191 + 256 - 1) words at 0 and one at 64
+    const float lse = 64.0f + std::log1p((float)(V - 1) * std::exp(-64.0f)), got = tensor_f32(loss)[0];
+    const float want = (lse - 0.0f + lse - 64.0f + lse - 0.0f) / 4.0f;
+    CHECK(std::fabs(got - want) < 1e-3f * std::fabs(want), "loss %.6f, want %.6f", got, want);
+    std::printf("%-8s %s\n", g_failures > failures ? "FAIL" : "ok", fused ? "logit out of the fused slabs' range -> FORGE_ERR_RUNTIME" : "logit far above the first slab (unfused)");
+    forge_backend_free(be);
+    forge_ctx_free(ctx);
+}
+
 } // namespace
 
 int main() {
@@ -113,13 +167,18 @@ int main() {
         // (f32) words, the last one short; tokens in several passes when the chunk's bytes run out
         {"slabs qwen2.5 V151936 C896 N40 chunk 16 bf16 dH", 896, 151936, 20, 2, 0, 16, BF, 1, 0.1f},
         {"slabs gemma2 V256000 C2304 softcap 30 N6 chunk 4 bf16 dH", 2304, 256000, 6, 1, 30.0f, 4, BF, 1, 0.5f},
-        {"slabs qwen2.5 V151936 C896 N40 chunk 1 bf16 dH (3 passes)", 896, 151936, 20, 2, 0, 1, BF, 1, 0.1f},
+        {"slabs qwen2.5 V151936 C896 N40 chunk 1 bf16 dH (4 passes)", 896, 151936, 20, 2, 0, 1, BF, 1, 0.1f},
         {"slabs V2004 C64 N24 chunk 8 bf16 dH (rows of 4 mod 8)", 64, 2004, 12, 2, 0, 8, BF, 1, 1.0f},
         {"slabs odd V1003 C64 N9 chunk 4 bf16 dH", 64, 1003, 9, 1, 0, 4, BF, 1, 1.0f},
         {"slabs strided h C96 V2000 N17 chunk 5 bf16 dH", 96, 2000, 17, 1, 0, 5, BF, 1, 0.5f, true},
         // logits of spread ~80: later slabs' maxima pass the first's by more than kRescale, so
-        // rows move their reference and scale what they have summed
+        // rows move their reference and scale what they have summed (f32; in bf16 on sm_90a the
+        // slabs after the first are fused and keep the first's reference)
         {"slabs V20000 C64 N16 chunk 2 f32 dH (references moved)", 64, 20000, 16, 1, 0, 2, F32, 1, 30.0f},
+        {"slabs V20000 C64 N16 chunk 2 bf16 dH (logits of spread ~80)", 64, 20000, 16, 1, 0, 2, BF, 1, 30.0f},
+        // the fused slabs (sm_90a) over 3 token blocks of 128 (the last one short), a depth that is not
+        // a multiple of 64, and a last slab ending inside a tile
+        {"slabs V20000 C136 N300 chunk 512 bf16 dH", 136, 20000, 150, 2, 0, 512, BF, 1, 0.3f},
         // the row kernels' access widths for two-byte logits: 8 (above), 4 (rows of 4 mod 8), 1 (odd)
         {"V2004 C64 N24 chunk 8 bf16 dH dW (rows of 4 mod 8)", 64, 2004, 12, 2, 0, 8, BF, 2, 1.0f},
         {"eval V2004 C64 N20 chunk 8 bf16 log-probs (rows of 4 mod 8)", 64, 2004, 10, 2, 0, 8, BF, 0, 1.0f, false, 1},
@@ -139,5 +198,6 @@ int main() {
     };
     for (const CeCase &c : cases) conformance(c.name, [&c](forge_ctx *ctx) { return build(ctx, c); });
     bad_label();
+    logit_out_of_range();
     return test_finish("test-cuda-cross-entropy");
 }
