@@ -11,7 +11,10 @@
 #   PROF  bench-step flags: --profile adds the per-family profile, --packed packs the rows; PAT
 #         the lines to show (default: ms/step)
 #   KERNELS  ./bench-kernels with these filters instead of ./bench-step (bk-new-1.json, ...;
-#            the whole table is shown)
+#            the whole table is shown). Split at spaces, each word one filter matched against
+#            "kernel shape" (the direction is not part of it): KERNELS="V151936 V256000" takes the
+#            cross-entropy cases at those vocabularies, KERNELS="cross_entropy qwen" every case
+#            naming either word
 #   OUT   where the JSON goes (bs-new-1.json, bs-base-1.json, ...); bench/ab-compare.py makes the
 #         closing table (both sides' times and min(new) / min(base) per case) from it
 #   BASE_ENV  one binary instead of two builds: the base side is this tree's build-gpu run with

@@ -130,7 +130,8 @@ if has sdpa; then
   stamp "sdpa done"
 fi
 if has ncu; then
-  # ncu --set full on the kernels matching NCU_KERNELS (a regex; NCU_COUNT launches of them) while
+  # ncu --set full on the kernels matching NCU_KERNELS (a regex over the function's own name,
+  # without its namespaces: "^kernel$" for tc::kernel or slab_gemm::kernel; NCU_COUNT launches of them) while
   # bench-kernels runs NCU_BENCH once: ncu's details page (per-kernel sections, the warp-state
   # stall summary) and the source page (SASS with per-instruction stall samples, CSV, gzipped)
   kre=${NCU_KERNELS:-attn_rows_wg|attn_cols_wg}
