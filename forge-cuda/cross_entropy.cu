@@ -327,9 +327,9 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
     if (tid == 0) m[r] = m_new, l[r] = l_old + s;
 }
 
-// slab_gemm::kernel: the slab form's steps 1 and 2 in one kernel for every slab after the first (sm_90a, bf16): the
-// logits z = h W_s^T never reach memory; the epilogue writes p = exp(softcap(z) - m) softcap'(z)
-// in bf16 (rows ldp apart), each row's sum of exp over the tile's 128 columns to lsum[row * ldl +
+// slab_gemm::kernel: the slab form's steps 1 and 2 in one kernel for every slab after the first
+// (sm_90a, bf16). The logits z = h W_s^T never reach memory; the epilogue writes p = exp(softcap(z)
+// - m) softcap'(z) in bf16 (rows ldp apart), each row's sum of exp over the tile's 128 columns to lsum[row * ldl +
 // l0 + tile column] (no atomics: ce_slab_finish adds them in order), and the label's softcapped
 // logit and softcap' where the tile holds it. m is the reference ce_slab_rows fixed on the first
 // slab, lab each row's label (-1: ignored, p = 0).
