@@ -358,22 +358,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *(uint32_t *)&v;
 }
 
-// 2^x and 1/x on the special function unit (ex2(-inf) = 0, rcp(inf) = 0): one instruction each,
-// where exp2f adds a range fix-up.
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float rcp(float x) {
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-// tanh y = 1 - 2 / (1 + e^2y): two SFU operations, absolute error a few ulp of 1 (the score is
-// cap tanh, so an absolute error is what matters), saturating to +-1.
-__device__ __forceinline__ float tanh_sfu(float y) { return 1.0f - 2.0f * rcp(1.0f + ex2(y * (2.0f * kLog2e))); }
-
 // dot product of 8 bf16 pairs
 __device__ __forceinline__ float dot8(uint4 x, uint4 y) {
     const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
@@ -591,7 +575,7 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[MT][NS][4], float (&rs)[
 #pragma unroll
             for (int nt = 0; nt < NS; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[mt][nt][e] = a.cap2 * tanh_sfu(s[mt][nt][e] * a.mul);
+                for (int e = 0; e < 4; e++) s[mt][nt][e] = a.cap2 * forge_cuda_tanh(s[mt][nt][e] * a.mul);
     if constexpr (MASK) {
         auto mask = [&](auto ids) { // key j of query i: j in [lo_i, i], and (ids) the same document id
 #pragma unroll
@@ -620,14 +604,14 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[MT][NS][4], float (&rs)[
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float ms = mx == -INFINITY ? 0.0f : mx * scl;
-            alpha[mt][r] = ex2(rs[mt][r][0] * scl - ms);
+            alpha[mt][r] = forge_cuda_ex2(rs[mt][r][0] * scl - ms);
             rescale |= alpha[mt][r] != 1.0f;
             rs[mt][r][0] = mx;
             float sum = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < NS; nt++) {
-                s[mt][nt][2 * r] = ex2(fmaf(s[mt][nt][2 * r], scl, -ms));
-                s[mt][nt][2 * r + 1] = ex2(fmaf(s[mt][nt][2 * r + 1], scl, -ms));
+                s[mt][nt][2 * r] = forge_cuda_ex2(fmaf(s[mt][nt][2 * r], scl, -ms));
+                s[mt][nt][2 * r + 1] = forge_cuda_ex2(fmaf(s[mt][nt][2 * r + 1], scl, -ms));
                 sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
             }
             rs[mt][r][1] = rs[mt][r][1] * alpha[mt][r] + sum;
@@ -1058,11 +1042,11 @@ __device__ __forceinline__ void cols_pds(float (&ps)[1][NS][4], float (&ds)[1][N
             const int c = e & 1;
             float p, dc = 1.0f;
             if constexpr (CAP) {
-                const float t = tanh_sfu(ps[0][nt][e] * a.mul);
+                const float t = forge_cuda_tanh(ps[0][nt][e] * a.mul);
                 dc = 1.0f - t * t;
-                p = ex2(a.cap2 * t - (c ? lq.y : lq.x));
+                p = forge_cuda_ex2(a.cap2 * t - (c ? lq.y : lq.x));
             } else {
-                p = ex2(fmaf(ps[0][nt][e], a.mul, -(c ? lq.y : lq.x)));
+                p = forge_cuda_ex2(fmaf(ps[0][nt][e], a.mul, -(c ? lq.y : lq.x)));
             }
             ps[0][nt][e] = p;
             ds[0][nt][e] = p * (ds[0][nt][e] - (c ? dq.y : dq.x)) * dc;

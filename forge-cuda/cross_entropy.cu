@@ -347,19 +347,11 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
 // instructions and was 1.3x slower than the unfused slabs (ncu: 75% of the stall samples in the
 // epilogue, the tensor pipe 28% busy); softcap's two IEEE divisions per element kept Gemma2-2B
 // 1.46x slower after that. Now: selects instead of branches, one FFMA and one ex2 per logit
-// (with the softcap one more ex2 and a fast reciprocal).
+// (with the softcap forge_cuda_tanh: one more ex2 and a fast reciprocal).
 namespace slab_gemm {
 
 constexpr int kThreads = 384, kTile = 128, kStages = 5, kStageBytes = 2 * kTile * 128, kStg = kTile + 8;
 constexpr int kSmem = kStages * kStageBytes + 128 + 8 * 16 * kStg * 2; // stages, barriers, each consumer warp's 16 staged rows
-
-#ifdef FORGE_WGMMA_DEVICE
-__device__ __forceinline__ float ex2_approx(float x) { // 2^x (MUFU.EX2; 0 for -inf)
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-#endif
 
 struct args {
     __nv_bfloat16 *p;
@@ -450,9 +442,8 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
         // logit is picked by a select and stored once per row.
         const int c0 = tn * kTile, cend = g.vs - c0; // columns from cend on are past the slab (W's zero-filled rows)
         constexpr float kL2e = 1.4426950408889634f;
-        // softcap without divisions: c tanh(x / c) = c - 2 c / (1 + 2^(x 2 log2(e) / c)), its derivative 1 - (y / c)^2
-        const float inv_cap = CAP ? 1.0f / g.cap : 0.0f, k2 = 2.0f * kL2e * inv_cap, cap2 = 2.0f * g.cap;
-        auto capped = [&](float x) { return g.cap - __fdividef(cap2, 1.0f + ex2_approx(x * k2)); };
+        // the softcap c tanh(x / c) on the SFU and its derivative 1 - (y / c)^2, without divisions
+        const float inv_cap = CAP ? 1.0f / g.cap : 0.0f;
         auto cap_grad = [&](float y) { return CAP ? 1.0f - (y * inv_cap) * (y * inv_cap) : 1.0f; };
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -469,8 +460,8 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
                     for (int b = 0; b < 2; b++) {
                         const int c = i * 8 + cq + b;
                         float x = __bfloat162float(__float2bfloat16_rn(acc[h][i][2 * e + b]));
-                        if constexpr (CAP) x = capped(x);
-                        float ex = ex2_approx(fminf(fmaf(x, kL2e, -ml), kMaxExp * kL2e));
+                        if constexpr (CAP) x = g.cap * forge_cuda_tanh(x * inv_cap);
+                        float ex = forge_cuda_ex2(fminf(fmaf(x, kL2e, -ml), kMaxExp * kL2e));
                         ex = c < cend ? ex : 0.0f;
                         xmax = fmaxf(xmax, c < cend ? x : -INFINITY);
                         sum += ex;
@@ -506,24 +497,18 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
 // In the fused form the row's sum is l[r] (the first slab) plus its nt tile sums from slab_gemm::kernel
 // (lsum[r * nt ...]), added in a fixed order.
 template <typename T>
-__global__ void __launch_bounds__(256) ce_slab_finish(const float *m, const float *l, const float *lsum, int64_t nt, const float *zl, const float *dl,
+__global__ void __launch_bounds__(kSlabThreads) ce_slab_finish(const float *m, const float *l, const float *lsum, int64_t nt, const float *zl, const float *dl,
                                                       const float *o, int64_t C, const T *w, int64_t ldw, forge_cuda_view labels, int64_t t0, int64_t V,
                                                       int ignore, const float *count, float *loss, forge_cuda_view dh) {
     forge_cuda_prologue();
-    __shared__ float red[256];
+    __shared__ float red[kSlabThreads / 32];
     const int64_t r = blockIdx.x, t = t0 + r;
     const int label = target_label(labels, t, V, ignore, false, nullptr);
     float lr = label < 0 ? 1.0f : l[r];
-    if (lsum && label >= 0) {
+    if (lsum && label >= 0) { // the same in every thread of the block
         float s = 0.0f;
-        for (int64_t j = threadIdx.x; j < nt; j += 256) s += lsum[r * nt + j];
-        red[threadIdx.x] = s;
-        __syncthreads();
-        for (int k = 128; k; k >>= 1) {
-            if ((int)threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-            __syncthreads();
-        }
-        lr += red[0];
+        for (int64_t j = threadIdx.x; j < nt; j += kSlabThreads) s += lsum[r * nt + j];
+        lr += slab_reduce(s, false, red);
     }
     if (threadIdx.x == 0) loss[t] = label < 0 ? 0.0f : m[r] + logf(lr) - zl[r];
     if (!o) return;
@@ -747,16 +732,11 @@ void slab_gemm_launch(const forge_cuda_params *p, const void *hc, int64_t ldh, i
         return true;
     }();
     (void)attr;
-    auto map = [&](const void *base, int64_t rows, int64_t ld) {
-        const uint64_t dims[2] = {(uint64_t)C, (uint64_t)rows}, strides[1] = {(uint64_t)ld * 2};
-        const uint32_t box[2] = {64, (uint32_t)slab_gemm::kTile};
-        return forge_cuda_tma_map(base, 2, dims, strides, box);
-    };
     const slab_gemm::args g{z, ldz, m, lab, lsum, zl, dl, nt, l0, (int)n, (int)vs, v0, (int)C, cap, p->error};
     const int64_t tiles = (n + slab_gemm::kTile - 1) / slab_gemm::kTile * ((vs + slab_gemm::kTile - 1) / slab_gemm::kTile);
     const unsigned grid = (unsigned)std::min<int64_t>(tiles, std::max(p->sm_count, 1));
     forge_cuda_launch_kernel(cap > 0.0f ? slab_gemm::kernel<true> : slab_gemm::kernel<false>, grid, slab_gemm::kThreads, slab_gemm::kSmem, p->stream,
-                             map(hc, n, ldh), map(ws, vs, ldw), g);
+                             forge_cuda_tma_map_2d(hc, C, n, ldh, slab_gemm::kTile), forge_cuda_tma_map_2d(ws, C, vs, ldw, slab_gemm::kTile), g);
 }
 
 // The slab form's pass of n token rows at t0 (top of file) from hc (rows ldh apart): loss terms
@@ -786,8 +766,8 @@ void slab_pass(const ce_plan &pl, int64_t n, int64_t t0, const void *hc, const f
             forge_cuda_gemm(p, n, pl.C, vs, z, pl.lds, 0, wt + v0 * pl.ldw, pl.ldw, 0, pl.ab, o, pl.C, FORGE_TYPE_F32, 1.0f, v0 == 0 ? 0.0f : 1.0f,
                             nullptr, FORGE_TYPE_F32);
     }
-    forge_cuda_launch_kernel(ce_slab_finish<T>, (unsigned)n, 256, 0, p->stream, m, l, fused ? lsum : nullptr, pl.nt, zl, dl, o, pl.C, wt, pl.ldw, labels,
-                             t0, pl.V, ignore, count, loss, forge_cuda_view_of(dH));
+    forge_cuda_launch_kernel(ce_slab_finish<T>, (unsigned)n, kSlabThreads, 0, p->stream, m, l, fused ? lsum : nullptr, pl.nt, zl, dl, o, pl.C, wt,
+                             pl.ldw, labels, t0, pl.V, ignore, count, loss, forge_cuda_view_of(dH));
 }
 
 } // namespace

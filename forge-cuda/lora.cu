@@ -518,14 +518,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// A map of `rows` rows of `cols` bf16 (rows ld elements apart), read in boxes of 64 columns x box
-// rows with the 128-byte swizzle, or of 32 columns with the 64-byte swizzle (box_cols 32).
-CUtensorMap map_of(const void *p, int64_t cols, int64_t rows, int64_t ld, int box, int box_cols = 64) {
-    const uint64_t dims[2] = {(uint64_t)cols, (uint64_t)rows}, strides[1] = {(uint64_t)ld * 2};
-    const uint32_t boxes[2] = {(uint32_t)box_cols, (uint32_t)box};
-    return forge_cuda_tma_map(p, 2, dims, strides, boxes);
-}
-
 // The tile width: the fewest waves of 128 x BN tiles, then the least work per block (BN + R); 0
 // (the cuBLAS forms) where they were measured faster on the H200 (bench-kernels and a standalone
 // harness, bench/results/lora-tc-experiment-h200-20261201/):
@@ -611,9 +603,9 @@ void tc_run(const forge_cuda_params *p, const lora_dims &d, bool back, int bn, v
             int64_t ldw, const void *pm, const void *q, int64_t ldq, float us, const void *bias) {
     const int64_t M = back ? d.K : d.M, K = back ? d.M : d.K; // the kernel's outputs and depth
     const tc::args g{(const __nv_bfloat16 *)q, ldq, (const __nv_bfloat16 *)bias, (__nv_bfloat16 *)out, (__nv_bfloat16 *)v, (int)d.N, (int)M, (int)K, us};
-    const CUtensorMap ta = tc::map_of(a, K, d.N, lda, tc::kRows), tp = tc::map_of(pm, K, d.R, K, (int)d.R);
-    if (back) return tc::launch_bt<true>(p, bn, (int)d.R, ta, tc::map_of(w, M, K, ldw, 64, tc::mn_block_cols(bn)), tp, g);
-    tc::launch_bt<false>(p, bn, (int)d.R, ta, tc::map_of(w, K, M, ldw, bn > 256 ? bn / 2 : bn), tp, g);
+    const CUtensorMap ta = forge_cuda_tma_map_2d(a, K, d.N, lda, tc::kRows), tp = forge_cuda_tma_map_2d(pm, K, d.R, K, (int)d.R);
+    if (back) return tc::launch_bt<true>(p, bn, (int)d.R, ta, forge_cuda_tma_map_2d(w, M, K, ldw, 64, tc::mn_block_cols(bn)), tp, g);
+    tc::launch_bt<false>(p, bn, (int)d.R, ta, forge_cuda_tma_map_2d(w, K, M, ldw, bn > 256 ? bn / 2 : bn), tp, g);
 }
 
 // ---- the folded forward (forge_lora_set_spare: op_i[4]) ------------------------------------------

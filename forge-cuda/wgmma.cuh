@@ -50,6 +50,13 @@ bool forge_cuda_wgmma_device();
 // 128-byte swizzle (box[0] 64) or the 64-byte one (box[0] 32). Out-of-range elements are
 // zero-filled. A map the driver refuses aborts with the shape (backend.cu).
 CUtensorMap forge_cuda_tma_map(const void *base, int rank, const uint64_t *dims, const uint64_t *strides, const uint32_t *box);
+// The map of a matrix: `rows` rows of `cols` bf16 (rows ld elements apart), read in boxes of
+// box_cols columns (64: the 128-byte swizzle; 32: the 64-byte one) x box_rows rows.
+inline CUtensorMap forge_cuda_tma_map_2d(const void *base, int64_t cols, int64_t rows, int64_t ld, int box_rows, int box_cols = 64) {
+    const uint64_t dims[2] = {(uint64_t)cols, (uint64_t)rows}, strides[1] = {(uint64_t)ld * 2};
+    const uint32_t box[2] = {(uint32_t)box_cols, (uint32_t)box_rows};
+    return forge_cuda_tma_map(base, 2, dims, strides, box);
+}
 
 #ifdef FORGE_WGMMA_DEVICE
 
