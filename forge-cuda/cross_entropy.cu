@@ -338,16 +338,20 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
 // 128 rows and W's 128 rows by TMA into a ring of stages (the LoRA kernel's ring: 128-byte swizzle,
 // full and empty mbarriers). The two consumer warpgroups take the block's tiles in turn, each a
 // whole tile (two m64n128 wgmma per 16-deep step, 128 fp32 accumulators a thread), and run their
-// main loops one after the other (named barriers 2 and 3), so one's epilogue - the exp, the
-// row sums, p staged per warp and stored in 16-byte rows - runs beside the other's main loop. The
-// order also keeps a consumer from waiting on a stage before the other has consumed the stage's
-// earlier fill. Traffic: h and W from L2 (both fit: 7 + 15 MB at Qwen2.5-0.5B's 4096 tokens), p
-// written once. The epilogue must stay shorter than a main loop (~7000 cycles at depth 896): a
-// first version with a branch per element (the label's store) executed 2.6x the main loop's
-// instructions and was 1.3x slower than the unfused slabs (ncu: 75% of the stall samples in the
-// epilogue, the tensor pipe 28% busy); softcap's two IEEE divisions per element kept Gemma2-2B
-// 1.46x slower after that. Now: selects instead of branches, one FFMA and one ex2 per logit
-// (with the softcap forge_cuda_tanh: one more ex2 and a fast reciprocal).
+// main loops one after the other (named barriers 2 and 3), so one's epilogue - the exp, the row
+// sums, p staged per warp and stored in 16-byte rows - runs beside the other's main loop. The order
+// also keeps a consumer from waiting on a stage before the other has consumed the stage's earlier
+// fill. Traffic: h and W from L2 (both fit: 7 + 15 MB at Qwen2.5-0.5B's 4096 tokens), p written
+// once. The main loop is bound by the filling of shared memory, a 32 KB stage per 128 x 128 x 64
+// step (H100, a 4096 x 8192 slab at depth 896: the kernel 106 us, its wgmma alone 74, its loads
+// alone 97; bench/results/ce-slab-tiles-20261206/, with the shapes tried instead: clusters sharing
+// tiles by TMA multicast, 128 x 256 tiles, the epilogue on helper warps). The epilogue must stay
+// shorter than a main loop (~7000 cycles at depth 896): a first version with a branch per element
+// (the label's store) executed 2.6x the main loop's instructions and was 1.3x slower than the
+// unfused slabs (ncu: 75% of the stall samples in the epilogue, the tensor pipe 28% busy);
+// softcap's two IEEE divisions per element kept Gemma2-2B 1.46x slower after that. Now: selects
+// instead of branches, one FFMA and one ex2 per logit (with the softcap forge_cuda_tanh: one more
+// ex2 and a fast reciprocal).
 namespace slab_gemm {
 
 constexpr int kThreads = 384, kTile = 128, kStages = 5, kStageBytes = 2 * kTile * 128, kStg = kTile + 8;
