@@ -15,6 +15,10 @@
 #            "kernel shape" (the direction is not part of it): KERNELS="V151936 V256000" takes the
 #            cross-entropy cases at those vocabularies, KERNELS="cross_entropy qwen" every case
 #            naming either word
+#   TRACE  with KERNELS: a regex over kernel names; each side's bench-kernels runs under
+#         build-gpu/libforge-trace.so (build the forge-trace target) and its matching kernels' own
+#         durations are printed (bench/trace-summary.py --kernel; tr-{new,base}-N.txt): one
+#         kernel's time, steadier than the whole case's
 #   OUT   where the JSON goes (bs-new-1.json, bs-base-1.json, ...); bench/ab-compare.py makes the
 #         closing table (both sides' times and min(new) / min(base) per case) from it
 #   BASE_ENV  one binary instead of two builds: the base side is this tree's build-gpu run with
@@ -30,6 +34,7 @@ old=${OLD:-.ab-old}
 OUT=${OUT:-/tmp/forge-out}
 mkdir -p "$OUT"
 target=$([ -n "${KERNELS:-}" ] && echo bench-kernels || echo bench-step)
+[ -z "${TRACE:-}" ] || [ -f build-gpu/libforge-trace.so ] || { echo "ab-step: TRACE needs build-gpu/libforge-trace.so (the forge-trace target)"; exit 1; }
 base_tree=/tmp/ab-base base_env=
 if [ -n "${BASE_ENV:-}" ]; then
   base_tree=. base_env=$BASE_ENV
@@ -46,7 +51,11 @@ fi
 C=${C:-"qwen2.5-0.5b:4x1024 qwen2.5-0.5b:1x512 qwen3-0.6b:4x1024 gemma2-2b:4x1024"}
 run() { # side (new, base), its tree, round, its environment assignments
   echo "== $1"
-  if [ -n "${KERNELS:-}" ]; then env ${4:-} "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" $KERNELS 2>&1
+  if [ -n "${KERNELS:-}" ] && [ -n "${TRACE:-}" ]; then
+    env ${4:-} CUDA_INJECTION64_PATH="$PWD/build-gpu/libforge-trace.so" FORGE_TRACE=/tmp/ab-trace.csv \
+      "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" $KERNELS 2>&1
+    python3 bench/trace-summary.py /tmp/ab-trace.csv --kernel "$TRACE" | tee "$OUT/tr-$1-$3.txt"
+  elif [ -n "${KERNELS:-}" ]; then env ${4:-} "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" $KERNELS 2>&1
   else env ${4:-} "$2"/build-gpu/bench-step --json "$OUT/bs-$1-$3.json" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"; fi
 }
 for r in 1 2; do

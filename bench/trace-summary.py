@@ -5,16 +5,20 @@ its stream: with programmatic dependent launch it starts early and waits), the t
 intervals against the span), and the idle gaps by the pair of kernels around them - the last one
 to end before the gap and the first one after it.
 
-    python3 bench/trace-summary.py trace.csv [--graph] [--from US] [--to US] [--top N]
+    python3 bench/trace-summary.py trace.csv [--graph] [--from US] [--to US] [--top N] [--kernel REGEX]
 
 --graph keeps the replays of one CUDA graph only, the one with the most records (a training
 step's, without its warm-up or the GEMM tuner's small graphs, forge-cuda/linear.cu; traces
 written before the graph column: every graph record). --from / --to cut a window in the trace's
 microseconds. Gaps of 100 us or more are counted apart
-(host work between replays).
+(host work between replays). --kernel prints, instead, each kernel whose full name matches REGEX by
+name and grid: its calls and the median, least and most of their own durations (start to end):
+one kernel's time in a run, steadier than the run's own (bench/ab-step.sh's TRACE uses it).
 """
 import argparse
 import csv
+import re
+import statistics
 from collections import Counter, defaultdict
 
 
@@ -29,14 +33,24 @@ def main():
     ap.add_argument("--from", dest="t0", type=float, default=float("-inf"))
     ap.add_argument("--to", dest="t1", type=float, default=float("inf"))
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--kernel")
     a = ap.parse_args()
-    rows = []
+    rows, picked = [], defaultdict(list)
     with open(a.csv) as f:
         for r in csv.DictReader(f):
             s, e = float(r["start_us"]), float(r["end_us"])
-            if s >= a.t0 and e <= a.t1:
+            if a.kernel and s >= a.t0 and e <= a.t1 and re.search(a.kernel, r["name"]):
+                picked[(r["name"][:90], r["grid"])].append(e - s)
+            elif s >= a.t0 and e <= a.t1:
                 graph = r.get("graph", "1") if r["graph_node"] != "0" else "0"
                 rows.append((s, e, short(r["name"]), r["stream"], graph))
+    if a.kernel:
+        if not picked:
+            raise SystemExit(f"{a.csv}: no kernel matches {a.kernel}")
+        print(f"{'calls':>6} {'median us':>10} {'least':>9} {'most':>9}  grid, name")
+        for (name, grid), us in sorted(picked.items()):
+            print(f"{len(us):6d} {statistics.median(us):10.1f} {min(us):9.1f} {max(us):9.1f}  {grid}, {name}")
+        return
     rows.sort()
     if a.graph:
         sizes = Counter(r[4] for r in rows if r[4] != "0")
