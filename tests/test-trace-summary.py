@@ -2,7 +2,8 @@
 """tests/test-trace-summary.py - bench/trace-summary.py on a small hand-made trace: --graph keeps
 the step's graph (the one with the most records) and leaves out direct launches and the GEMM
 tuner's small graph; a kernel launched early by programmatic dependent launch is counted from the
-end of the kernel before it on its stream; idle gaps and the host's long gaps are told apart."""
+end of the kernel before it on its stream; idle gaps and the host's long gaps are told apart;
+--kernel gives the matching kernels' own durations (start to end)."""
 import os
 import re
 import subprocess
@@ -37,6 +38,7 @@ def main():
     try:
         out = summary(f.name, "--graph")
         whole = summary(f.name)
+        picked = summary(f.name, "--kernel", "kernel_[bc]")
     finally:
         os.unlink(f.name)
     fails = []
@@ -54,6 +56,10 @@ def main():
         if name in out:
             fails.append(f"--graph kept {name}")
         want(whole, rf"  {name}$", f"{name} without --graph")
+    for name, us in (("kernel_b", 15.0), ("kernel_c", 8.0)):  # b's own 15 us, not the 10 counted above
+        want(picked, rf"^\s+1\s+{us:.1f}\s+{us:.1f}\s+{us:.1f}  1x1x1, {name}$", f"--kernel's line for {name}")
+    if "kernel_a" in picked or "kernel_d" in picked:
+        fails.append(f"--kernel kept a kernel it does not match:\n{picked}")
     if fails:
         sys.exit("\n".join(fails))
     print("test-trace-summary: all checks passed")
