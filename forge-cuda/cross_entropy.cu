@@ -725,11 +725,12 @@ void launch_rows(int64_t n, const T *z, int64_t ldz, T *dz, int64_t ldd, int64_t
     forge_cuda_launch_kernel(k, (unsigned)n, kRowThreads, 0, p->stream, z, ldz, dz, ldd, V, labels, t0, count, cap, ignore, loss, p->error);
 }
 
-// slab_gemm::kernel over the slab [v0, v0 + vs) of the n rows of hc (ldh apart; depth C): p into z
-// (rows ldz apart), the tile sums into lsum's columns l0 on (rows nt apart).
-void slab_gemm_launch(const forge_cuda_params *p, const void *hc, int64_t ldh, int64_t n, int64_t C, const __nv_bfloat16 *ws, int64_t ldw,
-                      int64_t vs, int v0, __nv_bfloat16 *z, int64_t ldz, const float *m, const int *lab, float *lsum, int64_t nt, int l0, float *zl,
-                      float *dl, float cap) {
+// slab_gemm::kernel over the slab [v0, v0 + vs) of the n rows of h (th: the pass's map of them,
+// one for all its slabs; depth C): p into z (rows ldz apart), the tile sums into lsum's columns l0
+// on (rows nt apart).
+void slab_gemm_launch(const forge_cuda_params *p, const CUtensorMap &th, int64_t n, int64_t C, const __nv_bfloat16 *ws, int64_t ldw, int64_t vs,
+                      int v0, __nv_bfloat16 *z, int64_t ldz, const float *m, const int *lab, float *lsum, int64_t nt, int l0, float *zl, float *dl,
+                      float cap) {
     static const bool attr = [] {
         FORGE_CUDA_CHECK(cudaFuncSetAttribute(slab_gemm::kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, slab_gemm::kSmem));
         FORGE_CUDA_CHECK(cudaFuncSetAttribute(slab_gemm::kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, slab_gemm::kSmem));
@@ -740,7 +741,7 @@ void slab_gemm_launch(const forge_cuda_params *p, const void *hc, int64_t ldh, i
     const int64_t tiles = (n + slab_gemm::kTile - 1) / slab_gemm::kTile * ((vs + slab_gemm::kTile - 1) / slab_gemm::kTile);
     const unsigned grid = (unsigned)std::min<int64_t>(tiles, std::max(p->sm_count, 1));
     forge_cuda_launch_kernel(cap > 0.0f ? slab_gemm::kernel<true> : slab_gemm::kernel<false>, grid, slab_gemm::kThreads, slab_gemm::kSmem, p->stream,
-                             forge_cuda_tma_map_2d(hc, C, n, ldh, slab_gemm::kTile), forge_cuda_tma_map_2d(ws, C, vs, ldw, slab_gemm::kTile), g);
+                             th, forge_cuda_tma_map_2d(ws, C, vs, ldw, slab_gemm::kTile), g);
 }
 
 // The slab form's pass of n token rows at t0 (top of file) from hc (rows ldh apart): loss terms
@@ -756,11 +757,12 @@ void slab_pass(const ce_plan &pl, int64_t n, int64_t t0, const void *hc, const f
     float *lsum = (float *)(work + pl.lsum_off);
     const T *wt = (const T *)w->data;
     const bool fused = pl.fused && (uintptr_t)hc % 16 == 0 && (uintptr_t)wt % 16 == 0;
+    const CUtensorMap th = fused ? forge_cuda_tma_map_2d(hc, pl.C, n, pl.ldh, slab_gemm::kTile) : CUtensorMap{};
     for (int64_t v0 = 0; v0 < pl.V; v0 += pl.vs) {
         const int64_t vs = std::min(pl.vs, pl.V - v0);
         if (fused && v0 > 0) {
-            slab_gemm_launch(p, hc, pl.ldh, n, pl.C, (const __nv_bfloat16 *)wt + v0 * pl.ldw, pl.ldw, vs, (int)v0, (__nv_bfloat16 *)z, pl.lds, m, lab, lsum,
-                             pl.nt, (int)((v0 - pl.vs) / slab_gemm::kTile), zl, dl, cap);
+            slab_gemm_launch(p, th, n, pl.C, (const __nv_bfloat16 *)wt + v0 * pl.ldw, pl.ldw, vs, (int)v0, (__nv_bfloat16 *)z, pl.lds, m, lab, lsum, pl.nt,
+                             (int)((v0 - pl.vs) / slab_gemm::kTile), zl, dl, cap);
         } else {
             forge_cuda_gemm(p, n, vs, pl.C, hc, pl.ldh, 0, wt + v0 * pl.ldw, pl.ldw, 1, pl.ab, z, pl.lds, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
             forge_cuda_launch_kernel(ce_slab_rows<T>, (unsigned)n, kSlabThreads, 0, p->stream, z, pl.lds, (int)vs, (int)v0, pl.V, labels, t0, cap,

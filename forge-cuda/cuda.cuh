@@ -89,10 +89,6 @@ template <int V> __device__ inline void forge_cuda_round(forge_type t, float *v)
         forge_cuda_round_pairs<V>(v, [](float a, float b) { return __floats2half2_rn(a, b); }, [](__half2 p) { return __half22float2(p); });
 }
 
-// Tensor-core pieces (sm_80 and up) shared by attention.cu and lora.cu: a shared-memory address;
-// ldmatrix.x4.trans (four 8x8 b16 matrices, the row addresses from lanes 8q..8q+7 for matrix q;
-// lane l gets elements (2 (l % 4) + {0, 1}, l / 4) of each: an mma operand read from its
-// transpose); mma.sync m16n8k16: c (16x8 fp32) += a (16x16 bf16, row) b (16x8 bf16, col).
 // 2^x and 1/x on the special function unit (ex2(-inf) = 0, rcp(inf) = 0): one instruction each,
 // where exp2f adds a range fix-up. tanh y = 1 - 2 / (1 + e^2y) from the two: absolute error a few
 // ulp of 1 (a softcap is c tanh, so an absolute error is what matters), saturating to +-1; the
@@ -111,6 +107,10 @@ __device__ __forceinline__ float forge_cuda_tanh(float y) {
     return 1.0f - 2.0f * forge_cuda_rcp(1.0f + forge_cuda_ex2(y * 2.8853900817779268f)); // 2 log2(e)
 }
 
+// Tensor-core pieces (sm_80 and up) shared by attention.cu and lora.cu: a shared-memory address;
+// ldmatrix.x4.trans (four 8x8 b16 matrices, the row addresses from lanes 8q..8q+7 for matrix q;
+// lane l gets elements (2 (l % 4) + {0, 1}, l / 4) of each: an mma operand read from its
+// transpose); mma.sync m16n8k16: c (16x8 fp32) += a (16x16 bf16, row) b (16x8 bf16, col).
 __device__ __forceinline__ uint32_t forge_cuda_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void forge_cuda_ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
