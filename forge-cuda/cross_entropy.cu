@@ -62,6 +62,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <type_traits>
 
 namespace {
 
@@ -329,33 +330,41 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
 
 // slab_gemm::kernel: the slab form's steps 1 and 2 in one kernel for every slab after the first
 // (sm_90a, bf16). The logits z = h W_s^T never reach memory; the epilogue writes p = exp(softcap(z)
-// - m) softcap'(z) in bf16 (rows ldp apart), each row's sum of exp over the tile's 128 columns to lsum[row * ldl +
-// l0 + tile column] (no atomics: ce_slab_finish adds them in order), and the label's softcapped
-// logit and softcap' where the tile holds it. m is the reference ce_slab_rows fixed on the first
-// slab, lab each row's label (-1: ignored, p = 0).
-// Schedule: a persistent grid of one block per SM walks the 128 x 128 tiles (token blocks fastest,
-// so the blocks in flight share W's rows in L2). A producer warpgroup streams 64-deep slices of h's
-// 128 rows and W's 128 rows by TMA into a ring of stages (the LoRA kernel's ring: 128-byte swizzle,
-// full and empty mbarriers). The two consumer warpgroups take the block's tiles in turn, each a
-// whole tile (two m64n128 wgmma per 16-deep step, 128 fp32 accumulators a thread), and run their
-// main loops one after the other (named barriers 2 and 3), so one's epilogue - the exp, the row
-// sums, p staged per warp and stored in 16-byte rows - runs beside the other's main loop. The order
-// also keeps a consumer from waiting on a stage before the other has consumed the stage's earlier
-// fill. Traffic: h and W from L2 (both fit: 7 + 15 MB at Qwen2.5-0.5B's 4096 tokens), p written
-// once. The main loop is bound by the filling of shared memory, a 32 KB stage per 128 x 128 x 64
-// step (H100, a 4096 x 8192 slab at depth 896: the kernel 106 us, its wgmma alone 74, its loads
-// alone 97; bench/results/ce-slab-tiles-20261206/, with the shapes tried instead: clusters sharing
-// tiles by TMA multicast, 128 x 256 tiles, the epilogue on helper warps). The epilogue must stay
-// shorter than a main loop (~7000 cycles at depth 896): a first version with a branch per element
-// (the label's store) executed 2.6x the main loop's instructions and was 1.3x slower than the
-// unfused slabs (ncu: 75% of the stall samples in the epilogue, the tensor pipe 28% busy);
-// softcap's two IEEE divisions per element kept Gemma2-2B 1.46x slower after that. Now: selects
-// instead of branches, one FFMA and one ex2 per logit (with the softcap forge_cuda_tanh: one more
-// ex2 and a fast reciprocal).
+// - m) softcap'(z) in bf16 (rows ldp apart), each row's sum of exp over each 128 words of a tile to
+// lsum[row * ldl + l0 + 128-word column] (no atomics: ce_slab_finish adds them in order), and the
+// label's softcapped logit and softcap' where the tile holds it. m is the reference ce_slab_rows
+// fixed on the first slab, lab each row's label (-1: ignored, p = 0).
+// Schedule: a persistent grid of one block per SM walks 128 x 256 tiles (token blocks fastest, so
+// the blocks in flight share W's rows in L2). A producer warpgroup streams 64-deep slices of h's
+// 128 rows and W's 256 rows by TMA into a ring of three 48 KB stages (128-byte swizzle, full and
+// empty mbarriers). Both consumer warpgroups work on every tile, each on 64 of its rows (one m64n256
+// wgmma per 16-deep step, 128 fp32 accumulators a thread): a stage feeds twice the work of a 128 x
+// 128 tile's for 1.5x the bytes, where the 128 x 128 form's main loop was bound by the filling of
+// shared memory (bench/results/ce-slab-tiles-20261206/). After its main loop a consumer stages its
+// z in bf16 in shared memory (a 64 KB tile; the rounding the first slab's GEMM makes too) and goes on
+// to the next tile; that z's epilogue runs during the next main loop, two rows a warp at a time,
+// a share after each step's wgmma are issued and the step before has retired (its stage released
+// first), so the exp and the p stores run while the tensor cores work. A warp's row is one
+// 512-byte piece of p, 8 words a lane; the lane sums go to shared memory and each half-row's sum
+// is added up once the tile's 16 rows are done. Traffic: h and W from L2 (both fit: 7 + 15 MB at
+// Qwen2.5-0.5B's 4096 tokens), p written once.
+// Measured (H100; bench/results/ce-interleaved-h100-20261206/): a 4096 x 8192 slab of Qwen3-0.6B
+// took 108-112 us, its main loop alone 88-92, with the epilogue after each main loop instead 141-144;
+// the 128 x 128 form with two consumers taking tiles in turn (each's epilogue beside the other's
+// main loop) 116 in an earlier call. What the epilogue costs is its instruction latency (ncu on a
+// first version: the warps stalled on fixed-latency dependencies, not on memory), so it is short: per logit one FFMA, one ex2, the
+// clamp and the range check's max, the sum; selects only in a slab's last, partial tile; the
+// label's logit read back from the staged z by the one lane that holds it; no integer division in
+// the main loop (the rows due by a step are counted incrementally). With the softcap
+// forge_cuda_tanh adds one more ex2 and a fast reciprocal.
 namespace slab_gemm {
 
-constexpr int kThreads = 384, kTile = 128, kStages = 5, kStageBytes = 2 * kTile * 128, kStg = kTile + 8;
-constexpr int kSmem = kStages * kStageBytes + 128 + 8 * 16 * kStg * 2; // stages, barriers, each consumer warp's 16 staged rows
+constexpr int kThreads = 384, kTM = 128, kTN = 256, kStages = 3, kHBytes = kTM * 128, kStageBytes = kHBytes + kTN * 128;
+constexpr int kCol = 128;                                    // lsum's columns: 128 words, half a tile
+constexpr int kZld = kTN + 8;                                // z's staged rows, in elements (528 bytes: no bank conflicts)
+constexpr int kPsum = 8 * 16 * 32 * 4;                       // each consumer warp's row sums, a lane's share of each of its 16 rows
+constexpr int kSmem = kStages * kStageBytes + kTM * kZld * 2 + kPsum + 128; // stages, z, row sums, barriers
+static_assert(kSmem <= 227 * 1024, "slab_gemm: shared memory");
 
 struct args {
     __nv_bfloat16 *p;
@@ -374,12 +383,12 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
     unsigned char *sm = wg_smem_base();
-    const uint32_t s0 = forge_cuda_smem_addr(sm), bars = s0 + kStages * kStageBytes; // full[kStages], then empty[kStages]
+    const uint32_t s0 = forge_cuda_smem_addr(sm), bars = s0 + kStages * kStageBytes + kTM * kZld * 2 + kPsum; // stages, z, sums, full[kStages], empty[kStages]
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    const int TM = (g.n + kTile - 1) / kTile, tiles = TM * ((g.vs + kTile - 1) / kTile), KT = (g.K + 63) / 64;
+    const int TM = (g.n + kTM - 1) / kTM, tiles = TM * ((g.vs + kTN - 1) / kTN), KT = (g.K + 63) / 64;
     const int mine = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0; // this block's tiles
     if (tid == 0) {
-        for (int s = 0; s < kStages; s++) mbar_init(bars + 8 * s, 1), mbar_init(bars + 8 * (kStages + s), 4);
+        for (int s = 0; s < kStages; s++) mbar_init(bars + 8 * s, 1), mbar_init(bars + 8 * (kStages + s), 8); // empty: both consumers' warps
         mbar_init_fence();
     }
     __syncthreads();
@@ -393,101 +402,121 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
                     if (q >= kStages) mbar_wait(bars + 8 * (kStages + s), (q / kStages - 1) & 1);
                     const uint32_t full = bars + 8 * s, st = s0 + s * kStageBytes;
                     mbar_expect_tx(full, kStageBytes);
-                    tma_load_2d(st, &th, kt * 64, tm * kTile, full);
-                    tma_load_2d(st + kTile * 128, &tw, kt * 64, tn * kTile, full);
+                    tma_load_2d(st, &th, kt * 64, tm * kTM, full);
+                    tma_load_2d(st + kHBytes, &tw, kt * 64, tn * kTN, full);
                 }
             }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    // main loops in turn: consumer c waits on barrier 2 + c, then lets the other go (2 + 1 - c)
-    auto order_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + wg) : "memory"); };
-    auto order_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - wg) : "memory"); };
-    if (wg == 1 && mine > 0) order_pass(); // consumer 0 takes the first tile
-    __nv_bfloat16 *stg = (__nv_bfloat16 *)(sm + kStages * kStageBytes + 128) + (wg * 4 + warp) * 16 * kStg;
-    const int rq = lane >> 2, cq = (lane & 3) * 2; // this thread's rows rq, rq + 8 of the warp's 16; columns 8 i + cq + {0, 1}
+    const int rq = lane >> 2, cq = (lane & 3) * 2; // this thread's accumulator rows rq, rq + 8 of the warp's 16; columns 8 i + cq + {0, 1}
+    // the warp's 16 rows of the staged z tile; the tile whose z they hold (pm, pn: its token and
+    // word blocks) and, in lane i < 16, row i's label and reference
+    __nv_bfloat16 *zs = (__nv_bfloat16 *)(sm + kStages * kStageBytes) + (wg * 64 + warp * 16) * kZld;
+    float *ps = (float *)(sm + kStages * kStageBytes + kTM * kZld * 2) + (wg * 4 + warp) * 16 * 32;
+    int pm = 0, pn = 0, plab = -1, done = 16;
+    float pmr = INFINITY;
     bool bad = false;
-    for (int j = wg; j < mine; j += 2) {
-        const int t = blockIdx.x + j * gridDim.x, tm = t % TM, tn = t / TM;
-        float acc[2][kTile / 8][4];
-        int label[2][2]; // rows h * 64 + warp * 16 + rq + 8 e, read before the main loop: the epilogue does not wait for them
-        float m[2][2];
+    constexpr float kL2e = 1.4426950408889634f;
+    // the softcap c tanh(x / c) on the SFU and its derivative 1 - (y / c)^2, without divisions
+    const float inv_cap = CAP ? 1.0f / g.cap : 0.0f;
+    auto cap_grad = [&](float y) { return CAP ? 1.0f - (y * inv_cap) * (y * inv_cap) : 1.0f; };
+    // The epilogue of two staged rows rr, rr + 1 (of the warp's 16), a lane's 8 words of each: z
+    // softcapped (CAP), p = 2^(x log2 e - m log2 e) by one FFMA and one ex2 (clamped at e^kMaxExp,
+    // and a row that passes it reported), masked past the slab (an ignored row's m is +inf: p = 0);
+    // p stored as one 512-byte row, the lane's sum to ps, the label's softcapped logit and softcap'.
+    auto epilogue_pair = [&](int rr, auto full) { // rows rr, rr + 1; full: the tile lies inside the slab (every tile but the slab's last)
+        const int c = pn * kTN + lane * 8; // the lane's first word in the slab
+        uint4 raw[2];
+        int label[2];
+        float mr[2];
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < 2; h++) {
+            label[h] = __shfl_sync(0xffffffffu, plab, rr + h), mr[h] = __shfl_sync(0xffffffffu, pmr, rr + h);
+            raw[h] = *(const uint4 *)(zs + (rr + h) * kZld + lane * 8);
+        }
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int row = tm * kTile + h * 64 + warp * 16 + rq + 8 * e;
-                label[h][e] = row < g.n ? g.lab[row] : -1;
-                m[h][e] = label[h][e] >= 0 ? g.m[row] : INFINITY;
+        for (int h = 0; h < 2; h++) {
+            const int row = pm * kTM + wg * 64 + warp * 16 + rr + h, lc = label[h] - g.v0; // the label's word in the slab
+            const float ml = mr[h] * kL2e;
+            float v[8], ex[8], tmax = -INFINITY; // tmax: the largest exponent (log2) before the clamp
+            unpack_vec<__nv_bfloat16>(raw[h], v);
+#pragma unroll
+            for (int b = 0; b < 8; b++) {
+                float x = v[b];
+                if constexpr (CAP) x = g.cap * forge_cuda_tanh(x * inv_cap);
+                const float t = fmaf(x, kL2e, -ml);
+                ex[b] = forge_cuda_ex2(fminf(t, kMaxExp * kL2e));
+                if constexpr (!decltype(full)::value) ex[b] = c + b < g.vs ? ex[b] : 0.0f;
+                tmax = fmaxf(tmax, decltype(full)::value || c + b < g.vs ? t : -INFINITY);
+                v[b] = CAP ? ex[b] * cap_grad(x) : ex[b];
             }
-        order_wait();
+            ps[(rr + h) * 32 + lane] = ((ex[0] + ex[1]) + (ex[2] + ex[3])) + ((ex[4] + ex[5]) + (ex[6] + ex[7]));
+            if (row < g.n) {
+                if (c < g.vs) store_vec<__nv_bfloat16, 8>(g.p + (int64_t)row * g.ldp + c, v);
+                if (lc >= c && lc < c + 8 && lc < g.vs) { // the label's logit, once a row
+                    float x = __bfloat162float(zs[(rr + h) * kZld + lc - pn * kTN]);
+                    if constexpr (CAP) x = g.cap * forge_cuda_tanh(x * inv_cap);
+                    g.zl[row] = x, g.dl[row] = cap_grad(x);
+                }
+            }
+            bad |= label[h] >= 0 && tmax > kMaxExp * kL2e;
+        }
+    };
+    // the rows of the staged tile up to `to`; after its last, the row sums: lane i adds row i % 16's
+    // lane sums of half i / 16 in a fixed order
+    auto epilogue_rows = [&](int to) {
+        if (done >= to) return;
+        if (pn * kTN + kTN <= g.vs)
+            for (; done < to; done += 2) epilogue_pair(done, std::true_type{});
+        else
+            for (; done < to; done += 2) epilogue_pair(done, std::false_type{});
+        if (done < 16) return;
+        __syncwarp();
+        const int rr = lane & 15, hf = lane >> 4, row = pm * kTM + wg * 64 + warp * 16 + rr;
+        const float4 *q = (const float4 *)(ps + rr * 32 + hf * 16);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float4 f = q[i];
+            sum += (f.x + f.y) + (f.z + f.w);
+        }
+        if (row < g.n && pn * kTN + hf * kCol < g.vs) g.lsum[row * g.ldl + g.l0 + pn * (kTN / kCol) + hf] = sum;
+        __syncwarp();
+    };
+    for (int j = 0; j < mine; j++) {
+        const int t = blockIdx.x + j * gridDim.x, tm = t % TM, tn = t / TM;
+        float acc[kTN / 8][4];
+        int due = 0, frac = 0; // the staged rows due by this step: 16 (kt + 1) / KT, in pairs (frac: 8 (kt + 1) mod KT)
         for (int kt = 0; kt < KT; kt++) {
             const int q = j * KT + kt, s = q % kStages;
             mbar_wait(bars + 8 * s, (q / kStages) & 1);
-            const uint32_t sa = s0 + s * kStageBytes, sb = sa + kTile * 128;
+            const uint32_t sa = s0 + s * kStageBytes + wg * 64 * 128, sb = s0 + s * kStageBytes + kHBytes;
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    wgmma_ss<kTile>(acc[h], wg_desc(sa + h * 64 * 128 + kk * 32, 16, 1024), wg_desc(sb + kk * 32, 16, 1024), kt | kk);
+            for (int kk = 0; kk < 4; kk++) wgmma_ss<kTN>(acc, wg_desc(sa + kk * 32, 16, 1024), wg_desc(sb + kk * 32, 16, 1024), kt | kk);
             wg_commit();
-            wg_wait<1>(); // the step before has retired: its stage is free
+            wg_wait<1>(); // the step before has retired (it ran during the last share of the epilogue): its stage is free
             if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (kStages + (q - 1) % kStages));
+            // the last tile's epilogue, a share of its rows per step, while this step's wgmma run
+            for (frac += 8; frac >= KT; frac -= KT) due += 2;
+            epilogue_rows(due);
         }
-        if (j + 1 < mine) order_pass();
         wg_wait<0>();
         if (lane == 0) mbar_arrive(bars + 8 * (kStages + (j * KT + KT - 1) % kStages));
-        wg_pin<kTile / 8>(acc[0]);
-        wg_pin<kTile / 8>(acc[1]);
-        // Per element: z rounded to bf16 (the logits of a bf16 lm_head, as the first slab's GEMM
-        // writes them), softcapped (CAP), p = 2^(x log2 e - m log2 e) by one FFMA and one ex2,
-        // masked past the slab; no branches (an ignored row's m is +inf: p = 0). The label's
-        // logit is picked by a select and stored once per row.
-        const int c0 = tn * kTile, cend = g.vs - c0; // columns from cend on are past the slab (W's zero-filled rows)
-        constexpr float kL2e = 1.4426950408889634f;
-        // the softcap c tanh(x / c) on the SFU and its derivative 1 - (y / c)^2, without divisions
-        const float inv_cap = CAP ? 1.0f / g.cap : 0.0f;
-        auto cap_grad = [&](float y) { return CAP ? 1.0f - (y * inv_cap) * (y * inv_cap) : 1.0f; };
+        wg_pin<kTN / 8>(acc);
+        // stage z in bf16 for the next main loop's epilogue
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r0 = tm * kTile + h * 64 + warp * 16; // the warp's 16 rows
+        for (int i = 0; i < kTN / 8; i++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int row = r0 + rq + 8 * e, lc = label[h][e] - g.v0 - c0; // the label's column in the tile
-                const float ml = m[h][e] * kL2e;
-                float sum = 0.0f, xmax = -INFINITY, xl = 0.0f;
-#pragma unroll
-                for (int i = 0; i < kTile / 8; i++) {
-                    float pv[2];
-#pragma unroll
-                    for (int b = 0; b < 2; b++) {
-                        const int c = i * 8 + cq + b;
-                        float x = __bfloat162float(__float2bfloat16_rn(acc[h][i][2 * e + b]));
-                        if constexpr (CAP) x = g.cap * forge_cuda_tanh(x * inv_cap);
-                        float ex = forge_cuda_ex2(fminf(fmaf(x, kL2e, -ml), kMaxExp * kL2e));
-                        ex = c < cend ? ex : 0.0f;
-                        xmax = fmaxf(xmax, c < cend ? x : -INFINITY);
-                        sum += ex;
-                        pv[b] = ex * cap_grad(x);
-                        xl = c == lc ? x : xl;
-                    }
-                    *(__nv_bfloat162 *)(stg + (rq + 8 * e) * kStg + i * 8 + cq) = __floats2bfloat162_rn(pv[0], pv[1]);
-                }
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                if ((lane & 3) == 0 && row < g.n) g.lsum[row * g.ldl + g.l0 + tn] = sum;
-                if (lc >= 0 && lc < cend && lc < kTile && ((lc & 7) >> 1) == (lane & 3)) g.zl[row] = xl, g.dl[row] = cap_grad(xl);
-                bad |= label[h][e] >= 0 && xmax - m[h][e] > kMaxExp;
-            }
-            __syncwarp();
-            for (int e = lane; e < 16 * (kTile / 8); e += 32) { // 16-byte pieces, two rows of 256 bytes per instruction
-                const int r = e / (kTile / 8), c = c0 + e % (kTile / 8) * 8;
-                if (r0 + r < g.n && c < g.vs) *(uint4 *)(g.p + (int64_t)(r0 + r) * g.ldp + c) = *(const uint4 *)(stg + r * kStg + c - c0);
-            }
-            __syncwarp();
-        }
+            for (int e = 0; e < 2; e++) *(__nv_bfloat162 *)(zs + (rq + 8 * e) * kZld + i * 8 + cq) = __floats2bfloat162_rn(acc[i][2 * e], acc[i][2 * e + 1]);
+        pm = tm, pn = tn, done = 0;
+        const int row = tm * kTM + wg * 64 + warp * 16 + (lane & 15);
+        plab = row < g.n ? g.lab[row] : -1;
+        pmr = plab >= 0 ? g.m[row] : INFINITY;
+        __syncwarp();
     }
+    epilogue_rows(16); // the last tile's
     if (bad) forge_cuda_fail(g.error, FORGE_CUDA_ERR_LOGIT_RANGE);
 #else
     __trap(); // not built for sm_90a: fused_on keeps the host from launching it
@@ -665,7 +694,7 @@ struct ce_plan {
             const int64_t vec = (int64_t)(16 / es);
             vs = std::min<int64_t>(V, vmax);
             lds = (vs + vec - 1) / vec * vec;
-            nt = fused ? (V - vs + slab_gemm::kTile - 1) / slab_gemm::kTile : 0;
+            nt = fused ? (V - vs + slab_gemm::kCol - 1) / slab_gemm::kCol : 0;
             const int64_t budget = std::max<int64_t>(1, node->op_i[0]) * V * (int64_t)es;
             const int64_t rows = std::max<int64_t>(1, budget / (lds * (int64_t)es + C * 4 + 20 + nt * 4));
             const int64_t passes = (N + rows - 1) / rows;
@@ -738,10 +767,10 @@ void slab_gemm_launch(const forge_cuda_params *p, const CUtensorMap &th, int64_t
     }();
     (void)attr;
     const slab_gemm::args g{z, ldz, m, lab, lsum, zl, dl, nt, l0, (int)n, (int)vs, v0, (int)C, cap, p->error};
-    const int64_t tiles = (n + slab_gemm::kTile - 1) / slab_gemm::kTile * ((vs + slab_gemm::kTile - 1) / slab_gemm::kTile);
+    const int64_t tiles = (n + slab_gemm::kTM - 1) / slab_gemm::kTM * ((vs + slab_gemm::kTN - 1) / slab_gemm::kTN);
     const unsigned grid = (unsigned)std::min<int64_t>(tiles, std::max(p->sm_count, 1));
     forge_cuda_launch_kernel(cap > 0.0f ? slab_gemm::kernel<true> : slab_gemm::kernel<false>, grid, slab_gemm::kThreads, slab_gemm::kSmem, p->stream,
-                             th, forge_cuda_tma_map_2d(ws, C, vs, ldw, slab_gemm::kTile), g);
+                             th, forge_cuda_tma_map_2d(ws, C, vs, ldw, slab_gemm::kTN), g);
 }
 
 // The slab form's pass of n token rows at t0 (top of file) from hc (rows ldh apart): loss terms
@@ -757,12 +786,12 @@ void slab_pass(const ce_plan &pl, int64_t n, int64_t t0, const void *hc, const f
     float *lsum = (float *)(work + pl.lsum_off);
     const T *wt = (const T *)w->data;
     const bool fused = pl.fused && (uintptr_t)hc % 16 == 0 && (uintptr_t)wt % 16 == 0;
-    const CUtensorMap th = fused ? forge_cuda_tma_map_2d(hc, pl.C, n, pl.ldh, slab_gemm::kTile) : CUtensorMap{};
+    const CUtensorMap th = fused ? forge_cuda_tma_map_2d(hc, pl.C, n, pl.ldh, slab_gemm::kTM) : CUtensorMap{};
     for (int64_t v0 = 0; v0 < pl.V; v0 += pl.vs) {
         const int64_t vs = std::min(pl.vs, pl.V - v0);
         if (fused && v0 > 0) {
             slab_gemm_launch(p, th, n, pl.C, (const __nv_bfloat16 *)wt + v0 * pl.ldw, pl.ldw, vs, (int)v0, (__nv_bfloat16 *)z, pl.lds, m, lab, lsum, pl.nt,
-                             (int)((v0 - pl.vs) / slab_gemm::kTile), zl, dl, cap);
+                             (int)((v0 - pl.vs) / slab_gemm::kCol), zl, dl, cap);
         } else {
             forge_cuda_gemm(p, n, vs, pl.C, hc, pl.ldh, 0, wt + v0 * pl.ldw, pl.ldw, 1, pl.ab, z, pl.lds, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
             forge_cuda_launch_kernel(ce_slab_rows<T>, (unsigned)n, kSlabThreads, 0, p->stream, z, pl.lds, (int)vs, (int)v0, pl.V, labels, t0, cap,
