@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The table of an A/B by bench/ab-step.sh: for every case, both sides' times in the order they
-ran and min(new) / min(base) (below 1: the new tree is faster).
+ran and min(new) / min(base) (below 1: the new tree is faster); for bench-kernels cases with an
+unfused time, each round's time / unfused time of the same run too, new side then base side (for
+the fused cross-entropy that is its ratio to the bare GEMMs, issue 4's 1.1x).
 
     python3 bench/ab-compare.py DIR [FILTER...]
 
@@ -17,15 +19,16 @@ import sys
 
 
 def cases(path):
+    """{case: (time, unfused time or None)}"""
     d = json.load(open(path))
     if "cases" in d:  # bench-kernels
-        return {f"{c['kernel']} {c['direction']} {c['shape']}": c["us"] for c in d["cases"] if c.get("us")}
+        return {f"{c['kernel']} {c['direction']} {c['shape']}": (c["us"], c.get("unfused_us")) for c in d["cases"] if c.get("us")}
     out = {}
     for r in d["runs"]:
         name = f"{r['model']} {r['batch']}x{r['seq']}" + (" packed" if r.get("packed") else "") + (" recompute" if r.get("recompute") else "")
-        out[name] = r["ms_per_step"]
+        out[name] = (r["ms_per_step"], None)
         for op, ms in sorted(r.get("profile_ops_ms", {}).items()):
-            out[f"{name} | {op}"] = ms
+            out[f"{name} | {op}"] = (ms, None)
     return out
 
 
@@ -39,7 +42,7 @@ def main():
         sys.exit(f"ab-compare: no {prefix}-new-*.json and {prefix}-base-*.json in {out}")
     unit = "us" if prefix == "bk" else "ms"
     width = max(len(k) for k in side["new"][0])
-    print(f"{'case':{width}}  {'base ' + unit:>20}  {'new ' + unit:>20}  new/base")
+    print(f"{'case':{width}}  {'base ' + unit:>20}  {'new ' + unit:>20}  new/base  new/unfused, base/unfused")
     for k in side["new"][0]:
         if filters and not any(f in k for f in filters):
             continue
@@ -47,8 +50,10 @@ def main():
         n = [r[k] for r in side["new"] if k in r]
         if not b or not n:
             continue
-        fmt = lambda v: " ".join(f"{x:9.2f}" for x in v)
-        print(f"{k:{width}}  {fmt(b):>20}  {fmt(n):>20}  {min(n) / min(b):.3f}")
+        fmt = lambda v: " ".join(f"{x[0]:9.2f}" for x in v)
+        unf = lambda v: " ".join(f"{x[0] / x[1]:.3f}" for x in v if x[1])
+        ratios = f"  {unf(n)}, {unf(b)}" if all(x[1] for x in n + b) else ""
+        print(f"{k:{width}}  {fmt(b):>20}  {fmt(n):>20}  {min(x[0] for x in n) / min(x[0] for x in b):.3f}{ratios}")
 
 
 if __name__ == "__main__":
