@@ -21,10 +21,11 @@
 // they are partly still in the L2 when the next kernel reads them; o is read and written once
 // per slab. p <= e^kRescale, so neither p nor l can overflow, and o's scale cancels in o / l.
 // Fused (sm_90a, bf16, FORGE_CE_FUSED not 0): every slab after the first runs steps 1 and 2 as one
-// wgmma kernel (slab_gemm::kernel below) whose epilogue writes p straight from the accumulators:
-// the logits never reach memory, and the row pass's read and write of them (4 bytes a logit) are
-// gone. Each row's reference is then fixed after the first slab (its max + kShift; ce_slab_rows
-// sets it), the row sums arrive per 128-word tile and ce_slab_finish adds them in order.
+// wgmma kernel (slab_gemm::kernel below) whose epilogue writes p from the tile's logits staged in
+// shared memory: the logits never reach global memory, and the row pass's read and write of them
+// (4 bytes a logit) are gone. Each row's reference is then fixed after the first slab (its max +
+// kShift; ce_slab_rows sets it), the row sums arrive per 128 words and ce_slab_finish adds them in
+// order.
 // A/B on an H100 (bench/results/ce-fused-slabs-h100-20261206/): Qwen2.5-0.5B's 4096 tokens
 // fwd+bwd 4.39-4.40 -> 3.70-3.94 ms, Gemma2-2B's 17.5-17.6 -> 15.0 ms; the 4 x 1024 steps 2% faster.
 //
@@ -352,18 +353,19 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
 // took 108-112 us, its main loop alone 88-92, with the epilogue after each main loop instead 141-144;
 // the 128 x 128 form with two consumers taking tiles in turn (each's epilogue beside the other's
 // main loop) 116 in an earlier call. What the epilogue costs is its instruction latency (ncu on a
-// first version: the warps stalled on fixed-latency dependencies, not on memory), so it is short: per logit one FFMA, one ex2, the
-// clamp and the range check's max, the sum; selects only in a slab's last, partial tile; the
-// label's logit read back from the staged z by the one lane that holds it; no integer division in
-// the main loop (the rows due by a step are counted incrementally). With the softcap
-// forge_cuda_tanh adds one more ex2 and a fast reciprocal.
+// first version: the warps stalled on fixed-latency dependencies, not on memory), so it is short:
+// per logit one FFMA, one ex2, the clamp and the range check's max, the sum; selects only in a
+// slab's last, partial tile; the label's logit read back from the staged z by the one lane that
+// holds it; no integer division in the main loop (the rows due by a step are counted
+// incrementally). With the softcap forge_cuda_tanh adds one more ex2 and a fast reciprocal.
 namespace slab_gemm {
 
 constexpr int kThreads = 384, kTM = 128, kTN = 256, kStages = 3, kHBytes = kTM * 128, kStageBytes = kHBytes + kTN * 128;
 constexpr int kCol = 128;                                    // lsum's columns: 128 words, half a tile
 constexpr int kZld = kTN + 8;                                // z's staged rows, in elements (528 bytes: no bank conflicts)
-constexpr int kPsum = 8 * 16 * 32 * 4;                       // each consumer warp's row sums, a lane's share of each of its 16 rows
-constexpr int kSmem = kStages * kStageBytes + kTM * kZld * 2 + kPsum + 128; // stages, z, row sums, barriers
+// shared memory: the stages, z (kTM rows of kZld), each consumer warp's row sums (a lane's share of
+// each of its 16 rows), the full and empty barriers
+constexpr int kZOff = kStages * kStageBytes, kSumOff = kZOff + kTM * kZld * 2, kBarOff = kSumOff + 8 * 16 * 32 * 4, kSmem = kBarOff + 128;
 static_assert(kSmem <= 227 * 1024, "slab_gemm: shared memory");
 
 struct args {
@@ -383,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
 #ifdef FORGE_WGMMA_DEVICE
     forge_cuda_prologue();
     unsigned char *sm = wg_smem_base();
-    const uint32_t s0 = forge_cuda_smem_addr(sm), bars = s0 + kStages * kStageBytes + kTM * kZld * 2 + kPsum; // stages, z, sums, full[kStages], empty[kStages]
+    const uint32_t s0 = forge_cuda_smem_addr(sm), bars = s0 + kBarOff; // full[kStages], then empty[kStages]
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int TM = (g.n + kTM - 1) / kTM, tiles = TM * ((g.vs + kTN - 1) / kTN), KT = (g.K + 63) / 64;
     const int mine = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0; // this block's tiles
@@ -412,8 +414,8 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
     const int rq = lane >> 2, cq = (lane & 3) * 2; // this thread's accumulator rows rq, rq + 8 of the warp's 16; columns 8 i + cq + {0, 1}
     // the warp's 16 rows of the staged z tile; the tile whose z they hold (pm, pn: its token and
     // word blocks) and, in lane i < 16, row i's label and reference
-    __nv_bfloat16 *zs = (__nv_bfloat16 *)(sm + kStages * kStageBytes) + (wg * 64 + warp * 16) * kZld;
-    float *ps = (float *)(sm + kStages * kStageBytes + kTM * kZld * 2) + (wg * 4 + warp) * 16 * 32;
+    __nv_bfloat16 *zs = (__nv_bfloat16 *)(sm + kZOff) + (wg * 64 + warp * 16) * kZld;
+    float *ps = (float *)(sm + kSumOff) + (wg * 4 + warp) * 16 * 32;
     int pm = 0, pn = 0, plab = -1, done = 16;
     float pmr = INFINITY;
     bool bad = false;
