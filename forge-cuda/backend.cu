@@ -53,7 +53,7 @@ const char *device_error_name(int code) {
     case FORGE_CUDA_ERR_TOKEN_ID: return "a token id outside the embedding table";
     case FORGE_CUDA_ERR_LABEL: return "a label outside the vocabulary (and not the ignore index)";
     case FORGE_CUDA_ERR_LOGIT_RANGE:
-        return "a logit more than 120 above the largest of its row's first 8192 (the fused cross-entropy's fixed reference cannot hold it)";
+        return "a logit more than 118-120 above the largest of its row's first 8192 (the fused cross-entropy's fixed reference cannot hold it)";
     default: return "an unknown device error";
     }
 }

@@ -73,11 +73,12 @@ constexpr int kSlabThreads = 256, kSlabVecs = 4;
 // How far (in nats) a slab's max may pass the row's reference before the reference moves.
 constexpr float kRescale = 16.0f;
 // The fused form (slab_gemm::kernel) fixes each row's reference after the first slab at that slab's max
-// + kShift, and lets p = exp(z - m) reach e^kMaxExp: o's terms stay under e^70 |W| (fp32 holds
-// e^88), a logit more than kShift + kMaxExp = 120 above the first slab's max is a runtime error
-// (FORGE_CUDA_ERR_LOGIT_RANGE), and one more than 87 - kShift = 37 below it underflows to 0 (a
-// share of at most e^-37 of the max's term).
-[[maybe_unused]] constexpr float kShift = 50.0f, kMaxExp = 70.0f; // kMaxExp: device code of sm_90a only
+// + kShift, and stops the step (FORGE_CUDA_ERR_LOGIT_RANGE) where 8 neighbouring words of a row
+// (one lane's p) sum past kMaxSum = e^70: then every p = exp(z - m) stays under e^70 and o's terms
+// under e^70 |W| (fp32 holds e^88), a logit more than kShift + 70 = 120 above the first slab's max
+// is a runtime error (up to ln 8 = 2.1 nats sooner where its neighbours are as large), and one more
+// than 87 - kShift = 37 below it underflows to 0 (a share of at most e^-37 of the max's term).
+[[maybe_unused]] constexpr float kShift = 50.0f, kMaxSum = 2.5154386709191669e30f; // kMaxSum: sm_90a only
 
 size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -354,9 +355,10 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
 // the 128 x 128 form with two consumers taking tiles in turn (each's epilogue beside the other's
 // main loop) 116 in an earlier call. What the epilogue costs is its instruction latency (ncu on a
 // first version: the warps stalled on fixed-latency dependencies, not on memory), so it is short:
-// per logit one FFMA, one ex2, the clamp and the range check's max, the sum; selects only in a
-// slab's last, partial tile; the label's logit read back from the staged z by the one lane that
-// holds it; no integer division in the main loop (the rows due by a step are counted
+// per logit one FFMA, one ex2 and the sum (the range checked on each lane's sum of 8 words, not by
+// a clamp and a max per logit: ~1% faster, bench/results/ce-sumcheck-h100-20261206/); selects
+// only in a slab's last, partial tile; the label's logit read back from the staged z by the one
+// lane that holds it; no integer division in the main loop (the rows due by a step are counted
 // incrementally). With the softcap forge_cuda_tanh adds one more ex2 and a fast reciprocal.
 namespace slab_gemm {
 
@@ -424,8 +426,8 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
     const float inv_cap = CAP ? 1.0f / g.cap : 0.0f;
     auto cap_grad = [&](float y) { return CAP ? 1.0f - (y * inv_cap) * (y * inv_cap) : 1.0f; };
     // The epilogue of two staged rows rr, rr + 1 (of the warp's 16), a lane's 8 words of each: z
-    // softcapped (CAP), p = 2^(x log2 e - m log2 e) by one FFMA and one ex2 (clamped at e^kMaxExp,
-    // and a row that passes it reported), masked past the slab (an ignored row's m is +inf: p = 0);
+    // softcapped (CAP), p = 2^(x log2 e - m log2 e) by one FFMA and one ex2 (no clamp: a lane's 8 words
+    // summing past kMaxSum are reported), masked past the slab (an ignored row's m is +inf: p = 0);
     // p stored as one 512-byte row, the lane's sum to ps, the label's softcapped logit and softcap'.
     auto epilogue_pair = [&](int rr, auto full) { // rows rr, rr + 1; full: the tile lies inside the slab (every tile but the slab's last)
         const int c = pn * kTN + lane * 8; // the lane's first word in the slab
@@ -441,19 +443,18 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
         for (int h = 0; h < 2; h++) {
             const int row = pm * kTM + wg * 64 + warp * 16 + rr + h, lc = label[h] - g.v0; // the label's word in the slab
             const float ml = mr[h] * kL2e;
-            float v[8], ex[8], tmax = -INFINITY; // tmax: the largest exponent (log2) before the clamp
+            float v[8], ex[8];
             unpack_vec<__nv_bfloat16>(raw[h], v);
 #pragma unroll
             for (int b = 0; b < 8; b++) {
                 float x = v[b];
                 if constexpr (CAP) x = g.cap * forge_cuda_tanh(x * inv_cap);
-                const float t = fmaf(x, kL2e, -ml);
-                ex[b] = forge_cuda_ex2(fminf(t, kMaxExp * kL2e));
+                ex[b] = forge_cuda_ex2(fmaf(x, kL2e, -ml));
                 if constexpr (!decltype(full)::value) ex[b] = c + b < g.vs ? ex[b] : 0.0f;
-                tmax = fmaxf(tmax, decltype(full)::value || c + b < g.vs ? t : -INFINITY);
                 v[b] = CAP ? ex[b] * cap_grad(x) : ex[b];
             }
-            ps[(rr + h) * 32 + lane] = ((ex[0] + ex[1]) + (ex[2] + ex[3])) + ((ex[4] + ex[5]) + (ex[6] + ex[7]));
+            const float sum = ((ex[0] + ex[1]) + (ex[2] + ex[3])) + ((ex[4] + ex[5]) + (ex[6] + ex[7]));
+            ps[(rr + h) * 32 + lane] = sum;
             if (row < g.n) {
                 if (c < g.vs) store_vec<__nv_bfloat16, 8>(g.p + (int64_t)row * g.ldp + c, v);
                 if (lc >= c && lc < c + 8 && lc < g.vs) { // the label's logit, once a row
@@ -462,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
                     g.zl[row] = x, g.dl[row] = cap_grad(x);
                 }
             }
-            bad |= label[h] >= 0 && tmax > kMaxExp * kL2e;
+            bad |= label[h] >= 0 && sum > kMaxSum;
         }
     };
     // the rows of the staged tile up to `to`; after its last, the row sums: lane i adds row i % 16's
