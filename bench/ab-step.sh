@@ -15,6 +15,10 @@
 #            "kernel shape" (the direction is not part of it): KERNELS="V151936 V256000" takes the
 #            cross-entropy cases at those vocabularies, KERNELS="cross_entropy qwen" every case
 #            naming either word
+#            Both sides and both rounds share the cuBLASLt algorithms the first run chooses
+#            ($OUT/gemm-algos.txt, bench-kernels --gemm-algos), so that a change outside the
+#            GEMMs is not measured through GEMMs timed differently per process; ALGOS=0 lets each
+#            run choose its own (for a change to the GEMMs or their selection)
 #   TRACE  with KERNELS: a regex over kernel names; each side's bench-kernels runs under
 #         build-gpu/libforge-trace.so (build the forge-trace target) and its matching kernels' own
 #         durations are printed (bench/trace-summary.py --kernel; tr-{new,base}-N.txt): one
@@ -48,14 +52,16 @@ else
   (cd /tmp/ab-base && cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON -DFORGE_CUDA_ARCH=90a > /dev/null &&
     cmake --build build-gpu --target "$target" > /tmp/ab-base-build.log 2>&1) || { tail -20 /tmp/ab-base-build.log; exit 1; }
 fi
+algos=()
+if [ -n "${KERNELS:-}" ] && [ "${ALGOS:-1}" != 0 ]; then rm -f "$OUT/gemm-algos.txt"; algos=(--gemm-algos "$OUT/gemm-algos.txt"); fi
 C=${C:-"qwen2.5-0.5b:4x1024 qwen2.5-0.5b:1x512 qwen3-0.6b:4x1024 gemma2-2b:4x1024"}
 run() { # side (new, base), its tree, round, its environment assignments
   echo "== $1"
   if [ -n "${KERNELS:-}" ] && [ -n "${TRACE:-}" ]; then
     env ${4:-} CUDA_INJECTION64_PATH="$PWD/build-gpu/libforge-trace.so" FORGE_TRACE=/tmp/ab-trace.csv \
-      "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" $KERNELS 2>&1
+      "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" "${algos[@]}" $KERNELS 2>&1
     python3 bench/trace-summary.py /tmp/ab-trace.csv --kernel "$TRACE" | tee "$OUT/tr-$1-$3.txt"
-  elif [ -n "${KERNELS:-}" ]; then env ${4:-} "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" $KERNELS 2>&1
+  elif [ -n "${KERNELS:-}" ]; then env ${4:-} "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" "${algos[@]}" $KERNELS 2>&1
   else env ${4:-} "$2"/build-gpu/bench-step --json "$OUT/bs-$1-$3.json" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"; fi
 }
 for r in 1 2; do

@@ -14,6 +14,12 @@
 // Every tensor the timed nodes read or write is marked OUTPUT before planning, so the memory
 // plan keeps all of them alive and distinct (no in-place reuse) across the repeats.
 //
+// forge chooses each new GEMM problem's cuBLASLt algorithm by timing (forge-cuda/linear.cu), and
+// near-equal candidates can go either way from one process to the next, moving a case's time by
+// several percent between runs. --gemm-algos FILE reads the choices of an earlier run from FILE
+// (when it exists) and writes this run's back to it, so that runs sharing a file use the same
+// algorithms (bench/ab-step.sh does this for both sides of an A/B).
+//
 // The JSON gives each case's scratch_bytes: the scratch the backend sized for its graph (the
 // largest node's; the cuBLASLt workspace is apart). cross_entropy's unfused figure is the two
 // bare GEMMs it needs (logits and dH, full logits in memory) through forge's MATMUL.
@@ -83,6 +89,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -952,7 +959,7 @@ static bool write_json(const char *path, const std::vector<Row> &rows, const Cei
 // ---- main ---------------------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
-    const char *json = nullptr;
+    const char *json = nullptr, *algos = nullptr;
     std::string commit = std::getenv("FORGE_COMMIT") ? std::getenv("FORGE_COMMIT") : "unknown";
     bool list = false;
     std::vector<std::string> filters;
@@ -960,11 +967,12 @@ int main(int argc, char **argv) {
         std::string a = argv[i];
         if (a == "--json" && i + 1 < argc) json = argv[++i];
         else if (a == "--commit" && i + 1 < argc) commit = argv[++i];
+        else if (a == "--gemm-algos" && i + 1 < argc) algos = argv[++i];
         else if (a == "--reps" && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
         else if (a == "--no-graph") g_graph = false;
         else if (a == "--list") list = true;
         else if (a.rfind("--", 0) == 0) {
-            std::fprintf(stderr, "usage: %s [--json FILE] [--commit SHA] [--reps N] [--no-graph] [--list] [FILTER...]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--json FILE] [--commit SHA] [--gemm-algos FILE] [--reps N] [--no-graph] [--list] [FILTER...]\n", argv[0]);
             return 2;
         } else filters.push_back(a);
     }
@@ -982,6 +990,15 @@ int main(int argc, char **argv) {
     if (forge_cuda_device_count() == 0) {
         std::printf("bench-kernels: no CUDA device (or forge built without CUDA): nothing to measure\n");
         return 0;
+    }
+    if (algos && std::ifstream(algos)) {
+        const int n = forge_cuda_gemm_algos_load(algos);
+        if (n == -1) {
+            std::fprintf(stderr, "bench-kernels: %s is not a GEMM algorithm file (forge_cuda_gemm_algos_save's)\n", algos);
+            return 1;
+        }
+        if (n == -2) std::printf("GEMM algorithms: %s was written on another GPU or cuBLASLt version; timing afresh\n", algos);
+        else std::printf("GEMM algorithms: %d read from %s\n", n, algos);
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -1015,6 +1032,10 @@ int main(int argc, char **argv) {
         }
     }
     CK(cudaFree(g_flush));
+    if (algos && forge_cuda_gemm_algos_save(algos) != FORGE_OK) {
+        std::fprintf(stderr, "bench-kernels: could not write %s\n", algos);
+        return 1;
+    }
     if (json && !write_json(json, rows, k, commit)) {
         std::fprintf(stderr, "bench-kernels: could not write %s\n", json);
         return 1;
