@@ -15,16 +15,16 @@
 #            "kernel shape" (the direction is not part of it): KERNELS="V151936 V256000" takes the
 #            cross-entropy cases at those vocabularies, KERNELS="cross_entropy qwen" every case
 #            naming either word
-#            Both sides and both rounds share the cuBLASLt algorithms the first run chooses
-#            ($OUT/gemm-algos.txt, bench-kernels --gemm-algos), so that a change outside the
-#            GEMMs is not measured through GEMMs timed differently per process; ALGOS=0 lets each
-#            run choose its own (for a change to the GEMMs or their selection)
 #   TRACE  with KERNELS: a regex over kernel names; each side's bench-kernels runs under
 #         build-gpu/libforge-trace.so (build the forge-trace target) and its matching kernels' own
 #         durations are printed (bench/trace-summary.py --kernel; tr-{new,base}-N.txt): one
 #         kernel's time, steadier than the whole case's
 #   OUT   where the JSON goes (bs-new-1.json, bs-base-1.json, ...); bench/ab-compare.py makes the
 #         closing table (both sides' times and min(new) / min(base) per case) from it
+#   ALGOS  both sides and both rounds share the cuBLASLt algorithms the first run chooses
+#         ($OUT/gemm-algos.txt, --gemm-algos: bench/gemm-algos.h), so that a change outside the
+#         GEMMs is not measured through GEMMs timed afresh in each process; ALGOS=0 lets each run
+#         choose its own (for a change to the GEMMs or their selection)
 #   BASE_ENV  one binary instead of two builds: the base side is this tree's build-gpu run with
 #         these environment assignments (e.g. BASE_ENV="FORGE_TMP_NO_X=1", a temporary switch in
 #         the change), so both sides share one build and one memory layout; .ab-old is not used
@@ -53,7 +53,7 @@ else
     cmake --build build-gpu --target "$target" > /tmp/ab-base-build.log 2>&1) || { tail -20 /tmp/ab-base-build.log; exit 1; }
 fi
 algos=()
-if [ -n "${KERNELS:-}" ] && [ "${ALGOS:-1}" != 0 ]; then rm -f "$OUT/gemm-algos.txt"; algos=(--gemm-algos "$OUT/gemm-algos.txt"); fi
+if [ "${ALGOS:-1}" != 0 ]; then rm -f "$OUT/gemm-algos.txt"; algos=(--gemm-algos "$OUT/gemm-algos.txt"); fi
 C=${C:-"qwen2.5-0.5b:4x1024 qwen2.5-0.5b:1x512 qwen3-0.6b:4x1024 gemma2-2b:4x1024"}
 run() { # side (new, base), its tree, round, its environment assignments
   echo "== $1"
@@ -62,7 +62,7 @@ run() { # side (new, base), its tree, round, its environment assignments
       "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" "${algos[@]}" $KERNELS 2>&1
     python3 bench/trace-summary.py /tmp/ab-trace.csv --kernel "$TRACE" | tee "$OUT/tr-$1-$3.txt"
   elif [ -n "${KERNELS:-}" ]; then env ${4:-} "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" "${algos[@]}" $KERNELS 2>&1
-  else env ${4:-} "$2"/build-gpu/bench-step --json "$OUT/bs-$1-$3.json" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"; fi
+  else env ${4:-} "$2"/build-gpu/bench-step --json "$OUT/bs-$1-$3.json" "${algos[@]}" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"; fi
 }
 for r in 1 2; do
   run new . $r

@@ -14,11 +14,7 @@
 // Every tensor the timed nodes read or write is marked OUTPUT before planning, so the memory
 // plan keeps all of them alive and distinct (no in-place reuse) across the repeats.
 //
-// forge chooses each new GEMM problem's cuBLASLt algorithm by timing (forge-cuda/linear.cu), and
-// near-equal candidates can go either way from one process to the next, moving a case's time by
-// several percent between runs. --gemm-algos FILE reads the choices of an earlier run from FILE
-// (when it exists) and writes this run's back to it, so that runs sharing a file use the same
-// algorithms (bench/ab-step.sh does this for both sides of an A/B).
+// --gemm-algos FILE: runs sharing FILE use the same cuBLASLt algorithms (bench/gemm-algos.h).
 //
 // The JSON gives each case's scratch_bytes: the scratch the backend sized for its graph (the
 // largest node's; the cuBLASLt workspace is apart). cross_entropy's unfused figure is the two
@@ -78,6 +74,7 @@
 // bench-kernels "cross_entropy logits"). The commit defaults to $FORGE_COMMIT. Without a CUDA
 // device it says so and exits 0.
 #include "../forge-cuda/cuda.cuh"
+#include "gemm-algos.h"
 
 #include <dlfcn.h>
 
@@ -89,7 +86,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -991,15 +987,7 @@ int main(int argc, char **argv) {
         std::printf("bench-kernels: no CUDA device (or forge built without CUDA): nothing to measure\n");
         return 0;
     }
-    if (algos && std::ifstream(algos)) {
-        const int n = forge_cuda_gemm_algos_load(algos);
-        if (n == -1) {
-            std::fprintf(stderr, "bench-kernels: %s is not a GEMM algorithm file (forge_cuda_gemm_algos_save's)\n", algos);
-            return 1;
-        }
-        if (n == -2) std::printf("GEMM algorithms: %s was written on another GPU or cuBLASLt version; timing afresh\n", algos);
-        else std::printf("GEMM algorithms: %d read from %s\n", n, algos);
-    }
+    if (!bench_gemm_algos_read("bench-kernels", algos)) return 1;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     CK(cudaMalloc(&g_flush, kFlushBytes));
@@ -1032,10 +1020,7 @@ int main(int argc, char **argv) {
         }
     }
     CK(cudaFree(g_flush));
-    if (algos && forge_cuda_gemm_algos_save(algos) != FORGE_OK) {
-        std::fprintf(stderr, "bench-kernels: could not write %s\n", algos);
-        return 1;
-    }
+    if (!bench_gemm_algos_write("bench-kernels", algos)) return 1;
     if (json && !write_json(json, rows, k, commit)) {
         std::fprintf(stderr, "bench-kernels: could not write %s\n", json);
         return 1;

@@ -37,11 +37,14 @@
 // [steps, B, T]) with AdamW at a constant --lr (no clipping, no weight decay) and writes the
 // loss of every step to --curve-out: the forge side of bench/peers/step.py's loss curves.
 //
-// Usage: bench-step [--json FILE] [--commit SHA] [--steps N] [--warmup N] [--profile] [--r R]
-//                   [--alpha A] [--recompute] [--packed] CONFIG...        CONFIG = qwen2.5-0.5b:4x1024, qwen3-0.6b,
+// --gemm-algos FILE: runs sharing FILE use the same cuBLASLt algorithms (bench/gemm-algos.h).
+//
+// Usage: bench-step [--json FILE] [--commit SHA] [--gemm-algos FILE] [--steps N] [--warmup N]
+//                   [--profile] [--r R] [--alpha A] [--recompute] [--packed] CONFIG...        CONFIG = qwen2.5-0.5b:4x1024, qwen3-0.6b,
 //                   gemma2-2b:4x1024, gemma-2b, gemma3-1b, gemma3-4b, or DIR / FILE.gguf [:BxT] (default 4x1024)
 //        bench-step --curve DIR --model HFDIR --adapter PEFTDIR --curve-out FILE [--lr F]
 #include "../forge-cuda/cuda.cuh"
+#include "gemm-algos.h"
 #include "../models/config.h"
 #include "../models/gguf-model.h"
 #include "../models/json.h"
@@ -108,7 +111,7 @@ const std::map<std::string, const char *> kConfigs = {
 };
 
 struct Options {
-    std::string json, commit, curve, model, adapter, curve_out;
+    std::string json, commit, curve, model, adapter, curve_out, algos;
     int steps = 20, warmup = 5, r = 16;
     float alpha = 32.0f, lr = 2e-4f;
     bool profile = false, packed = false;
@@ -528,6 +531,7 @@ Options parse(int argc, char **argv) {
         };
         if (a == "--json") o.json = val();
         else if (a == "--commit") o.commit = val();
+        else if (a == "--gemm-algos") o.algos = val();
         else if (a == "--steps") o.steps = std::max(1, std::atoi(val()));
         else if (a == "--warmup") o.warmup = std::max(1, std::atoi(val()));
         else if (a == "--profile") o.profile = true;
@@ -544,7 +548,7 @@ Options parse(int argc, char **argv) {
         else if (a == "--adapter") o.adapter = val();
         else if (a == "--curve-out") o.curve_out = val();
         else if (a == "-h" || a == "--help") {
-            std::puts("usage: bench-step [--json FILE] [--commit SHA] [--steps N] [--warmup N] [--profile] [--r R] [--alpha A] [--recompute [N]] [--packed] CONFIG...\n"
+            std::puts("usage: bench-step [--json FILE] [--commit SHA] [--gemm-algos FILE] [--steps N] [--warmup N] [--profile] [--r R] [--alpha A] [--recompute [N]] [--packed] CONFIG...\n"
                       "       CONFIG: qwen2.5-0.5b, qwen3-0.6b, gemma-2b, gemma2-2b, gemma3-1b, gemma3-4b, an HF directory or a .gguf file, optionally :BxT\n"
                       "               (default 4x1024)\n"
                       "       bench-step --curve DIR --model HFDIR --adapter PEFTDIR --curve-out FILE [--lr F]");
@@ -568,11 +572,14 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (o.configs.empty()) die("no configuration given (e.g. bench-step qwen2.5-0.5b:4x1024; see --help)");
+    const char *algos = o.algos.empty() ? nullptr : o.algos.c_str();
+    if (!bench_gemm_algos_read("bench-step", algos)) return 1;
     const double gemm = measure_gemm_tflops();
     std::printf("bench-step on %s: bf16 GEMM 8192^3 %.0f TFLOP/s; %d warm-up + %d timed steps, LoRA r=%d alpha %g on q,k,v,o,gate,up,down\n",
                 gpu_name().c_str(), gemm, o.warmup, o.steps, o.r, (double)o.alpha);
     json::Value runs = json::Value::array();
     for (const std::string &c : o.configs) runs.push(bench_config(o, c, gemm));
+    if (!bench_gemm_algos_write("bench-step", algos)) return 1;
     if (!o.json.empty()) {
         json::Value out = json::Value::object();
         out.set("bench", "bench-step"), out.set("gpu", gpu_name()), out.set("driver", driver_version()), out.set("commit", o.commit);
