@@ -667,7 +667,7 @@ struct ce_plan {
     forge_type ab;           // the GEMMs' input type (W's), or the logits' type
     bool logits, h_direct, dh_direct;
     bool slabs;              // the slab form: chunk token rows a pass, vocabulary slabs of vs (rows lds apart)
-    bool fused;              // slabs after the first by slab_gemm::kernel; nt: their 128-word tiles (lsum's row)
+    bool fused;              // slabs after the first by slab_gemm::kernel; nt: their 128-word columns (lsum's row)
     int64_t vs, lds, nt;
     size_t z_off, hc_off, dh_off, loss_off, o_off, st_off, lsum_off, bytes;
 
