@@ -6,8 +6,8 @@ the fused cross-entropy that is its ratio to the bare GEMMs, issue 4's 1.1x).
 
     python3 bench/ab-compare.py DIR [FILTER...]
 
-DIR holds bk-{new,base}-{1,2}.json (bench-kernels, KERNELS set: a case is kernel, direction and
-shape, in microseconds) or bs-{new,base}-{1,2}.json (bench-step: model, batch x seq, recompute, in
+DIR holds bk-{new,base}-{1,2,...}.json (bench-kernels, KERNELS set: a case is kernel, direction and
+shape, in microseconds) or bs-{new,base}-{1,2,...}.json (bench-step: model, batch x seq, recompute, in
 ms per step). FILTERs keep the cases whose name contains one of them. bench-step files made with
 --profile add a case per configuration and op family ("qwen2.5-0.5b 4x1024 | lora fwd"), in ms
 of its nodes run one by one.
@@ -37,7 +37,8 @@ def main():
         sys.exit(__doc__)
     out, filters = sys.argv[1], sys.argv[2:]
     prefix = "bk" if glob.glob(os.path.join(out, "bk-new-*.json")) else "bs"
-    side = {s: [cases(p) for p in sorted(glob.glob(os.path.join(out, f"{prefix}-{s}-*.json")))] for s in ("new", "base")}
+    run = lambda p: int(p.rsplit("-", 1)[1].split(".")[0])  # the round, for the order they ran in
+    side = {s: [cases(p) for p in sorted(glob.glob(os.path.join(out, f"{prefix}-{s}-*.json")), key=run)] for s in ("new", "base")}
     if not side["new"] or not side["base"]:
         sys.exit(f"ab-compare: no {prefix}-new-*.json and {prefix}-base-*.json in {out}")
     unit = "us" if prefix == "bk" else "ms"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A/B of a change on the GPU machine, in one call: ./bench-step of this tree against a copy of it
 # with the files under OLD (default .ab-old/, a tree of paths relative to the repository root,
-# e.g. .ab-old/forge-cuda/lora.cu = the file before the change) swapped in, alternating twice so
-# that both sides see the same clocks. Step times drift by 1-2% between calls and machines, so a
+# e.g. .ab-old/forge-cuda/lora.cu = the file before the change) swapped in, alternating ROUNDS
+# times (default 2) so that both sides see the same machine state. Step times drift by 1-2% between calls and machines, so a
 # change is measured against its parent side by side. Run it after bench/gpu-check.sh has built
 # build-gpu (stage `none` only builds). Make the old tree here with, for example,
 #   mkdir -p .ab-old/forge-cuda && git show HEAD:forge-cuda/lora.cu > .ab-old/forge-cuda/lora.cu
@@ -25,6 +25,9 @@
 #         ($OUT/gemm-algos.txt, --gemm-algos: bench/gemm-algos.h), so that a change outside the
 #         GEMMs is not measured through GEMMs timed afresh in each process; ALGOS=0 lets each run
 #         choose its own (for a change to the GEMMs or their selection)
+#   ROUNDS  rounds of the two sides (default 2). The same case moves by up to 10% between
+#         processes on one machine (bench/results/ce-ring-h100-20261206/), so a change of a few
+#         percent wants more rounds
 #   BASE_ENV  one binary instead of two builds: the base side is this tree's build-gpu run with
 #         these environment assignments (e.g. BASE_ENV="FORGE_TMP_NO_X=1", a temporary switch in
 #         the change), so both sides share one build and one memory layout; .ab-old is not used
@@ -64,7 +67,7 @@ run() { # side (new, base), its tree, round, its environment assignments
   elif [ -n "${KERNELS:-}" ]; then env ${4:-} "$2"/build-gpu/bench-kernels --json "$OUT/bk-$1-$3.json" "${algos[@]}" $KERNELS 2>&1
   else env ${4:-} "$2"/build-gpu/bench-step --json "$OUT/bs-$1-$3.json" "${algos[@]}" ${PROF:-} $C 2>&1 | grep -E "${PAT:-ms/step}"; fi
 }
-for r in 1 2; do
+for r in $(seq "${ROUNDS:-2}"); do
   run new . $r
   run base "$base_tree" $r "$base_env"
 done
