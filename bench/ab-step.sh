@@ -2,8 +2,8 @@
 # A/B of a change on the GPU machine, in one call: ./bench-step of this tree against a copy of it
 # with the files under OLD (default .ab-old/, a tree of paths relative to the repository root,
 # e.g. .ab-old/forge-cuda/lora.cu = the file before the change) swapped in, alternating ROUNDS
-# times (default 2) so that both sides see the same machine state. Step times drift by 1-2% between calls and machines, so a
-# change is measured against its parent side by side. Run it after bench/gpu-check.sh has built
+# times (default 2) so that both sides see the same machine state. Step times drift by 1-2%
+# between calls and machines, so a change is measured against its parent side by side. Run it after bench/gpu-check.sh has built
 # build-gpu (stage `none` only builds). Make the old tree here with, for example,
 #   mkdir -p .ab-old/forge-cuda && git show HEAD:forge-cuda/lora.cu > .ab-old/forge-cuda/lora.cu
 # and pass it to the device tool (`carry: [".ab-old"]`, it is git-ignored).

@@ -1,9 +1,10 @@
 // bench/gemm-algos.h - the bench programs' --gemm-algos FILE. forge chooses each new GEMM problem's
 // cuBLASLt algorithm by timing (forge-cuda/linear.cu), and near-equal candidates can go either way
-// from one process to the next, moving a case's or a step's time by several percent between runs.
-// Runs that share FILE use the same algorithms: each reads the choices already in it (when it
-// exists) and writes its own back at the end (bench/ab-step.sh passes one file to both sides of an
-// A/B).
+// from one process to the next. Runs that share FILE use the same algorithms: each reads the
+// choices already in it (when it exists) and writes its own back at the end (bench/ab-step.sh
+// passes one file to both sides of an A/B). That takes the algorithm choice out of an A/B, not all
+// of the spread between runs: the same GEMMs with one shared file still moved by 11-35% from
+// one process to the next (bench/results/ce-stages-h100-20261206/).
 #pragma once
 
 #include "../forge.h"
