@@ -348,7 +348,8 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
 // a share after each step's wgmma are issued and the step before has retired (its stage released
 // first), so the exp and the p stores run while the tensor cores work. A warp's row is one
 // 512-byte piece of p, 8 words a lane; the lane sums go to shared memory and each half-row's sum
-// is added up once the tile's 16 rows are done. Traffic: h and W from L2 (both fit: 7 + 15 MB at
+// is added up once the tile's 16 rows are done, when each row's label logit is read back from the
+// staged z by the lane of that row. Traffic: h and W from L2 (both fit: 7 + 15 MB at
 // Qwen2.5-0.5B's 4096 tokens), p written once.
 // Measured (H100; bench/results/ce-interleaved-h100-20261206/): a 4096 x 8192 slab of Qwen3-0.6B
 // took 108-112 us, its main loop alone 88-92, with the epilogue after each main loop instead 141-144;
@@ -357,9 +358,14 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
 // first version: the warps stalled on fixed-latency dependencies, not on memory), so it is short:
 // per logit one FFMA, one ex2 and the sum (the range checked on each lane's sum of 8 words, not by
 // a clamp and a max per logit: ~1% faster, bench/results/ce-sumcheck-h100-20261206/); selects
-// only in a slab's last, partial tile; the label's logit read back from the staged z by the one
-// lane that holds it; no integer division in the main loop (the rows due by a step are counted
-// incrementally). With the softcap forge_cuda_tanh adds one more ex2 and a fast reciprocal.
+// only in a slab's last, partial tile; no integer division in the main loop (the rows due by a
+// step are counted incrementally). With the softcap forge_cuda_tanh adds one more ex2 and a fast
+// reciprocal. The consumers' instructions are the kernel's limit, not the tensor cores (ncu at
+// Qwen2.5-0.5B: a consumer warp's ~200 instructions a step took longer than the step's wgmma), so
+// what does not change within a tile is made once: the descriptors (stepped by adds), the ring's
+// stage and phase (counted, no division by 3), p's row address and the label's word in the tile;
+// z is staged by stmatrix. On an H100 that took a slab from 125.5 to 105.8 us under ncu (25.3 ->
+// 18.0 M instructions, the tensor pipe 65% -> 78% busy; bench/results/ce-slab-instr-h100-20261206/).
 namespace slab_gemm {
 
 constexpr int kThreads = 384, kTM = 128, kTN = 256, kStages = 3, kHBytes = kTM * 128, kStageBytes = kHBytes + kTN * 128;
@@ -413,61 +419,56 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int rq = lane >> 2, cq = (lane & 3) * 2; // this thread's accumulator rows rq, rq + 8 of the warp's 16; columns 8 i + cq + {0, 1}
-    // the warp's 16 rows of the staged z tile; the tile whose z they hold (pm, pn: its token and
-    // word blocks) and, in lane i < 16, row i's label and reference
-    __nv_bfloat16 *zs = (__nv_bfloat16 *)(sm + kZOff) + (wg * 64 + warp * 16) * kZld;
+    const int wrow = wg * 64 + warp * 16; // the warp's first row of a tile
+    // the warp's 16 rows of the staged z tile, and what the epilogue needs of the tile whose z they
+    // hold, made once at the tile's switch: pp the lane's first word of row `done` in p, pc that
+    // word's column in the slab, pleft the rows before n; in lane i < 16 row i's reference times
+    // -log2 e, pml (-inf when ignored or past n: its p and sum are 0), and its label's word in the
+    // tile plc (-1 when the label is not in the slab)
+    __nv_bfloat16 *zs = (__nv_bfloat16 *)(sm + kZOff) + wrow * kZld, *pp = g.p;
     float *ps = (float *)(sm + kSumOff) + (wg * 4 + warp) * 16 * 32;
-    int pm = 0, pn = 0, plab = -1, done = 16;
-    float pmr = INFINITY;
-    bool bad = false;
+    // this lane's row address for stmatrix (below): row (l / 8 % 2) 8 + l % 8, column 8 (l / 16)
+    const uint32_t zst = forge_cuda_smem_addr(zs + (((lane >> 3) & 1) * 8 + (lane & 7)) * kZld + (lane >> 4) * 8);
+    int pm = 0, pn = 0, pc = 0, pleft = 0, plc = -1, done = 16;
+    float pml = -INFINITY, worst = 0.0f; // worst: the largest lane sum (the range check, at the end)
     constexpr float kL2e = 1.4426950408889634f;
     // the softcap c tanh(x / c) on the SFU and its derivative 1 - (y / c)^2, without divisions
     const float inv_cap = CAP ? 1.0f / g.cap : 0.0f;
     auto cap_grad = [&](float y) { return CAP ? 1.0f - (y * inv_cap) * (y * inv_cap) : 1.0f; };
     // The epilogue of two staged rows rr, rr + 1 (of the warp's 16), a lane's 8 words of each: z
     // softcapped (CAP), p = 2^(x log2 e - m log2 e) by one FFMA and one ex2 (no clamp: a lane's 8 words
-    // summing past kMaxSum are reported), masked past the slab (an ignored row's m is +inf: p = 0);
-    // p stored as one 512-byte row, the lane's sum to ps, the label's softcapped logit and softcap'.
+    // summing past kMaxSum are reported), masked past the slab; p stored as one 512-byte row, the
+    // lane's sum to ps.
     auto epilogue_pair = [&](int rr, auto full) { // rows rr, rr + 1; full: the tile lies inside the slab (every tile but the slab's last)
-        const int c = pn * kTN + lane * 8; // the lane's first word in the slab
         uint4 raw[2];
-        int label[2];
-        float mr[2];
+        float ml[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            label[h] = __shfl_sync(0xffffffffu, plab, rr + h), mr[h] = __shfl_sync(0xffffffffu, pmr, rr + h);
+            ml[h] = __shfl_sync(0xffffffffu, pml, rr + h);
             raw[h] = *(const uint4 *)(zs + (rr + h) * kZld + lane * 8);
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int row = pm * kTM + wg * 64 + warp * 16 + rr + h, lc = label[h] - g.v0; // the label's word in the slab
-            const float ml = mr[h] * kL2e;
             float v[8], ex[8];
             unpack_vec<__nv_bfloat16>(raw[h], v);
 #pragma unroll
             for (int b = 0; b < 8; b++) {
                 float x = v[b];
                 if constexpr (CAP) x = g.cap * forge_cuda_tanh(x * inv_cap);
-                ex[b] = forge_cuda_ex2(fmaf(x, kL2e, -ml));
-                if constexpr (!decltype(full)::value) ex[b] = c + b < g.vs ? ex[b] : 0.0f;
+                ex[b] = forge_cuda_ex2(fmaf(x, kL2e, ml[h]));
+                if constexpr (!decltype(full)::value) ex[b] = pc + b < g.vs ? ex[b] : 0.0f;
                 v[b] = CAP ? ex[b] * cap_grad(x) : ex[b];
             }
             const float sum = ((ex[0] + ex[1]) + (ex[2] + ex[3])) + ((ex[4] + ex[5]) + (ex[6] + ex[7]));
-            ps[(rr + h) * 32 + lane] = sum;
-            if (row < g.n) {
-                if (c < g.vs) store_vec<__nv_bfloat16, 8>(g.p + (int64_t)row * g.ldp + c, v);
-                if (lc >= c && lc < c + 8 && lc < g.vs) { // the label's logit, once a row
-                    float x = __bfloat162float(zs[(rr + h) * kZld + lc - pn * kTN]);
-                    if constexpr (CAP) x = g.cap * forge_cuda_tanh(x * inv_cap);
-                    g.zl[row] = x, g.dl[row] = cap_grad(x);
-                }
-            }
-            bad |= label[h] >= 0 && sum > kMaxSum;
+            ps[(rr + h) * 32 + ((lane + 4 * (rr + h)) & 31)] = sum; // row r's lane sums rotated by 4 r words (no bank conflicts, below)
+            worst = fmaxf(worst, sum);
+            if (rr + h < pleft && (decltype(full)::value || pc < g.vs)) store_vec<__nv_bfloat16, 8>(pp + h * g.ldp, v);
         }
+        pp += 2 * g.ldp;
     };
-    // the rows of the staged tile up to `to`; after its last, the row sums: lane i adds row i % 16's
-    // lane sums of half i / 16 in a fixed order
+    // the rows of the staged tile up to `to`; after its last, the row sums (lane i adds row i % 16's
+    // lane sums of half i / 16 in a fixed order) and, where a row's label is in the tile, its
+    // softcapped logit and softcap' (lane i < 16, row i; never past n: plc is -1 there)
     auto epilogue_rows = [&](int to) {
         if (done >= to) return;
         if (pn * kTN + kTN <= g.vs)
@@ -476,51 +477,69 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
             for (; done < to; done += 2) epilogue_pair(done, std::false_type{});
         if (done < 16) return;
         __syncwarp();
-        const int rr = lane & 15, hf = lane >> 4, row = pm * kTM + wg * 64 + warp * 16 + rr;
-        const float4 *q = (const float4 *)(ps + rr * 32 + hf * 16);
+        const int rr = lane & 15, hf = lane >> 4, row = pm * kTM + wrow + rr;
         float sum = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float4 f = q[i];
+        for (int i = 0; i < 4; i++) { // lanes 16 hf + 4 i ... + 3 of row rr: the 32 lanes' loads spread over all banks
+            const float4 f = *(const float4 *)(ps + rr * 32 + ((hf * 16 + 4 * i + 4 * rr) & 31));
             sum += (f.x + f.y) + (f.z + f.w);
         }
-        if (row < g.n && pn * kTN + hf * kCol < g.vs) g.lsum[row * g.ldl + g.l0 + pn * (kTN / kCol) + hf] = sum;
+        if (rr < pleft && pn * kTN + hf * kCol < g.vs) g.lsum[row * g.ldl + g.l0 + pn * (kTN / kCol) + hf] = sum;
+        if (lane < 16 && (unsigned)plc < (unsigned)kTN) {
+            float x = __bfloat162float(zs[lane * kZld + plc]);
+            if constexpr (CAP) x = g.cap * forge_cuda_tanh(x * inv_cap);
+            g.zl[row] = x, g.dl[row] = cap_grad(x);
+        }
         __syncwarp();
     };
+    // the ring: stage s with phase parity ph, so = s * kStageBytes; the stage the step before used
+    // is released once that step's wgmma have retired. The operands' descriptors are made once and
+    // stepped by adds (wgmma.cuh: wg_desc_add).
+    uint64_t da0 = wg_desc(s0 + wg * 64 * 128, 16, 1024), db0 = wg_desc(s0 + kHBytes, 16, 1024);
+    asm volatile("" : "+l"(da0), "+l"(db0)); // held in registers, not made again each step
+    int s = 0, ph = 0;
+    uint32_t so = 0, prev = 0; // prev: the empty barrier of the step before's stage
     for (int j = 0; j < mine; j++) {
         const int t = blockIdx.x + j * gridDim.x, tm = t % TM, tn = t / TM;
         float acc[kTN / 8][4];
         int due = 0, frac = 0; // the staged rows due by this step: 16 (kt + 1) / KT, in pairs (frac: 8 (kt + 1) mod KT)
         for (int kt = 0; kt < KT; kt++) {
-            const int q = j * KT + kt, s = q % kStages;
-            mbar_wait(bars + 8 * s, (q / kStages) & 1);
-            const uint32_t sa = s0 + s * kStageBytes + wg * 64 * 128, sb = s0 + s * kStageBytes + kHBytes;
+            mbar_wait(bars + 8 * s, ph);
+            const uint64_t da = wg_desc_add(da0, so), db = wg_desc_add(db0, so);
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wgmma_ss<kTN>(acc, wg_desc(sa + kk * 32, 16, 1024), wg_desc(sb + kk * 32, 16, 1024), kt | kk);
+            for (int kk = 0; kk < 4; kk++) wgmma_ss<kTN>(acc, wg_desc_add(da, kk * 32), wg_desc_add(db, kk * 32), kt | kk);
             wg_commit();
             wg_wait<1>(); // the step before has retired (it ran during the last share of the epilogue): its stage is free
-            if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (kStages + (q - 1) % kStages));
+            if (kt > 0 && lane == 0) mbar_arrive(prev);
+            prev = bars + 8 * (kStages + s);
+            if (++s == kStages) s = 0, so = 0, ph ^= 1;
+            else so += kStageBytes;
             // the last tile's epilogue, a share of its rows per step, while this step's wgmma run
             for (frac += 8; frac >= KT; frac -= KT) due += 2;
             epilogue_rows(due);
         }
         wg_wait<0>();
-        if (lane == 0) mbar_arrive(bars + 8 * (kStages + (j * KT + KT - 1) % kStages));
+        if (lane == 0) mbar_arrive(prev);
         wg_pin<kTN / 8>(acc);
-        // stage z in bf16 for the next main loop's epilogue
+        // stage z in bf16 for the next main loop's epilogue: 16 columns of the warp's 16 rows (four
+        // 8 x 8 matrices, the accumulators' layout) by one stmatrix; lane l gives the address of
+        // matrix l / 8's row l % 8
 #pragma unroll
-        for (int i = 0; i < kTN / 8; i++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) *(__nv_bfloat162 *)(zs + (rq + 8 * e) * kZld + i * 8 + cq) = __floats2bfloat162_rn(acc[i][2 * e], acc[i][2 * e + 1]);
-        pm = tm, pn = tn, done = 0;
-        const int row = tm * kTM + wg * 64 + warp * 16 + (lane & 15);
-        plab = row < g.n ? g.lab[row] : -1;
-        pmr = plab >= 0 ? g.m[row] : INFINITY;
+        for (int i = 0; i < kTN / 8; i += 2) {
+            const uint32_t r0 = pack2<__nv_bfloat16>(acc[i][0], acc[i][1]), r1 = pack2<__nv_bfloat16>(acc[i][2], acc[i][3]);
+            const uint32_t r2 = pack2<__nv_bfloat16>(acc[i + 1][0], acc[i + 1][1]), r3 = pack2<__nv_bfloat16>(acc[i + 1][2], acc[i + 1][3]);
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(zst + i * 16), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+        }
+        const int r0 = tm * kTM + wrow, row = r0 + (lane & 15), lab = row < g.n ? g.lab[row] : -1;
+        pm = tm, pn = tn, pc = tn * kTN + lane * 8, pleft = g.n - r0, done = 0;
+        pp = g.p + (int64_t)r0 * g.ldp + pc;
+        plc = lab >= g.v0 && lab - g.v0 < g.vs ? lab - g.v0 - tn * kTN : -1;
+        pml = lab >= 0 ? -kL2e * g.m[row] : -INFINITY;
         __syncwarp();
     }
     epilogue_rows(16); // the last tile's
-    if (bad) forge_cuda_fail(g.error, FORGE_CUDA_ERR_LOGIT_RANGE);
+    if (worst > kMaxSum) forge_cuda_fail(g.error, FORGE_CUDA_ERR_LOGIT_RANGE);
 #else
     __trap(); // not built for sm_90a: fused_on keeps the host from launching it
 #endif
