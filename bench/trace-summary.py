@@ -11,9 +11,11 @@ to end before the gap and the first one after it.
 step's, without its warm-up or the GEMM tuner's small graphs, forge-cuda/linear.cu; traces
 written before the graph column: every graph record). --from / --to cut a window in the trace's
 microseconds. Gaps of 100 us or more are counted apart
-(host work between replays). --kernel prints, instead, each kernel whose full name matches REGEX by
-name and grid: its calls and the median, least and most of their own durations (start to end):
-one kernel's time in a run, steadier than the run's own (bench/ab-step.sh's TRACE uses it).
+(host work between replays). --kernel prints, instead, each kernel whose full name or own name
+(without namespaces and template arguments, the name ncu's -k matches: "^kernel$" takes
+"(anonymous namespace)::slab_gemm::kernel<false>") matches REGEX by name and grid: its calls and
+the median, least and most of their own durations (start to end): one kernel's time in a run,
+steadier than the run's own (bench/ab-step.sh's TRACE uses it).
 """
 import argparse
 import csv
@@ -22,8 +24,12 @@ import statistics
 from collections import Counter, defaultdict
 
 
+def own(name):  # the function's own name: no namespaces, no template arguments
+    return name.split("<")[0].split("::")[-1]
+
+
 def short(name):
-    return name.split("<")[0].split("::")[-1][:40]
+    return own(name)[:40]
 
 
 def main():
@@ -39,7 +45,7 @@ def main():
     with open(a.csv) as f:
         for r in csv.DictReader(f):
             s, e = float(r["start_us"]), float(r["end_us"])
-            if a.kernel and s >= a.t0 and e <= a.t1 and re.search(a.kernel, r["name"]):
+            if a.kernel and s >= a.t0 and e <= a.t1 and (re.search(a.kernel, r["name"]) or re.search(a.kernel, own(r["name"]))):
                 picked[(r["name"][:90], r["grid"])].append(e - s)
             elif s >= a.t0 and e <= a.t1:
                 graph = r.get("graph", "1") if r["graph_node"] != "0" else "0"

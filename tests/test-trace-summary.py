@@ -3,7 +3,8 @@
 the step's graph (the one with the most records) and leaves out direct launches and the GEMM
 tuner's small graph; a kernel launched early by programmatic dependent launch is counted from the
 end of the kernel before it on its stream; idle gaps and the host's long gaps are told apart;
---kernel gives the matching kernels' own durations (start to end)."""
+--kernel gives the matching kernels' own durations (start to end), matched by full name or by the
+function's own name."""
 import os
 import re
 import subprocess
@@ -21,6 +22,8 @@ ROWS = [  # start, end, stream, graph_node, graph, name
     (124.0, 128.0, 2, 4, 3, "kernel_d"),  # another stream, beside c
     (300.0, 310.0, 1, 5, 3, "kernel_e"),  # after 170 us: the host between replays
 ]
+# --kernel "^kernel$" by the function's own name, as ncu's -k matches it
+NAMED = [(400.0, 403.0, 1, 0, 0, "(anonymous namespace)::slab_gemm::kernel<false>"), (404.0, 405.0, 1, 0, 0, "kernel_f")]
 
 
 def summary(path, *args):
@@ -33,12 +36,13 @@ def summary(path, *args):
 def main():
     with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
         f.write("start_us,end_us,us,stream,graph_node,graph,grid,block,name\n")
-        for s, e, stream, node, graph, name in ROWS:
+        for s, e, stream, node, graph, name in ROWS + NAMED:
             f.write(f'{s:.3f},{e:.3f},{e - s:.3f},{stream},{node},{graph},1x1x1,32x1x1,"{name}"\n')
     try:
         out = summary(f.name, "--graph")
         whole = summary(f.name)
         picked = summary(f.name, "--kernel", "kernel_[bc]")
+        own = summary(f.name, "--kernel", "^kernel$")
     finally:
         os.unlink(f.name)
     fails = []
@@ -60,6 +64,9 @@ def main():
         want(picked, rf"^\s+1\s+{us:.1f}\s+{us:.1f}\s+{us:.1f}  1x1x1, {name}$", f"--kernel's line for {name}")
     if "kernel_a" in picked or "kernel_d" in picked:
         fails.append(f"--kernel kept a kernel it does not match:\n{picked}")
+    want(own, r"^\s+1\s+3\.0\s+3\.0\s+3\.0  1x1x1, \(anonymous namespace\)::slab_gemm::kernel<false>$", "--kernel by the own name")
+    if "kernel_f" in own:
+        fails.append(f"--kernel ^kernel$ kept kernel_f:\n{own}")
     if fails:
         sys.exit("\n".join(fails))
     print("test-trace-summary: all checks passed")
