@@ -366,6 +366,9 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
 // stage and phase (counted, no division by 3), p's row address and the label's word in the tile;
 // z is staged by stmatrix. On an H100 that took a slab from 125.5 to 105.8 us under ncu (25.3 ->
 // 18.0 M instructions, the tensor pipe 65% -> 78% busy; bench/results/ce-slab-instr-h100-20261206/).
+// The last tile's epilogue, which no main loop overlaps, takes 8 rows at a time, and each tile's
+// labels and references are loaded before its main loop: the kernel's median 0.92x (0.985x with
+// the softcap) in the same directory's final-groups/.
 namespace slab_gemm {
 
 constexpr int kThreads = 384, kTM = 128, kTN = 256, kStages = 3, kHBytes = kTM * 128, kStageBytes = kHBytes + kTN * 128;
@@ -435,20 +438,22 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
     // the softcap c tanh(x / c) on the SFU and its derivative 1 - (y / c)^2, without divisions
     const float inv_cap = CAP ? 1.0f / g.cap : 0.0f;
     auto cap_grad = [&](float y) { return CAP ? 1.0f - (y * inv_cap) * (y * inv_cap) : 1.0f; };
-    // The epilogue of two staged rows rr, rr + 1 (of the warp's 16), a lane's 8 words of each: z
+    // The epilogue of G staged rows from rr (of the warp's 16; G = 2 beside a main loop, 8 in the
+    // last tile's, which nothing overlaps: more rows in flight), a lane's 8 words of each: z
     // softcapped (CAP), p = 2^(x log2 e - m log2 e) by one FFMA and one ex2 (no clamp: a lane's 8 words
     // summing past kMaxSum are reported), masked past the slab; p stored as one 512-byte row, the
     // lane's sum to ps.
-    auto epilogue_pair = [&](int rr, auto full) { // rows rr, rr + 1; full: the tile lies inside the slab (every tile but the slab's last)
-        uint4 raw[2];
-        float ml[2];
+    auto epilogue_group = [&](int rr, auto full, auto rows) { // full: the tile lies inside the slab (every tile but the slab's last)
+        constexpr int G = decltype(rows)::value;
+        uint4 raw[G];
+        float ml[G];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < G; h++) {
             ml[h] = __shfl_sync(0xffffffffu, pml, rr + h);
             raw[h] = *(const uint4 *)(zs + (rr + h) * kZld + lane * 8);
         }
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < G; h++) {
             float v[8], ex[8];
             unpack_vec<__nv_bfloat16>(raw[h], v);
 #pragma unroll
@@ -464,17 +469,18 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
             worst = fmaxf(worst, sum);
             if (rr + h < pleft && (decltype(full)::value || pc < g.vs)) store_vec<__nv_bfloat16, 8>(pp + h * g.ldp, v);
         }
-        pp += 2 * g.ldp;
+        pp += G * g.ldp;
     };
     // the rows of the staged tile up to `to`; after its last, the row sums (lane i adds row i % 16's
     // lane sums of half i / 16 in a fixed order) and, where a row's label is in the tile, its
     // softcapped logit and softcap' (lane i < 16, row i; never past n: plc is -1 there)
-    auto epilogue_rows = [&](int to) {
+    auto epilogue_rows = [&](int to, auto rows) { // in groups of `rows` (to - done a multiple of them)
+        constexpr int G = decltype(rows)::value;
         if (done >= to) return;
         if (pn * kTN + kTN <= g.vs)
-            for (; done < to; done += 2) epilogue_pair(done, std::true_type{});
+            for (; done < to; done += G) epilogue_group(done, std::true_type{}, rows);
         else
-            for (; done < to; done += 2) epilogue_pair(done, std::false_type{});
+            for (; done < to; done += G) epilogue_group(done, std::false_type{}, rows);
         if (done < 16) return;
         __syncwarp();
         const int rr = lane & 15, hf = lane >> 4, row = pm * kTM + wrow + rr;
@@ -501,6 +507,10 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
     uint32_t so = 0, prev = 0; // prev: the empty barrier of the step before's stage
     for (int j = 0; j < mine; j++) {
         const int t = blockIdx.x + j * gridDim.x, tm = t % TM, tn = t / TM;
+        // this tile's labels and references (lane i < 16: row i of the warp's 16), loaded now for
+        // the switch after the main loop, so that no load waits there
+        const int r0 = tm * kTM + wrow, row = r0 + (lane & 15), lab = row < g.n ? g.lab[row] : -1;
+        const float mrow = row < g.n ? g.m[row] : 0.0f; // used where lab >= 0
         float acc[kTN / 8][4];
         int due = 0, frac = 0; // the staged rows due by this step: 16 (kt + 1) / KT, in pairs (frac: 8 (kt + 1) mod KT)
         for (int kt = 0; kt < KT; kt++) {
@@ -517,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
             else so += kStageBytes;
             // the last tile's epilogue, a share of its rows per step, while this step's wgmma run
             for (frac += 8; frac >= KT; frac -= KT) due += 2;
-            epilogue_rows(due);
+            epilogue_rows(due, std::integral_constant<int, 2>{});
         }
         wg_wait<0>();
         if (lane == 0) mbar_arrive(prev);
@@ -531,14 +541,13 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
             const uint32_t r2 = pack2<__nv_bfloat16>(acc[i + 1][0], acc[i + 1][1]), r3 = pack2<__nv_bfloat16>(acc[i + 1][2], acc[i + 1][3]);
             asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(zst + i * 16), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
         }
-        const int r0 = tm * kTM + wrow, row = r0 + (lane & 15), lab = row < g.n ? g.lab[row] : -1;
         pm = tm, pn = tn, pc = tn * kTN + lane * 8, pleft = g.n - r0, done = 0;
         pp = g.p + (int64_t)r0 * g.ldp + pc;
         plc = lab >= g.v0 && lab - g.v0 < g.vs ? lab - g.v0 - tn * kTN : -1;
-        pml = lab >= 0 ? -kL2e * g.m[row] : -INFINITY;
+        pml = lab >= 0 ? -kL2e * mrow : -INFINITY;
         __syncwarp();
     }
-    epilogue_rows(16); // the last tile's
+    epilogue_rows(16, std::integral_constant<int, 8>{}); // the last tile's
     if (worst > kMaxSum) forge_cuda_fail(g.error, FORGE_CUDA_ERR_LOGIT_RANGE);
 #else
     __trap(); // not built for sm_90a: fused_on keeps the host from launching it
