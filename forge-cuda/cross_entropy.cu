@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(kSlabThreads, 5) ce_slab_rows(T *z, int64_t ld
 // a clamp and a max per logit: ~1% faster, bench/results/ce-sumcheck-h100-20261206/); selects
 // only in a slab's last, partial tile; no integer division in the main loop (the rows due by a
 // step are counted incrementally). With the softcap forge_cuda_tanh adds one more ex2 and a fast
-// reciprocal. The consumers' instructions are the kernel's limit, not the tensor cores (ncu at
+// reciprocal. The consumers' instructions were the kernel's limit, not the tensor cores (ncu at
 // Qwen2.5-0.5B: a consumer warp's ~200 instructions a step took longer than the step's wgmma), so
 // what does not change within a tile is made once: the descriptors (stepped by adds), the ring's
 // stage and phase (counted, no division by 3), p's row address and the label's word in the tile;
