@@ -407,16 +407,16 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
     __syncthreads();
     if (wg == 2) { // the producer warpgroup: one thread issues the loads, tile after tile
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        wg_ring<kStages, kStageBytes> r;
         if (tid == 256)
-            for (int j = 0, q = 0; j < mine; j++) {
+            for (int j = 0; j < mine; j++) {
                 const int t = blockIdx.x + j * gridDim.x, tm = t % TM, tn = t / TM;
-                for (int kt = 0; kt < KT; kt++, q++) {
-                    const int s = q % kStages;
-                    if (q >= kStages) mbar_wait(bars + 8 * (kStages + s), (q / kStages - 1) & 1);
-                    const uint32_t full = bars + 8 * s, st = s0 + s * kStageBytes;
+                for (int kt = 0; kt < KT; kt++, r.next()) {
+                    mbar_wait(bars + 8 * (kStages + r.s), r.ph ^ 1);
+                    const uint32_t full = bars + 8 * r.s;
                     mbar_expect_tx(full, kStageBytes);
-                    tma_load_2d(st, &th, kt * 64, tm * kTM, full);
-                    tma_load_2d(st + kHBytes, &tw, kt * 64, tn * kTN, full);
+                    tma_load_2d(s0 + r.off, &th, kt * 64, tm * kTM, full);
+                    tma_load_2d(s0 + r.off + kHBytes, &tw, kt * 64, tn * kTN, full);
                 }
             }
         return;
@@ -498,13 +498,12 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
         }
         __syncwarp();
     };
-    // the ring: stage s with phase parity ph, so = s * kStageBytes; the stage the step before used
-    // is released once that step's wgmma have retired. The operands' descriptors are made once and
-    // stepped by adds (wgmma.cuh: wg_desc_add).
+    // the ring (wgmma.cuh: wg_ring); the stage the step before used is released once that step's
+    // wgmma have retired. The operands' descriptors are made once and stepped by adds (wg_desc_add).
     uint64_t da0 = wg_desc(s0 + wg * 64 * 128, 16, 1024), db0 = wg_desc(s0 + kHBytes, 16, 1024);
     asm volatile("" : "+l"(da0), "+l"(db0)); // held in registers, not made again each step
-    int s = 0, ph = 0;
-    uint32_t so = 0, prev = 0; // prev: the empty barrier of the step before's stage
+    wg_ring<kStages, kStageBytes> r;
+    uint32_t prev = 0; // the empty barrier of the step before's stage
     for (int j = 0; j < mine; j++) {
         const int t = blockIdx.x + j * gridDim.x, tm = t % TM, tn = t / TM;
         // this tile's labels and references (lane i < 16: row i of the warp's 16), loaded now for
@@ -514,17 +513,16 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
         float acc[kTN / 8][4];
         int due = 0, frac = 0; // the staged rows due by this step: 16 (kt + 1) / KT, in pairs (frac: 8 (kt + 1) mod KT)
         for (int kt = 0; kt < KT; kt++) {
-            mbar_wait(bars + 8 * s, ph);
-            const uint64_t da = wg_desc_add(da0, so), db = wg_desc_add(db0, so);
+            mbar_wait(bars + 8 * r.s, r.ph);
+            const uint64_t da = wg_desc_add(da0, r.off), db = wg_desc_add(db0, r.off);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wgmma_ss<kTN>(acc, wg_desc_add(da, kk * 32), wg_desc_add(db, kk * 32), kt | kk);
             wg_commit();
             wg_wait<1>(); // the step before has retired (it ran during the last share of the epilogue): its stage is free
             if (kt > 0 && lane == 0) mbar_arrive(prev);
-            prev = bars + 8 * (kStages + s);
-            if (++s == kStages) s = 0, so = 0, ph ^= 1;
-            else so += kStageBytes;
+            prev = bars + 8 * (kStages + r.s);
+            r.next();
             // the last tile's epilogue, a share of its rows per step, while this step's wgmma run
             for (frac += 8; frac >= KT; frac -= KT) due += 2;
             epilogue_rows(due, std::integral_constant<int, 2>{});

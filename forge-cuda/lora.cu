@@ -401,11 +401,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     if (wg == 2) { // the producer warpgroup: one thread issues the loads
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        wg_ring<ST, STAGE> r;
         if (tid == 256)
-            for (int kt = 0; kt < KT; kt++) {
-                const int s = kt % ST;
-                if (kt >= ST) mbar_wait(bars + 8 * (ST + s), (kt / ST - 1) & 1);
-                const uint32_t full = bars + 8 * s, st = s0 + s * STAGE;
+            for (int kt = 0; kt < KT; kt++, r.next()) {
+                mbar_wait(bars + 8 * (ST + r.s), r.ph ^ 1);
+                const uint32_t full = bars + 8 * r.s, st = s0 + r.off;
                 mbar_expect_tx(full, STAGE);
                 tma_load_2d(st, &ta, kt * 64, n0, full);
                 if constexpr (BT) // B's 64 rows of depth, in blocks of BC columns
@@ -441,10 +441,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     if constexpr (EARLY) load_q();
     float acc[NS][BI / 8][4], accv[R / 8][4];
+    wg_ring<ST, STAGE> r;
+    uint32_t prev = 0; // the empty barrier of the step before's stage
     for (int kt = 0; kt < KT; kt++) {
-        const int s = kt % ST;
-        mbar_wait(bars + 8 * s, (kt / ST) & 1);
-        const uint32_t sa = s0 + s * STAGE + wg * 64 * 128, sb = s0 + s * STAGE + kRows * 128;
+        mbar_wait(bars + 8 * r.s, r.ph);
+        const uint32_t sa = s0 + r.off + wg * 64 * 128, sb = s0 + r.off + kRows * 128;
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
@@ -457,7 +458,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         wg_commit();
         wg_wait<1>(); // the step before has retired: its stage is free
-        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (ST + (kt - 1) % ST));
+        if (kt > 0 && lane == 0) mbar_arrive(prev);
+        prev = bars + 8 * (ST + r.s);
+        r.next();
     }
     wg_wait<0>();
 #pragma unroll

@@ -226,6 +226,20 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
 }
 
 // ---- mbarriers and TMA -------------------------------------------------------------------------
+// A TMA ring's position, step by step: the stage s (its shared offset off = s * BYTES) and the
+// parity ph of its barriers' phase that this round of the ring completes. Consumers wait on the
+// stage's "full" barrier with ph; the producer waits on its "empty" barrier with ph ^ 1, which on
+// a fresh barrier (in its phase 0) is the phase before and counts as complete, so the ring's
+// first round needs no case of its own.
+template <int N, uint32_t BYTES> struct wg_ring {
+    int s = 0, ph = 0;
+    uint32_t off = 0;
+    __device__ __forceinline__ void next() {
+        if (++s == N) s = 0, off = 0, ph ^= 1;
+        else off += BYTES;
+    }
+};
+
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count)); }
 // Makes initialised barriers visible to the async proxy (TMA) and the other threads (then sync).
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
