@@ -692,9 +692,9 @@ struct ce_plan {
     int64_t N, C, V, chunk, ldh, ldw;
     forge_type ab;           // the GEMMs' input type (W's), or the logits' type
     bool logits, h_direct, dh_direct;
-    bool slabs;              // the slab form: chunk token rows a pass, vocabulary slabs of vs (rows lds apart)
+    bool slabs;              // the slab form: chunk token rows a pass, vocabulary slabs of vs (rows lds apart), the first vs0 wide
     bool fused;              // slabs after the first by slab_gemm::kernel; nt: their 128-word columns (lsum's row)
-    int64_t vs, lds, nt;
+    int64_t vs, vs0, lds, nt;
     size_t z_off, hc_off, dh_off, loss_off, o_off, st_off, lsum_off, bytes;
 
     explicit ce_plan(const forge_tensor *node) {
@@ -715,15 +715,20 @@ struct ce_plan {
         // 5% slower than the chunks, at 2304 5-7% faster (docs/performance.md).
         const int64_t vmax = kSlabThreads * kSlabVecs * (int64_t)(16 / es);
         slabs = !logits && dH && !node->res[2] && 2 * C < vmax;
-        vs = lds = nt = 0;
+        vs = vs0 = lds = nt = 0;
         // slab_gemm::kernel: bf16, sm_90a, more than one slab, TMA-readable rows of h and W (the
         // pointers' 16-byte alignment is checked when the node runs)
         fused = slabs && ab == FORGE_TYPE_BF16 && fused_on() && V > vmax && C % 8 == 0 && ldh % 8 == 0 && ldw % 8 == 0;
         if (slabs) { // the token chunk's bytes of logits, spent on more tokens by a slab of the vocabulary
             const int64_t vec = (int64_t)(16 / es);
             vs = std::min<int64_t>(V, vmax);
+            // Fused, the first slab (the unfused one: a GEMM that writes the logits and a pass
+            // over them) takes the vocabulary's remainder V mod vs where that is a quarter of a
+            // slab or more (4480 words at 151936, 2048 at 256000), so that the fused slabs are all
+            // whole; else a whole slab, the last fused one partial.
+            vs0 = fused && V % vs >= vs / 4 ? V % vs : vs;
             lds = (vs + vec - 1) / vec * vec;
-            nt = fused ? (V - vs + slab_gemm::kCol - 1) / slab_gemm::kCol : 0;
+            nt = fused ? (V - vs0 + slab_gemm::kCol - 1) / slab_gemm::kCol : 0;
             const int64_t budget = std::max<int64_t>(1, node->op_i[0]) * V * (int64_t)es;
             const int64_t rows = std::max<int64_t>(1, budget / (lds * (int64_t)es + C * 4 + 20 + nt * 4));
             const int64_t passes = (N + rows - 1) / rows;
@@ -816,11 +821,10 @@ void slab_pass(const ce_plan &pl, int64_t n, int64_t t0, const void *hc, const f
     const T *wt = (const T *)w->data;
     const bool fused = pl.fused && (uintptr_t)hc % 16 == 0 && (uintptr_t)wt % 16 == 0;
     const CUtensorMap th = fused ? forge_cuda_tma_map_2d(hc, pl.C, n, pl.ldh, slab_gemm::kTM) : CUtensorMap{};
-    for (int64_t v0 = 0; v0 < pl.V; v0 += pl.vs) {
-        const int64_t vs = std::min(pl.vs, pl.V - v0);
+    for (int64_t v0 = 0, vs = pl.vs0; v0 < pl.V; v0 += vs, vs = std::min(pl.vs, pl.V - v0)) {
         if (fused && v0 > 0) {
             slab_gemm_launch(p, th, n, pl.C, (const __nv_bfloat16 *)wt + v0 * pl.ldw, pl.ldw, vs, (int)v0, (__nv_bfloat16 *)z, pl.lds, m, lab, lsum, pl.nt,
-                             (int)((v0 - pl.vs) / slab_gemm::kCol), zl, dl, cap);
+                             (int)((v0 - pl.vs0) / slab_gemm::kCol), zl, dl, cap);
         } else {
             forge_cuda_gemm(p, n, vs, pl.C, hc, pl.ldh, 0, wt + v0 * pl.ldw, pl.ldw, 1, pl.ab, z, pl.lds, pl.ab, 1.0f, 0.0f, nullptr, pl.ab);
             forge_cuda_launch_kernel(ce_slab_rows<T>, (unsigned)n, kSlabThreads, 0, p->stream, z, pl.lds, (int)vs, (int)v0, pl.V, labels, t0, cap,
