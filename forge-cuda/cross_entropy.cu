@@ -20,7 +20,8 @@
 // logits move twice (the GEMM's write and the row's read + write), a slab at a time, so that
 // they are partly still in the L2 when the next kernel reads them; o is read and written once
 // per slab. p <= e^kRescale, so neither p nor l can overflow, and o's scale cancels in o / l.
-// Fused (sm_90a, bf16, FORGE_CE_FUSED not 0): every slab after the first runs steps 1 and 2 as one
+// Fused (sm_90a, bf16, FORGE_CE_FUSED not 0): every slab after the first (V mod 8192 words wide
+// where that is a quarter slab or more: ce_plan) runs steps 1 and 2 as one
 // wgmma kernel (slab_gemm::kernel below) whose epilogue writes p from the tile's logits staged in
 // shared memory: the logits never reach global memory, and the row pass's read and write of them
 // (4 bytes a logit) are gone. Each row's reference is then fixed after the first slab (its max +
