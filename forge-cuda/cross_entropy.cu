@@ -536,9 +536,9 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const __grid_constant__ CU
         // matrix l / 8's row l % 8
 #pragma unroll
         for (int i = 0; i < kTN / 8; i += 2) {
-            const uint32_t r0 = pack2<__nv_bfloat16>(acc[i][0], acc[i][1]), r1 = pack2<__nv_bfloat16>(acc[i][2], acc[i][3]);
-            const uint32_t r2 = pack2<__nv_bfloat16>(acc[i + 1][0], acc[i + 1][1]), r3 = pack2<__nv_bfloat16>(acc[i + 1][2], acc[i + 1][3]);
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(zst + i * 16), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+            const uint32_t w0 = pack2<__nv_bfloat16>(acc[i][0], acc[i][1]), w1 = pack2<__nv_bfloat16>(acc[i][2], acc[i][3]);
+            const uint32_t w2 = pack2<__nv_bfloat16>(acc[i + 1][0], acc[i + 1][1]), w3 = pack2<__nv_bfloat16>(acc[i + 1][2], acc[i + 1][3]);
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(zst + i * 16), "r"(w0), "r"(w1), "r"(w2), "r"(w3) : "memory");
         }
         pm = tm, pn = tn, pc = tn * kTN + lane * 8, pleft = g.n - r0, done = 0;
         pp = g.p + (int64_t)r0 * g.ldp + pc;
