@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Prepared in the thirty-second session, not run (README.md here). FORGE_GEMM_TUNE=32 (the tuner
+# Prepared in the thirty-second session, run in the thirty-third (README.md here). FORGE_GEMM_TUNE=32 (the tuner
 # times the heuristic's top 32 candidates) against the default 8, one binary, each run choosing its
 # own algorithms (ALGOS=0), over the cross-entropy cases at V 151936, with every nvjet kernel's and
 # the slab kernel's own durations (TRACE). From the repository root on the device:
-#   FORGE_COMMIT=<sha> bash bench/results/ce-dh-waves-next-not-run/run.sh
+#   FORGE_COMMIT=<sha> bash bench/results/ce-dh-tune32-h100-20261206/run.sh
 set -u
 O=${OUT:-/tmp/forge-out}
 TARGETS="bench-kernels forge-trace" bash bench/gpu-check.sh none || exit 1
