@@ -1,12 +1,15 @@
 // bench/gemm-config-experiment.cu - a standalone experiment, not part of the build: does cuBLASLt
 // have a configuration faster than its heuristic's candidates for the GEMMs that hold issue 3's
 // LoRA ratios and issue 4's cross-entropy ratio? forge's tuner (forge-cuda/linear.cu) times the
-// heuristic's top FORGE_GEMM_TUNE candidates; this walks the configuration space instead: every
-// algorithm id cublasLtMatmulAlgoGetIds gives, each tile it lists, split-K 1/2/3/4 and the cluster
-// shapes 1x1, 2x1, 1x2 (stages and the custom option at their defaults), every configuration
-// cublasLtMatmulAlgoCheck accepts timed once (round robin over the ids, for at most 25 s a shape); then the best 12 of those with every stage count
-// and CTA swizzling, and finally the best 10 overall against the heuristic's top 32, each timed
-// in three interleaved rounds of back-to-back runs (median of the rounds). The shapes are forge's
+// heuristic's top FORGE_GEMM_TUNE candidates (the heuristic gives 8 for these shapes, however many
+// are asked for). A first form (54158f1) walked every algorithm id cublasLtMatmulAlgoGetIds lists with each
+// tile it lists, split-K and cluster shapes: only sm80-era ids took them, at 66-127 TFLOP/s, and
+// the Hopper kernels (id 66) list no tiles (bench/results/ce-dh-tune32-h100-20261206/
+// gemm-config-ids.txt). This form starts from the heuristic's candidates instead: each with every
+// tile id cublasLtMatmulAlgoCheck accepts, each accepted tile with every cluster shape and custom
+// option; every accepted configuration timed once (for at most 30 s a shape); then the best 12 with
+// every stage count and CTA swizzling, and finally the best 10 against the heuristic's own, each
+// timed in three interleaved rounds of back-to-back runs (median of the rounds). The shapes are forge's
 // calls (row-major, forge_cuda_gemm's argument order):
 //   dH2048 / dH4096: o[n][896] (fp32) += p[n][8192] W[8192][896] - the cross-entropy's dH GEMM at
 //                    Qwen2.5-0.5B, a 64 MB pass (2048 rows) and a one-pass 4096;
