@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <set>
 #include <string>
 #include <vector>
@@ -72,7 +73,12 @@ int main(int argc, char **argv) {
     };
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("GPU %s, %d SMs, cuBLASLt %zu\n", prop.name, prop.multiProcessorCount, cublasLtGetVersion());
+    int drv = 0;
+    CK(cudaDriverGetVersion(&drv));
+    const std::time_t now = std::time(nullptr);
+    char date[32];
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::printf("GPU %s, %d SMs, driver API %d, cuBLASLt %zu, %s\n", prop.name, prop.multiProcessorCount, drv, cublasLtGetVersion(), date);
     cublasLtHandle_t lt;
     LK(cublasLtCreate(&lt));
     cudaStream_t st;
