@@ -2,7 +2,7 @@
 // have a configuration faster than its heuristic's candidates for the GEMMs that hold issue 3's
 // LoRA ratios and issue 4's cross-entropy ratio? forge's tuner (forge-cuda/linear.cu) times the
 // heuristic's top FORGE_GEMM_TUNE candidates (the heuristic gives 8 for these shapes, however many
-// are asked for). A first form (54158f1) walked every algorithm id cublasLtMatmulAlgoGetIds lists with each
+// are asked for). A first form (not committed) walked every algorithm id cublasLtMatmulAlgoGetIds lists with each
 // tile it lists, split-K and cluster shapes: only sm80-era ids took them, at 66-127 TFLOP/s, and
 // the Hopper kernels (id 66) list no tiles (bench/results/ce-dh-tune32-h100-20261206/
 // gemm-config-ids.txt). This form starts from the heuristic's candidates instead: each with every
