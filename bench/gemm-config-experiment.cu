@@ -2,14 +2,15 @@
 // have a configuration faster than its heuristic's candidates for the GEMMs that hold issue 3's
 // LoRA ratios and issue 4's cross-entropy ratio? forge's tuner (forge-cuda/linear.cu) times the
 // heuristic's top FORGE_GEMM_TUNE candidates (the heuristic gives 8 for these shapes, however many
-// are asked for). A first form (not committed) walked every algorithm id cublasLtMatmulAlgoGetIds lists with each
-// tile it lists, split-K and cluster shapes: only sm80-era ids took them, at 66-127 TFLOP/s, and
-// the Hopper kernels (id 66) list no tiles (bench/results/ce-dh-tune32-h100-20261206/
-// gemm-config-ids.txt). This form starts from the heuristic's candidates instead: each with every
-// tile id cublasLtMatmulAlgoCheck accepts, each accepted tile with every cluster shape and custom
-// option; every accepted configuration timed once (for at most 30 s a shape); then the best 12 with
-// every stage count and CTA swizzling, and finally the best 10 against the heuristic's own, each
-// timed in three interleaved rounds of back-to-back runs (median of the rounds). The shapes are forge's
+// are asked for). A first form (not committed) walked every algorithm id cublasLtMatmulAlgoGetIds
+// lists with each tile it lists, split-K and cluster shapes: only sm80-era ids took them, at
+// 66-127 TFLOP/s, and the Hopper kernels (id 66) list no tiles
+// (bench/results/ce-dh-tune32-h100-20261206/gemm-config-ids.txt). This form starts from the
+// heuristic's candidates instead: each with every tile id cublasLtMatmulAlgoCheck accepts, each of
+// them and each accepted tile with every cluster shape and custom option; every new configuration
+// accepted is timed once (for at most 30 s a shape); then the best 12 with every stage count and
+// CTA swizzling, and finally the best 10 against the heuristic's own, each timed in three
+// interleaved rounds of back-to-back runs (median of the rounds). The shapes are forge's
 // calls (row-major, forge_cuda_gemm's argument order):
 //   dH2048 / dH4096: o[n][896] (fp32) += p[n][8192] W[8192][896] - the cross-entropy's dH GEMM at
 //                    Qwen2.5-0.5B, a 64 MB pass (2048 rows) and a one-pass 4096;
@@ -146,17 +147,19 @@ int main(int argc, char **argv) {
         cublasLtMatmulHeuristicResult_t res[32];
         int found = 0;
         LK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 32, res, &found));
-        std::vector<config> heur;
+        std::vector<config> heur; // timed in the final rounds below
         for (int i = 0; i < found; i++)
-            if (res[i].state == CUBLAS_STATUS_SUCCESS) heur.push_back({res[i].algo, time_algo(res[i].algo, 10), "heuristic #" + std::to_string(i)});
+            if (res[i].state == CUBLAS_STATUS_SUCCESS) heur.push_back({res[i].algo, 0.0f, "heuristic #" + std::to_string(i)});
 
         // The fast algorithm (id 66 on Hopper) lists no tiles of its own (CUBLASLT_ALGO_CAP_TILE_IDS
         // gives UNDEFINED), so the space is walked from the heuristic's candidates: each with every
         // tile id cublasLtMatmulAlgoCheck accepts, then each accepted tile with every cluster shape
-        // and custom option.
+        // and custom option. The heuristic's own configurations are left out of the space (they are
+        // in the final rounds already).
         const auto t0 = std::chrono::steady_clock::now();
         std::vector<cublasLtMatmulAlgo_t> space;
         std::set<std::string> seen;
+        for (const config &h : heur) seen.insert(describe(h.algo));
         int checked = 0;
         auto add = [&](const cublasLtMatmulAlgo_t &x) {
             checked++;
@@ -168,14 +171,18 @@ int main(int argc, char **argv) {
                 cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile);
                 add(x);
             }
+        // the tiled variants, and the heuristic's own tiles, with every cluster shape and custom option
+        std::vector<cublasLtMatmulAlgo_t> bases;
+        for (const config &h : heur) bases.push_back(h.algo);
+        bases.insert(bases.end(), space.begin(), space.end());
         const size_t tiled = space.size();
-        for (size_t i = 0; i < tiled; i++) {
+        for (const cublasLtMatmulAlgo_t &base : bases) {
             int32_t custom_max = 0;
             size_t w;
-            cublasLtMatmulAlgoCapGetAttribute(&space[i], CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &custom_max, sizeof custom_max, &w);
+            cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &custom_max, sizeof custom_max, &w);
             for (uint16_t cluster = 0; cluster <= 20; cluster++)
                 for (int32_t custom = 0; custom <= std::min(custom_max, 15); custom++) {
-                    cublasLtMatmulAlgo_t x = space[i];
+                    cublasLtMatmulAlgo_t x = base;
                     cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster);
                     cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom);
                     add(x);
@@ -189,7 +196,7 @@ int main(int argc, char **argv) {
             if (std::isfinite(us)) found_cfg.push_back({x, us, "space"});
         }
         std::sort(found_cfg.begin(), found_cfg.end(), [](const config &p, const config &q) { return p.us < q.us; });
-        std::printf("%d configurations checked, %zu accepted (%zu tiles), %zu run (%.1f s%s)\n", checked, space.size(), tiled,
+        std::printf("%d configurations checked, %zu new ones accepted (%zu by their tile), %zu run (%.1f s%s)\n", checked, space.size(), tiled,
                     found_cfg.size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                     cut ? ", cut at 30 s" : "");
 
