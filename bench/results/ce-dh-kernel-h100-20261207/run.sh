@@ -6,6 +6,7 @@
 # an A/B of one binary (FORGE_CE_DH=0: cuBLASLt) over the cross-entropy cases at V 151936 with the
 # dH kernels' and the slab kernel's own durations. From the repository root on the device:
 #   FORGE_COMMIT=<sha> bash bench/results/ce-dh-kernel-next-not-run/run.sh
+# (on main the kernel is not in the tree: `git apply bench/results/ce-dh-kernel-h100-20261207/dh-kernel.patch` first)
 set -u
 O=${OUT:-/tmp/forge-out}
 TARGETS="test-cuda-cross-entropy bench-kernels forge-trace" bash bench/gpu-check.sh none || exit 1
