@@ -18,7 +18,9 @@
 #   TRACE  with KERNELS: a regex over kernel names; each side's bench-kernels runs under
 #         build-gpu/libforge-trace.so (build the forge-trace target) and its matching kernels' own
 #         durations are printed (bench/trace-summary.py --kernel; tr-{new,base}-N.txt): one
-#         kernel's time, steadier than the whole case's
+#         kernel's time, steadier than the whole case's. Read the "after prev" column where
+#         kernels start early under programmatic dependent launch: their own durations then hold
+#         the wait for the kernel before them
 #   OUT   where the JSON goes (bs-new-1.json, bs-base-1.json, ...); bench/ab-compare.py makes the
 #         closing table (both sides' times and min(new) / min(base) per case) from it
 #   ALGOS  both sides and both rounds share the cuBLASLt algorithms the first run chooses

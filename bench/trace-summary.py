@@ -13,8 +13,10 @@ written before the graph column: every graph record). --from / --to cut a window
 microseconds. Gaps of 100 us or more are counted apart
 (host work between replays). --kernel prints, instead, each kernel whose full name or own name
 (without namespaces and template arguments, the name ncu's -k matches: "^kernel$" takes
-"(anonymous namespace)::slab_gemm::kernel<false>") matches REGEX by name and grid: its calls and
-the median, least and most of their own durations (start to end): one kernel's time in a run,
+"(anonymous namespace)::slab_gemm::kernel<false>") matches REGEX by name and grid: its calls, the
+median, least and most of their own durations (start to end), and the median of their time after
+the end of the record before them on their stream (a kernel launched early by programmatic
+dependent launch waits through it: its own duration holds the wait): one kernel's time in a run,
 steadier than the run's own (bench/ab-step.sh's TRACE uses it).
 """
 import argparse
@@ -32,6 +34,24 @@ def short(name):
     return own(name)[:40]
 
 
+def kernel_times(path, recs, pattern):
+    """--kernel: each matching kernel's calls, the median, least and most of their own durations
+    (start to end), and the median of their time after the end of the record before them on their
+    stream. A kernel launched by programmatic dependent launch starts while that one runs and
+    waits for it: its own duration then holds the wait, which the last column leaves out."""
+    picked, stream_end = defaultdict(list), defaultdict(lambda: float("-inf"))
+    for s, e, name, grid, stream in sorted(recs):
+        if re.search(pattern, name) or re.search(pattern, own(name)):
+            picked[(name[:90], grid)].append((e - s, max(0.0, e - max(s, stream_end[stream]))))
+        stream_end[stream] = max(stream_end[stream], e)
+    if not picked:
+        raise SystemExit(f"{path}: no kernel matches {pattern}")
+    print(f"{'calls':>6} {'median us':>10} {'least':>9} {'most':>9} {'after prev':>11}  grid, name")
+    for (name, grid), t in sorted(picked.items()):
+        us = [x for x, _ in t]
+        print(f"{len(t):6d} {statistics.median(us):10.1f} {min(us):9.1f} {max(us):9.1f} {statistics.median(y for _, y in t):11.1f}  {grid}, {name}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
@@ -41,21 +61,19 @@ def main():
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--kernel")
     a = ap.parse_args()
-    rows, picked = [], defaultdict(list)
+    rows, recs = [], []
     with open(a.csv) as f:
         for r in csv.DictReader(f):
             s, e = float(r["start_us"]), float(r["end_us"])
-            if a.kernel and s >= a.t0 and e <= a.t1 and (re.search(a.kernel, r["name"]) or re.search(a.kernel, own(r["name"]))):
-                picked[(r["name"][:90], r["grid"])].append(e - s)
-            elif s >= a.t0 and e <= a.t1:
+            if s < a.t0 or e > a.t1:
+                continue
+            if a.kernel:
+                recs.append((s, e, r["name"], r["grid"], r["stream"]))
+            else:
                 graph = r.get("graph", "1") if r["graph_node"] != "0" else "0"
                 rows.append((s, e, short(r["name"]), r["stream"], graph))
     if a.kernel:
-        if not picked:
-            raise SystemExit(f"{a.csv}: no kernel matches {a.kernel}")
-        print(f"{'calls':>6} {'median us':>10} {'least':>9} {'most':>9}  grid, name")
-        for (name, grid), us in sorted(picked.items()):
-            print(f"{len(us):6d} {statistics.median(us):10.1f} {min(us):9.1f} {max(us):9.1f}  {grid}, {name}")
+        kernel_times(a.csv, recs, a.kernel)
         return
     rows.sort()
     if a.graph:

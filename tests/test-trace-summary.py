@@ -3,8 +3,8 @@
 the step's graph (the one with the most records) and leaves out direct launches and the GEMM
 tuner's small graph; a kernel launched early by programmatic dependent launch is counted from the
 end of the kernel before it on its stream; idle gaps and the host's long gaps are told apart;
---kernel gives the matching kernels' own durations (start to end), matched by full name or by the
-function's own name."""
+--kernel gives the matching kernels' own durations (start to end) and their time after the stream's
+record before them, matched by full name or by the function's own name."""
 import os
 import re
 import subprocess
@@ -60,11 +60,11 @@ def main():
         if name in out:
             fails.append(f"--graph kept {name}")
         want(whole, rf"  {name}$", f"{name} without --graph")
-    for name, us in (("kernel_b", 15.0), ("kernel_c", 8.0)):  # b's own 15 us, not the 10 counted above
-        want(picked, rf"^\s+1\s+{us:.1f}\s+{us:.1f}\s+{us:.1f}  1x1x1, {name}$", f"--kernel's line for {name}")
+    for name, us, after in (("kernel_b", 15.0, 10.0), ("kernel_c", 8.0, 8.0)):  # b: its own 15 us, 10 after a's end
+        want(picked, rf"^\s+1\s+{us:.1f}\s+{us:.1f}\s+{us:.1f}\s+{after:.1f}  1x1x1, {name}$", f"--kernel's line for {name}")
     if "kernel_a" in picked or "kernel_d" in picked:
         fails.append(f"--kernel kept a kernel it does not match:\n{picked}")
-    want(own, r"^\s+1\s+3\.0\s+3\.0\s+3\.0  1x1x1, \(anonymous namespace\)::slab_gemm::kernel<false>$", "--kernel by the own name")
+    want(own, r"^\s+1\s+3\.0\s+3\.0\s+3\.0\s+3\.0  1x1x1, \(anonymous namespace\)::slab_gemm::kernel<false>$", "--kernel by the own name")
     if "kernel_f" in own:
         fails.append(f"--kernel ^kernel$ kept kernel_f:\n{own}")
     if fails:
