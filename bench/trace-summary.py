@@ -34,16 +34,25 @@ def short(name):
     return own(name)[:40]
 
 
+def after_prev(rows):
+    """Each row (start, end, name, stream, ...; in start order) with its time after the end of the
+    record before it on its stream. A kernel launched with programmatic dependent launch starts
+    while that one still runs and waits (griddepcontrol.wait) for it to end: its own duration
+    holds the wait, this time leaves it out."""
+    stream_end = defaultdict(lambda: float("-inf"))
+    for r in rows:
+        s, e, stream = r[0], r[1], r[3]
+        yield r, max(0.0, e - max(s, stream_end[stream]))
+        stream_end[stream] = max(stream_end[stream], e)
+
+
 def kernel_times(path, recs, pattern):
     """--kernel: each matching kernel's calls, the median, least and most of their own durations
-    (start to end), and the median of their time after the end of the record before them on their
-    stream. A kernel launched by programmatic dependent launch starts while that one runs and
-    waits for it: its own duration then holds the wait, which the last column leaves out."""
-    picked, stream_end = defaultdict(list), defaultdict(lambda: float("-inf"))
-    for s, e, name, grid, stream in sorted(recs):
+    (start to end), and the median of their time after the record before them (after_prev)."""
+    picked = defaultdict(list)
+    for (s, e, name, _, grid), t in after_prev(sorted(recs)):
         if re.search(pattern, name) or re.search(pattern, own(name)):
-            picked[(name[:90], grid)].append((e - s, max(0.0, e - max(s, stream_end[stream]))))
-        stream_end[stream] = max(stream_end[stream], e)
+            picked[(name[:90], grid)].append((e - s, t))
     if not picked:
         raise SystemExit(f"{path}: no kernel matches {pattern}")
     print(f"{'calls':>6} {'median us':>10} {'least':>9} {'most':>9} {'after prev':>11}  grid, name")
@@ -68,7 +77,7 @@ def main():
             if s < a.t0 or e > a.t1:
                 continue
             if a.kernel:
-                recs.append((s, e, r["name"], r["grid"], r["stream"]))
+                recs.append((s, e, r["name"], r["stream"], r["grid"]))
             else:
                 graph = r.get("graph", "1") if r["graph_node"] != "0" else "0"
                 rows.append((s, e, short(r["name"]), r["stream"], graph))
@@ -99,14 +108,10 @@ def main():
     idle = span - busy - host
     print(f"{len(rows)} kernels and copies, span {span:.1f} us: busy {busy:.1f}, idle {idle:.1f} ({100 * idle / max(span - host, 1e-9):.1f}%)"
           f", gaps of 100 us or more (the host between replays) {host:.1f}")
-    # A kernel launched with programmatic dependent launch starts while the one before it on its
-    # stream still runs, and waits (griddepcontrol.wait) for it to end: its time is counted from
-    # the later of its start and the end of the stream's previous record.
-    per, count, stream_end = defaultdict(float), Counter(), defaultdict(lambda: float("-inf"))
-    for s, e, name, stream, _ in rows:
-        per[name] += max(0.0, e - max(s, stream_end[stream]))
+    per, count = defaultdict(float), Counter()
+    for (_, _, name, _, _), t in after_prev(rows):
+        per[name] += t
         count[name] += 1
-        stream_end[stream] = max(stream_end[stream], e)
     print(f"\nkernel time by name (from the end of the stream's previous kernel; kernels on other streams"
           f" overlapping them both counted), top {a.top}:")
     for name, t in sorted(per.items(), key=lambda x: -x[1])[:a.top]:
