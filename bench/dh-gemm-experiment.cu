@@ -9,6 +9,9 @@
 //        LoRA's backward kernel (forge-cuda/lora.cu, tc::kernel with BT) does;
 //   k    W transposed beforehand ([N][K]) and read K-major, as the slab kernel reads its W;
 //   pad  mn with p's rows 64 words longer than 8192 (a pitch that is not a power of two);
+//   mc   (the mn and k lines with a cluster other than 1x1) p and W multicast over a cluster of
+//        CX column tiles x CY row tiles, each CTA loading a 1 / CX slice of its p tile and 1 / CY
+//        of its W tile (L2 to SM traffic at M 4096, BN 224: 730 MB a GEMM unshared, 299 at 4x2);
 // at BN 224 (128 CTAs at M 4096, 64 at 2048) and 128 (cuBLASLt's 16 x 7 grid at 2048), each
 // against cuBLASLt's best of its heuristic's candidates, each timed cold (256 MB written between
 // runs) and warm (back to back), median of 20; each output checked against cuBLASLt's.
@@ -61,76 +64,113 @@ __host__ __device__ constexpr int stages() { return (227 * 1024 - 1024) / stage_
 template <int BN>
 __host__ __device__ constexpr int smem_bytes() { return stages<BN>() * stage_bytes<BN>() + 16 * stages<BN>(); }
 
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// tma_load_2d's copy into the same shared offset of every CTA of the cluster in mask, completing a
+// transaction of the barrier at bar's offset in each
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *m, int c0, int c1, uint32_t bar, uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
+// arrives on the barrier at bar's offset in the cluster's CTA of rank cta
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
+    asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}\n" ::"r"(bar), "r"(cta)
+                 : "memory");
+}
+
 // o[M][kN] += p W over the whole depth, one 128 x BN tile a CTA; W MN-major (tw: [K][N]) or, with
-// KB, K-major (tw: W^T [N][K])
-template <int BN, bool KB>
+// KB, K-major (tw: W^T [N][K]). In clusters of CX x CY CTAs (column tiles x row tiles) each CTA
+// loads 1/CX of its p tile's rows and multicasts them to the CX CTAs of its row tiles (same rows
+// of p), and 1/CY of its W tile (depth rows MN-major, W^T rows K-major) to the CY CTAs of its
+// column (same columns of W): L2 sends each p tile to a row of the cluster once, not CX times.
+// A stage is then written by the CX + CY - 1 CTAs of its row and column, so its consumers free it
+// in each of them (the empty barrier counts 8 warps of each); the cluster syncs before exiting.
+template <int BN, bool KB, int CX, int CY>
 __global__ void __launch_bounds__(kThreads, 1) gemm(const __grid_constant__ CUtensorMap tp, const __grid_constant__ CUtensorMap tw, float *o, int M) {
 #ifdef FORGE_WGMMA_DEVICE
-    constexpr int ST = stages<BN>(), STAGE = stage_bytes<BN>(), BC = box_cols<BN, KB>(), BB = BC * 64 * 2, KT = kK / 64;
+    constexpr int ST = stages<BN>(), STAGE = stage_bytes<BN>(), BC = box_cols<BN, KB>(), BB = BC * 64 * 2, KT = kK / 64, NT = CX + CY - 1;
     unsigned char *sm = wg_smem_base();
     const uint32_t s0 = forge_cuda_smem_addr(sm), bars = s0 + ST * STAGE;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    const int n0 = blockIdx.y * kTM, m0 = blockIdx.x * BN;
+    const int n0 = blockIdx.y * kTM, m0 = blockIdx.x * BN, cx = blockIdx.x % CX, cy = blockIdx.y % CY;
     if (tid == 0) {
-        for (int s = 0; s < ST; s++) mbar_init(bars + 8 * s, 1), mbar_init(bars + 8 * (ST + s), 8);
+        for (int s = 0; s < ST; s++) mbar_init(bars + 8 * s, 1), mbar_init(bars + 8 * (ST + s), 8 * NT);
         mbar_init_fence();
     }
-    __syncthreads();
+    cluster_sync();
     if (wg == 2) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid != 256) return;
+        if (tid == 256) {
+            uint16_t row_mask = (uint16_t)(((1 << CX) - 1) << (cy * CX)), col_mask = 0;
+            for (int j = 0; j < CY; j++) col_mask |= (uint16_t)(1 << (cx + j * CX));
+            wg_ring<ST, STAGE> r;
+            for (int kt = 0; kt < KT; kt++, r.next()) {
+                mbar_wait(bars + 8 * (ST + r.s), r.ph ^ 1);
+                const uint32_t full = bars + 8 * r.s, st = s0 + r.off;
+                mbar_expect_tx(full, STAGE);
+                constexpr int AR = kTM / CX; // p's rows this CTA loads
+                if constexpr (CX > 1) tma_load_2d_mc(st + cx * AR * 128, &tp, kt * 64, n0 + cx * AR, full, row_mask);
+                else tma_load_2d(st, &tp, kt * 64, n0, full);
+                if constexpr (KB) { // BN / CY rows of W^T
+                    constexpr int WR = BN / CY;
+                    if constexpr (CY > 1) tma_load_2d_mc(st + kABytes + cy * WR * 128, &tw, kt * 64, m0 + cy * WR, full, col_mask);
+                    else tma_load_2d(st + kABytes, &tw, kt * 64, m0, full);
+                } else { // 64 / CY rows of depth in each block of BC columns
+                    constexpr int DR = 64 / CY;
+#pragma unroll
+                    for (int j = 0; j < BN / BC; j++) {
+                        if constexpr (CY > 1) tma_load_2d_mc(st + kABytes + j * BB + cy * DR * BC * 2, &tw, m0 + j * BC, kt * 64 + cy * DR, full, col_mask);
+                        else tma_load_2d(st + kABytes + j * BB, &tw, m0 + j * BC, kt * 64, full);
+                    }
+                }
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        // lane t < NT frees the stage in the t-th CTA of this one's row, then of its column
+        const uint32_t target = lane < CX ? cy * CX + lane : cx + (lane - CX + (lane - CX >= cy)) * CX;
+        float acc[BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+        const uint64_t da0 = wg_desc(s0 + wg * 64 * 128, 16, 1024);
+        const uint64_t db0 = KB ? wg_desc(s0 + kABytes, 16, 1024) : wg_desc(s0 + kABytes, BB, 8 * BC * 2, 64 / BC);
         wg_ring<ST, STAGE> r;
-        for (int kt = 0; kt < KT; kt++, r.next()) {
-            mbar_wait(bars + 8 * (ST + r.s), r.ph ^ 1);
-            const uint32_t full = bars + 8 * r.s, st = s0 + r.off;
-            mbar_expect_tx(full, STAGE);
-            tma_load_2d(st, &tp, kt * 64, n0, full);
-            if constexpr (KB) tma_load_2d(st + kABytes, &tw, kt * 64, m0, full); // BN rows of W^T
-            else
+        uint32_t prev = 0;
+        for (int kt = 0; kt < KT; kt++) {
+            mbar_wait(bars + 8 * r.s, r.ph);
+            const uint64_t da = wg_desc_add(da0, r.off), db = wg_desc_add(db0, r.off);
+            wg_fence();
 #pragma unroll
-                for (int j = 0; j < BN / BC; j++) tma_load_2d(st + kABytes + j * BB, &tw, m0 + j * BC, kt * 64, full);
+            for (int kk = 0; kk < 4; kk++) {
+                if constexpr (KB) wgmma_ss<BN>(acc, wg_desc_add(da, kk * 32), wg_desc_add(db, kk * 32), 1);
+                else wgmma_ss<BN, 0, 1>(acc, wg_desc_add(da, kk * 32), wg_desc_add(db, kk * 16 * BC * 2), 1);
+            }
+            wg_commit();
+            wg_wait<1>();
+            if (kt > 0 && lane < NT) mbar_arrive_cluster(prev, target);
+            prev = bars + 8 * (ST + r.s);
+            r.next();
         }
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    float acc[BN / 8][4];
+        wg_wait<0>();
+        wg_pin<BN / 8>(acc);
+        const int rl = wg * 64 + warp * 16 + (lane >> 2), cl = (lane & 3) * 2;
 #pragma unroll
-    for (int i = 0; i < BN / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    const uint64_t da0 = wg_desc(s0 + wg * 64 * 128, 16, 1024);
-    const uint64_t db0 = KB ? wg_desc(s0 + kABytes, 16, 1024) : wg_desc(s0 + kABytes, BB, 8 * BC * 2, 64 / BC);
-    wg_ring<ST, STAGE> r;
-    uint32_t prev = 0;
-    for (int kt = 0; kt < KT; kt++) {
-        mbar_wait(bars + 8 * r.s, r.ph);
-        const uint64_t da = wg_desc_add(da0, r.off), db = wg_desc_add(db0, r.off);
-        wg_fence();
+        for (int h = 0; h < 2; h++) {
+            const int row = n0 + rl + 8 * h;
+            if (row >= M) continue;
+            float *orow = o + (int64_t)row * kN + m0 + cl;
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            if constexpr (KB) wgmma_ss<BN>(acc, wg_desc_add(da, kk * 32), wg_desc_add(db, kk * 32), 1);
-            else wgmma_ss<BN, 0, 1>(acc, wg_desc_add(da, kk * 32), wg_desc_add(db, kk * 16 * BC * 2), 1);
-        }
-        wg_commit();
-        wg_wait<1>();
-        if (kt > 0 && lane == 0) mbar_arrive(prev);
-        prev = bars + 8 * (ST + r.s);
-        r.next();
-    }
-    wg_wait<0>();
-    wg_pin<BN / 8>(acc);
-    const int rl = wg * 64 + warp * 16 + (lane >> 2), cl = (lane & 3) * 2;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int row = n0 + rl + 8 * h;
-        if (row >= M) continue;
-        float *orow = o + (int64_t)row * kN + m0 + cl;
-#pragma unroll
-        for (int i = 0; i < BN / 8; i++) {
-            if (m0 + 8 * i + cl >= kN) break;
-            float2 v = *(float2 *)(orow + 8 * i);
-            v.x += acc[i][2 * h], v.y += acc[i][2 * h + 1];
-            *(float2 *)(orow + 8 * i) = v;
+            for (int i = 0; i < BN / 8; i++) {
+                if (m0 + 8 * i + cl >= kN) break;
+                float2 v = *(float2 *)(orow + 8 * i);
+                v.x += acc[i][2 * h], v.y += acc[i][2 * h + 1];
+                *(float2 *)(orow + 8 * i) = v;
+            }
         }
     }
+    cluster_sync(); // no CTA leaves while its partners may still free a stage in it
 #endif
 }
 
@@ -184,29 +224,37 @@ double check(const bufs &b, int M, F run) {
     return d / m;
 }
 
-template <int BN, bool KB>
+template <int BN, bool KB, int CX = 1, int CY = 1>
 void ours(const char *name, const bufs &b, int M, int64_t ldp) {
-    auto k = gemm<BN, KB>;
+    auto k = gemm<BN, KB, CX, CY>;
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN>()));
     const uint64_t pd[2] = {(uint64_t)kK, (uint64_t)M}, ps[1] = {(uint64_t)ldp * 2};
-    const uint32_t pb[2] = {64, kTM};
+    const uint32_t pb[2] = {64, kTM / CX};
     const CUtensorMap tp = forge_cuda_tma_map(b.p, 2, pd, ps, pb);
     CUtensorMap tw;
     if (KB) {
         const uint64_t d[2] = {(uint64_t)kK, (uint64_t)kN}, s[1] = {(uint64_t)kK * 2};
-        const uint32_t bx[2] = {64, (uint32_t)BN};
+        const uint32_t bx[2] = {64, (uint32_t)(BN / CY)};
         tw = forge_cuda_tma_map(b.wt, 2, d, s, bx);
     } else {
         const uint64_t d[2] = {(uint64_t)kN, (uint64_t)kK}, s[1] = {(uint64_t)kN * 2};
-        const uint32_t bx[2] = {(uint32_t)box_cols<BN, KB>(), 64};
+        const uint32_t bx[2] = {(uint32_t)box_cols<BN, KB>(), (uint32_t)(64 / CY)};
         tw = forge_cuda_tma_map(b.w, 2, d, s, bx);
     }
     const dim3 grid((kN + BN - 1) / BN, (M + kTM - 1) / kTM);
-    auto run = [&] { k<<<grid, kThreads, smem_bytes<BN>()>>>(tp, tw, b.o, M); };
+    if (grid.x % CX || grid.y % CY) return (void)std::printf("%-5s M %4d BN %3d cluster %dx%d: the grid %dx%d does not divide\n", name, M, BN, CX, CY, grid.x, grid.y);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = CX, at[0].val.clusterDim.y = CY, at[0].val.clusterDim.z = 1;
+    cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = smem_bytes<BN>(), cfg.attrs = at, cfg.numAttrs = 1;
+    int clusters = 0;
+    CK(cudaOccupancyMaxActiveClusters(&clusters, k, &cfg));
+    auto run = [&] { CK(cudaLaunchKernelEx(&cfg, k, tp, tw, b.o, M)); };
     const double err = check(b, M, run);
     const float cold = time_us(b, M, true, run), warm = time_us(b, M, false, run);
-    std::printf("%-5s M %4d BN %3d grid %3d  cold %7.1f us  warm %7.1f us  %5.0f TFLOP/s warm  err %.1e\n", name, M, BN, grid.x * grid.y, cold, warm,
-                2.0 * M * kN * kK / warm * 1e-6, err);
+    std::printf("%-5s M %4d BN %3d grid %3d cluster %dx%d (%2d at once)  cold %7.1f us  warm %7.1f us  %5.0f TFLOP/s warm  err %.1e\n", name, M, BN,
+                grid.x * grid.y, CX, CY, clusters, cold, warm, 2.0 * M * kN * kK / warm * 1e-6, err);
 }
 
 } // namespace
@@ -285,6 +333,15 @@ int main() {
             if (ldp == kK) {
                 ours<224, true>("k", b, M, ldp);
                 ours<128, true>("k", b, M, ldp);
+                // multicast: p shared along a row of column tiles, W along a column of row tiles
+                ours<224, false, 4, 1>("mn", b, M, ldp);
+                ours<224, false, 2, 2>("mn", b, M, ldp);
+                ours<224, false, 4, 2>("mn", b, M, ldp);
+                ours<224, false, 1, 2>("mn", b, M, ldp);
+                ours<128, false, 1, 2>("mn", b, M, ldp);
+                ours<128, false, 1, 4>("mn", b, M, ldp);
+                ours<224, true, 4, 1>("k", b, M, ldp);
+                ours<224, true, 4, 2>("k", b, M, ldp);
             }
             cublasLtMatmulPreferenceDestroy(pref);
             cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(lc);
