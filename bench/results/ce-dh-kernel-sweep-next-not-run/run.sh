@@ -3,7 +3,7 @@
 # (../ce-dh-kernel-h100-20261207/, dh-kernel.patch there) runs the fused slab form's dH GEMM at
 # ~1.55x cuBLASLt's time, and whether sharing operands over a cluster (TMA multicast) is the
 # lever, for it and for LoRA's tc::kernel (issue 3). The steps, most wanted first, each bounded,
-# the rest skipped once 540 s have gone (a step's output is in $OUT as soon as it ends):
+# the rest skipped once DEADLINE (540) s have gone (a step's output is in $OUT as soon as it ends):
 #  1. bench/dh-gemm-experiment.cu (~1 minute): the same main loop on synthetic data, outside the
 #     op: W MN-major as it lies or transposed to K-major, p's pitch, BN 224 / 128, and p / W
 #     multicast over clusters of CX column tiles x CY row tiles, each against cuBLASLt.
@@ -26,7 +26,8 @@ set -u
 O=${OUT:-/tmp/forge-out}
 D=bench/results/ce-dh-kernel-sweep-next-not-run
 t0=$(date +%s)
-left() { [ $(($(date +%s) - t0)) -lt 540 ] || { echo "-- skipped (540 s gone): $1"; return 1; }; }
+DEADLINE=${DEADLINE:-540}
+left() { [ $(($(date +%s) - t0)) -lt $DEADLINE ] || { echo "-- skipped ($DEADLINE s gone): $1"; return 1; }; }
 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/dh-exp bench/dh-gemm-experiment.cu -lcublasLt &&
   timeout 120 /tmp/dh-exp > $O/dh-exp.txt 2>&1
 cat $O/dh-exp.txt
