@@ -170,6 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm(const __grid_constant__ CUte
             }
         }
     }
+    __syncwarp(); // the producer's warp meets its loading lane (cluster_sync is .aligned)
     cluster_sync(); // no CTA leaves while its partners may still free a stage in it
 #endif
 }
