@@ -250,7 +250,10 @@ void ours(const char *name, const bufs &b, int M, int64_t ldp) {
     at[0].val.clusterDim.x = CX, at[0].val.clusterDim.y = CY, at[0].val.clusterDim.z = 1;
     cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = smem_bytes<BN>(), cfg.attrs = at, cfg.numAttrs = 1;
     int clusters = 0;
-    CK(cudaOccupancyMaxActiveClusters(&clusters, k, &cfg));
+    if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess || clusters == 0) {
+        (void)cudaGetLastError();
+        return (void)std::printf("%-5s M %4d BN %3d cluster %dx%d: no cluster of it fits\n", name, M, BN, CX, CY);
+    }
     auto run = [&] { CK(cudaLaunchKernelEx(&cfg, k, tp, tw, b.o, M)); };
     const double err = check(b, M, run);
     const float cold = time_us(b, M, true, run), warm = time_us(b, M, false, run);
