@@ -64,22 +64,6 @@ __host__ __device__ constexpr int stages() { return (227 * 1024 - 1024) / stage_
 template <int BN>
 __host__ __device__ constexpr int smem_bytes() { return stages<BN>() * stage_bytes<BN>() + 16 * stages<BN>(); }
 
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// tma_load_2d's copy into the same shared offset of every CTA of the cluster in mask, completing a
-// transaction of the barrier at bar's offset in each
-__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *m, int c0, int c1, uint32_t bar, uint16_t mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-                 "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-                 : "memory");
-}
-// arrives on the barrier at bar's offset in the cluster's CTA of rank cta
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
-    asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}\n" ::"r"(bar), "r"(cta)
-                 : "memory");
-}
-
 // o[M][kN] += p W over the whole depth, one 128 x BN tile a CTA; W MN-major (tw: [K][N]) or, with
 // KB, K-major (tw: W^T [N][K]). In clusters of CX x CY CTAs (column tiles x row tiles) each CTA
 // loads 1/CX of its p tile's rows and multicasts them to the CX CTAs of its row tiles (same rows

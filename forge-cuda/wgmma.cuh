@@ -279,6 +279,22 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *m, 
                  "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
+// tma_load_2d's copy into the same shared offset of every CTA of the cluster whose rank is set in
+// mask, completing a transaction of the barrier at bar's offset in each of them.
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *m, int c0, int c1, uint32_t bar, uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
+// Arrives on the barrier at bar's offset in the cluster's CTA of rank cta (this one included).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
+    asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}\n" ::"r"(bar), "r"(cta)
+                 : "memory");
+}
+// Every thread of the cluster's CTAs (converged within its warp; exited threads count as arrived).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
 // The same for a map of 4 dimensions, the box at coordinates (c0, c1, c2, c3), innermost first.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *m, int c0, int c1, int c2, int c3, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
