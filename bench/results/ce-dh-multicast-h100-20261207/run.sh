@@ -21,10 +21,10 @@
 #     case): cuBLASLt, ours, 41, 42, 22.
 #  7. ncu on the dH kernel (three launches).
 # From the repository root on the device (~9 minutes):
-#   FORGE_COMMIT=<sha> bash bench/results/ce-dh-kernel-sweep-next-not-run/run.sh
+#   FORGE_COMMIT=<sha> bash bench/results/ce-dh-multicast-h100-20261207/run.sh
 set -u
 O=${OUT:-/tmp/forge-out}
-D=bench/results/ce-dh-kernel-sweep-next-not-run
+D=bench/results/ce-dh-multicast-h100-20261207
 t0=$(date +%s)
 DEADLINE=${DEADLINE:-540}
 left() { [ $(($(date +%s) - t0)) -lt $DEADLINE ] || { echo "-- skipped ($DEADLINE s gone): $1"; return 1; }; }
