@@ -11,6 +11,7 @@
 #     where it fills the SMs (auto), alternating.
 # From the repository root on the device (~5 minutes):
 #   FORGE_COMMIT=<sha> bash bench/results/ce-dh-epilogue-next-not-run/run.sh
+# (SPLITS: the tests' splits, CFGS: the bench runs' settings, to shorten it)
 set -u
 O=${OUT:-/tmp/forge-out}
 D=bench/results/ce-dh-epilogue-next-not-run
@@ -24,11 +25,11 @@ cut -c1-140 $O/dh-exp.txt
 git apply bench/results/ce-dh-kernel-h100-20261207/dh-kernel.patch && git apply $D/dh-epilogue.patch || exit 1
 TARGETS="bench-kernels test-cuda-cross-entropy" bash bench/gpu-check.sh none > $O/build.log 2>&1 || { tail -30 $O/build.log; exit 1; }
 echo "-- built at $(($(date +%s) - t0)) s"
-for s in 2 1; do
+for s in ${SPLITS:-2 1}; do
   FORGE_CE_DH=$s timeout 90 build-gpu/test-cuda-cross-entropy > $O/test-ce-dh$s.log 2>&1
   echo "== test-cuda-cross-entropy FORGE_CE_DH=$s: rc $? $(grep -c '^ok' $O/test-ce-dh$s.log) ok, $(grep -ci fail $O/test-ce-dh$s.log) fail lines"
 done
-for cfg in FORGE_CE_DH=0 FORGE_CE_DH=auto FORGE_CE_DH=0 FORGE_CE_DH=auto; do
+for cfg in ${CFGS:-FORGE_CE_DH=0 FORGE_CE_DH=auto FORGE_CE_DH=0 FORGE_CE_DH=auto}; do
   left "$cfg" || break
   echo "== $cfg"
   env $cfg timeout 90 build-gpu/bench-kernels 'cross_entropy qwen2.5-0.5b 4096x896 V151936' > $O/bk.txt 2>&1
