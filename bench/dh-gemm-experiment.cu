@@ -143,7 +143,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm(const __grid_constant__ CUte
             }
             wg_commit();
             wg_wait<1>();
-            if (kt > 0 && lane < NT) mbar_arrive_cluster(prev, target);
+            if constexpr (NT == 1) {
+                if (kt > 0 && lane == 0) mbar_arrive(prev);
+            } else if (kt > 0 && lane < NT) mbar_arrive_cluster(prev, target);
             prev = bars + 8 * (ST + r.s);
             r.next();
         }

@@ -286,10 +286,12 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *
                  "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
                  : "memory");
 }
-// Arrives on the barrier at bar's offset in the cluster's CTA of rank cta (this one included).
+// Arrives on the barrier at bar's offset in the cluster's CTA of rank cta (this one included),
+// with mbarrier.arrive's default release at CTA scope, as mbar_arrive: enough to free a stage
+// whose reads (wgmma's) have completed. ".release.cluster" would put a MEMBAR.ALL.GPU before
+// every arrive (in the SASS), a fence per main-loop step.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
-    asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}\n" ::"r"(bar), "r"(cta)
-                 : "memory");
+    asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [r];\n}\n" ::"r"(bar), "r"(cta) : "memory");
 }
 // Every thread of the cluster's CTAs (converged within its warp; exited threads count as arrived).
 __device__ __forceinline__ void cluster_sync() {
