@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Prepared after the multicast call (../ce-dh-multicast-h100-20261207/): is the dH kernel's o
 # epilogue (o += acc pair by pair, each float2 load behind the store before it) what makes it
-# slower than cuBLASLt? Steps, each bounded, skipped once DEADLINE (300) s have gone:
+# slower than cuBLASLt, and how fast is the main loop without the fence the cluster arrive
+# carried then? Steps, each bounded, skipped once DEADLINE (300) s have gone:
 #  1. bench/dh-gemm-experiment.cu: main loop alone / old epilogue / loads first; 4 or 5 stages;
 #     depth 8192 and 4864; clusters of 2.
-#  2. The build with ../ce-dh-kernel-h100-20261207/dh-kernel.patch and dh-epilogue.patch (a row's
-#     old values all loaded before its first store).
+#  2. The build with dh-land.patch: ../ce-dh-kernel-h100-20261207/dh-kernel.patch as it would
+#     land, with a row's old values of o all loaded before its first store (the 28 LDG.E.64 of a
+#     row in a run in the SASS, where the patch had each behind the store before it) and
+#     wgmma.cuh's cluster barrier.
 #  3. test-cuda-cross-entropy with the dH kernel forced (split 2 and 1).
 #  4. Issue 4's 64 MB case and the 4096-row case, cuBLASLt (FORGE_CE_DH=0) against the kernel
 #     where it fills the SMs (auto), alternating.
@@ -22,7 +25,7 @@ left() { [ $(($(date +%s) - t0)) -lt $DEADLINE ] || { echo "-- skipped ($DEADLIN
 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/dh-exp bench/dh-gemm-experiment.cu -lcublasLt &&
   timeout 120 /tmp/dh-exp > $O/dh-exp.txt 2>&1
 cut -c1-140 $O/dh-exp.txt
-git apply bench/results/ce-dh-kernel-h100-20261207/dh-kernel.patch && git apply $D/dh-epilogue.patch || exit 1
+git apply $D/dh-land.patch || exit 1
 TARGETS="bench-kernels test-cuda-cross-entropy" bash bench/gpu-check.sh none > $O/build.log 2>&1 || { tail -30 $O/build.log; exit 1; }
 echo "-- built at $(($(date +%s) - t0)) s"
 for s in ${SPLITS:-2 1}; do
