@@ -6,8 +6,10 @@
 // synthetic data, outside the cross-entropy (no programmatic dependent launch, no slab kernel
 // before it). The first run (bench/results/ce-dh-multicast-h100-20261207/dh-exp.txt) settled p's
 // pitch (no change at 8256 words) and clusters of 4 and 8 CTAs (only 120 of these one-CTA-per-SM
-// blocks run at once on the H100's 132 SMs: two waves for 128 tiles, 1.6x slower); clusters of 2
-// fit all 132. This form splits the time into the main loop and o's epilogue:
+// blocks run at once on the H100's 132 SMs: two waves for 128 tiles); clusters of 2 fit all 132.
+// Its times also carried a GPU-wide fence in every stage's arrive (wgmma.cuh's cluster arrive
+// then; the 1x1 forms now arrive locally). This form splits the time into the main loop and o's
+// epilogue:
 //   k / mn  W transposed beforehand ([N][K], K-major, as the slab kernel reads its W) / read as it
 //           lies ([K][N], MN-major: 32- or 64-column TMA boxes, as the patch and LoRA's backward
 //           kernel, tc::kernel with BT, do);
@@ -85,6 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm(const __grid_constant__ CUte
 #ifdef FORGE_WGMMA_DEVICE
     constexpr int ST = stages<BN, SN>(), STAGE = stage_bytes<BN>(), BC = box_cols<BN, KB>(), BB = BC * 64 * 2, NT = CX + CY - 1;
     const int KT = K / 64;
+    static_assert(EPI != 2 || kN % BN == 0, "the loads-first epilogue writes whole tiles");
     unsigned char *sm = wg_smem_base();
     const uint32_t s0 = forge_cuda_smem_addr(sm), bars = s0 + ST * STAGE;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
@@ -162,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm(const __grid_constant__ CUte
 #pragma unroll
                 for (int i = 0; i < BN / 8; i++) t += acc[i][2 * h] + acc[i][2 * h + 1];
                 if (t != t) orow[0] = t;
-            } else if constexpr (EPI == 2 && BN % 32 == 0 && kN % BN == 0) { // whole tiles: no column test
+            } else if constexpr (EPI == 2) { // whole tiles (kN % BN == 0): no column test
                 float2 old[BN / 8];
 #pragma unroll
                 for (int i = 0; i < BN / 8; i++) old[i] = *(const float2 *)(orow + 8 * i);
@@ -185,10 +188,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm(const __grid_constant__ CUte
 }
 
 struct bufs {
-    __nv_bfloat16 *p, *w, *wt; // p [M][ldp], W [K][N], W^T [N][K]
+    __nv_bfloat16 *p, *w, *wt; // p [M][kK], W [K][N], W^T [N][K]
     float *o0, *o, *ref;       // o's start, the output, cuBLASLt's output
     char *flush;               // 256 MB written between cold runs
-    int64_t ldp;
 };
 
 float median(std::vector<float> v) {
@@ -235,10 +237,10 @@ double check(const bufs &b, int M, F run) {
 }
 
 template <int BN, bool KB, int CX = 1, int CY = 1, int EPI = 1, int SN = 0>
-void ours(const char *name, const bufs &b, int M, int K, int64_t ldp) {
+void ours(const char *name, const bufs &b, int M, int K) {
     auto k = gemm<BN, KB, CX, CY, EPI, SN>;
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN, SN>()));
-    const uint64_t pd[2] = {(uint64_t)kK, (uint64_t)M}, ps[1] = {(uint64_t)ldp * 2};
+    const uint64_t pd[2] = {(uint64_t)kK, (uint64_t)M}, ps[1] = {(uint64_t)kK * 2};
     const uint32_t pb[2] = {64, kTM / CX};
     const CUtensorMap tp = forge_cuda_tma_map(b.p, 2, pd, ps, pb);
     CUtensorMap tw;
@@ -283,9 +285,8 @@ int main() {
     std::printf("GPU %s, %d SMs, driver API %d, cuBLASLt %zu, %s\n", prop.name, prop.multiProcessorCount, drv, cublasLtGetVersion(), date);
     if (prop.major != 9) return std::printf("needs sm_90a\n"), 0;
     const int Mmax = 4096;
-    const int64_t ldmax = kK;
     bufs b{};
-    CK(cudaMalloc(&b.p, (size_t)Mmax * ldmax * 2));
+    CK(cudaMalloc(&b.p, (size_t)Mmax * kK * 2));
     CK(cudaMalloc(&b.w, (size_t)kK * kN * 2));
     CK(cudaMalloc(&b.wt, (size_t)kK * kN * 2));
     CK(cudaMalloc(&b.o0, (size_t)Mmax * kN * 4));
@@ -295,7 +296,7 @@ int main() {
     { // p's values in [0, 1) like softmax numerators, W's and o's in [-1, 1)
         uint64_t s = 1;
         auto rnd = [&s] { s = s * 6364136223846793005ull + 1442695040888963407ull; return (float)(s >> 40) / (float)(1 << 24); };
-        std::vector<__nv_bfloat16> p((size_t)Mmax * ldmax), w((size_t)kK * kN), wt((size_t)kK * kN);
+        std::vector<__nv_bfloat16> p((size_t)Mmax * kK), w((size_t)kK * kN), wt((size_t)kK * kN);
         for (auto &x : p) x = __float2bfloat16(rnd());
         for (int64_t k = 0; k < kK; k++)
             for (int64_t n = 0; n < kN; n++) w[k * kN + n] = wt[n * kK + k] = __float2bfloat16(2 * rnd() - 1);
@@ -311,18 +312,15 @@ int main() {
     void *ws;
     const size_t wsz = 64u << 20;
     CK(cudaMalloc(&ws, wsz));
-    // the first run (bench/results/ce-dh-multicast-h100-20261207/dh-exp.txt) settled p's pitch
-    // (no change at 8256) and clusters of 4 and 8 (120 CTAs at once on the H100's 132 SMs: two
-    // waves for 128 tiles); this one splits the 128 CTAs' time into the main loop and o's epilogue,
-    // at the dH GEMM's depth and at LoRA's down (4864: tc::kernel runs that shape near cuBLASLt)
-    const int64_t ldp = kK;
+    // the main loop and o's epilogue apart, at the dH GEMM's depth and at LoRA's down (4864:
+    // tc::kernel runs that shape near cuBLASLt)
     for (auto [M, K] : {std::pair{4096, kK}, std::pair{2048, kK}, std::pair{4096, 4864}}) {
         // cuBLASLt, column-major: o^T [N][M] += W^T-as-stored [N][K] x p^T [K][M]
         cublasLtMatmulDesc_t op;
         LK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         cublasLtMatrixLayout_t la, lb, lc;
         LK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, kN, K, kN));
-        LK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, ldp));
+        LK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, kK));
         LK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, kN, M, kN));
         cublasLtMatmulPreference_t pref;
         LK(cublasLtMatmulPreferenceCreate(&pref));
@@ -344,19 +342,19 @@ int main() {
         const float cold = time_us(b, M, true, run), warm = time_us(b, M, false, run);
         std::printf("== M %d, depth %d\ncublas best of %d                                   cold %7.1f us  warm %7.1f us  %5.0f TFLOP/s warm\n", M, K, nh,
                     cold, warm, 2.0 * M * kN * K / warm * 1e-6);
-        ours<224, true, 1, 1, 1>("k", b, M, K, ldp);
-        ours<224, true, 1, 1, 2>("k", b, M, K, ldp);
-        ours<224, true, 1, 1, 0>("k", b, M, K, ldp);
-        ours<224, true, 1, 1, 0, 4>("k", b, M, K, ldp);
-        ours<224, true, 1, 1, 2, 4>("k", b, M, K, ldp);
-        ours<224, false, 1, 1, 1>("mn", b, M, K, ldp);
-        ours<224, false, 1, 1, 2>("mn", b, M, K, ldp);
-        ours<224, false, 1, 1, 0>("mn", b, M, K, ldp);
-        ours<224, true, 1, 2, 2>("k", b, M, K, ldp);
-        ours<224, true, 2, 1, 2>("k", b, M, K, ldp);
-        ours<224, false, 1, 2, 2>("mn", b, M, K, ldp);
-        ours<128, true, 1, 1, 2>("k", b, M, K, ldp);
-        ours<128, true, 1, 1, 0>("k", b, M, K, ldp);
+        ours<224, true, 1, 1, 1>("k", b, M, K);
+        ours<224, true, 1, 1, 2>("k", b, M, K);
+        ours<224, true, 1, 1, 0>("k", b, M, K);
+        ours<224, true, 1, 1, 0, 4>("k", b, M, K);
+        ours<224, true, 1, 1, 2, 4>("k", b, M, K);
+        ours<224, false, 1, 1, 1>("mn", b, M, K);
+        ours<224, false, 1, 1, 2>("mn", b, M, K);
+        ours<224, false, 1, 1, 0>("mn", b, M, K);
+        ours<224, true, 1, 2, 2>("k", b, M, K);
+        ours<224, true, 2, 1, 2>("k", b, M, K);
+        ours<224, false, 1, 2, 2>("mn", b, M, K);
+        ours<128, true, 1, 1, 2>("k", b, M, K);
+        ours<128, true, 1, 1, 0>("k", b, M, K);
         cublasLtMatmulPreferenceDestroy(pref);
         cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(lc);
         cublasLtMatmulDescDestroy(op);
