@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm(const __grid_constant__ CUte
             }
             wg_commit();
             wg_wait<1>();
-            if constexpr (NT == 1) {
+            if constexpr (NT == 1) { // the library kernels' local arrive, so that 1x1 is their loop
                 if (kt > 0 && lane == 0) mbar_arrive(prev);
             } else if (kt > 0 && lane < NT) mbar_arrive_cluster(prev, target);
             prev = bars + 8 * (ST + r.s);

@@ -286,12 +286,18 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *
                  "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
                  : "memory");
 }
+// The shared::cluster address of this CTA's shared address addr in the cluster's CTA of rank cta.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t cta) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(cta));
+    return r;
+}
 // Arrives on the barrier at bar's offset in the cluster's CTA of rank cta (this one included),
 // with mbarrier.arrive's default release at CTA scope, as mbar_arrive: enough to free a stage
 // whose reads (wgmma's) have completed. ".release.cluster" would put a MEMBAR.ALL.GPU before
 // every arrive (in the SASS), a fence per main-loop step.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
-    asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [r];\n}\n" ::"r"(bar), "r"(cta) : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_map(bar, cta)) : "memory");
 }
 // Every thread of the cluster's CTAs (converged within its warp; exited threads count as arrived).
 __device__ __forceinline__ void cluster_sync() {
