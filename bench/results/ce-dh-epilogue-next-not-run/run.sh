@@ -5,10 +5,11 @@
 # carried then? Steps, each bounded, skipped once DEADLINE (420) s have gone:
 #  1. bench/dh-gemm-experiment.cu: main loop alone / old epilogue / loads first; 4 or 5 stages;
 #     depth 8192 and 4864; clusters of 2.
-#  2. The build with dh-land.patch: ../ce-dh-kernel-h100-20261207/dh-kernel.patch as it would
-#     land, with a row's old values of o all loaded before its first store (the 28 LDG.E.64 of a
-#     row in a run in the SASS, where the patch had each behind the store before it) and
-#     wgmma.cuh's cluster barrier.
+#  2. The build with dh-land.patch: ../ce-dh-kernel-h100-20261207/dh-kernel.patch with a row's
+#     old values of o all loaded before its first store (the 28 LDG.E.64 of a row in a run in
+#     the SASS, where the patch had each behind the store before it) and wgmma.cuh's cluster
+#     helpers. Its ring loop is still a copy of tc::kernel's (lora.cu); if it wins, that loop
+#     moves into wgmma.cuh for both before the kernel lands.
 #  3. test-cuda-cross-entropy with the dH kernel forced (split 2 and 1).
 #  4. Issue 4's 64 MB case and the 4096-row case, cuBLASLt (FORGE_CE_DH=0) against the kernel
 #     where it fills the SMs (auto), alternating.
